@@ -1,0 +1,3 @@
+from inferwatch.cli import app
+
+app(prog_name="inferwatch")

@@ -1,0 +1,174 @@
+"""The ``inferwatch`` command: one entry point for every part of the stack."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+app = typer.Typer(help="inferwatch: observability and drift monitoring for LLMs served by vLLM.",
+                  no_args_is_help=True, add_completion=False)
+model_app = typer.Typer(help="The tiny local model used when no real model is given.", no_args_is_help=True)
+app.add_typer(model_app, name="model")
+
+DEFAULT_RUN_DIR = Path(".run")
+
+
+def _fail(message: str) -> None:
+    typer.secho(message, err=True, fg=typer.colors.RED)
+    raise typer.Exit(2)
+
+
+@model_app.command("build")
+def model_build(
+    cache_dir: Annotated[Optional[Path], typer.Option(help="Cache root (default $INFERWATCH_CACHE_DIR or ~/.cache/inferwatch).")] = None,
+    force: Annotated[bool, typer.Option(help="Rebuild even if an identical build exists.")] = False,
+) -> None:
+    """Build the seeded tiny Llama (random weights, local tokenizer) and print its folder. No download."""
+    from serving.tiny_model import build_tiny_model
+
+    typer.echo(build_tiny_model(cache_dir, force=force))
+
+
+def _resolve_model(model: str) -> str:
+    if model != "tiny":
+        return model
+    from serving.tiny_model import build_tiny_model
+
+    return str(build_tiny_model())
+
+
+@app.command()
+def vllm(
+    model: Annotated[str, typer.Option(help="Model folder or id; 'tiny' builds and serves the local tiny model.")] = "tiny",
+    served_model_name: Annotated[str, typer.Option("--name", help="Model name clients use.")] = "tiny-llama",
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    max_model_len: int = 512,
+    dtype: Annotated[str, typer.Option(help="vLLM --dtype (bfloat16 on the CPU build).")] = "auto",
+    otlp_endpoint: Annotated[Optional[str], typer.Option(help="OTLP traces endpoint for vLLM's llm_request spans.")] = None,
+    startup_timeout: Annotated[float, typer.Option(help="Seconds to wait for /health.")] = 300.0,
+    run_dir: Annotated[Path, typer.Option(help="Folder for logs.")] = DEFAULT_RUN_DIR,
+) -> None:
+    """Run vLLM's OpenAI server (CPU or CUDA build) in the foreground until Ctrl-C."""
+    from serving.vllm_launcher import VLLMConfig, vllm_process
+
+    cfg = VLLMConfig(_resolve_model(model), served_model_name, host, port, max_model_len, dtype,
+                     otlp_traces_endpoint=otlp_endpoint, startup_timeout_s=startup_timeout)
+    _supervise([(vllm_process(cfg, run_dir / "vllm.log"), startup_timeout)], urls={"vLLM": cfg.base_url})
+
+
+@app.command()
+def gateway(
+    host: Annotated[Optional[str], typer.Option(help="Listen address [INFERWATCH_GATEWAY_HOST].")] = None,
+    port: Annotated[Optional[int], typer.Option(help="Listen port [INFERWATCH_GATEWAY_PORT].")] = None,
+    upstream_url: Annotated[Optional[str], typer.Option(help="vLLM base URL [INFERWATCH_GATEWAY_UPSTREAM_URL].")] = None,
+    variant: Annotated[Optional[str], typer.Option(help="Model version label [INFERWATCH_GATEWAY_VARIANT].")] = None,
+    otlp_endpoint: Annotated[Optional[str], typer.Option(help="OTLP endpoint; none disables tracing.")] = None,
+    otlp_protocol: Annotated[Optional[str], typer.Option(help="http/protobuf or grpc.")] = None,
+    trace_sample_ratio: Annotated[Optional[float], typer.Option(help="Share of new traces sampled, 0..1.")] = None,
+    drift_url: Annotated[Optional[str], typer.Option(help="Drift service base URL for feature records.")] = None,
+    log_level: str = "warning",
+) -> None:
+    """Run the instrumented OpenAI-compatible gateway. Every setting also reads INFERWATCH_GATEWAY_*."""
+    import uvicorn
+    from pydantic import ValidationError
+
+    from serving.gateway import create_app
+    from serving.settings import GatewaySettings
+
+    flags = {"host": host, "port": port, "upstream_url": upstream_url, "variant": variant,
+             "otlp_endpoint": otlp_endpoint, "otlp_protocol": otlp_protocol,
+             "trace_sample_ratio": trace_sample_ratio, "drift_url": drift_url}
+    try:
+        settings = GatewaySettings(**{k: v for k, v in flags.items() if v is not None})
+    except ValidationError as exc:
+        _fail(f"Invalid gateway settings:\n{exc}")
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, loop="uvloop", http="httptools",
+                log_level=log_level, access_log=False)
+
+
+@app.command()
+def up(
+    model: Annotated[str, typer.Option(help="Model folder or id; 'tiny' builds the local tiny model.")] = "tiny",
+    served_model_name: Annotated[str, typer.Option("--name", help="Model name clients use.")] = "tiny-llama",
+    vllm_port: int = 8000,
+    gateway_port: int = 8080,
+    host: str = "127.0.0.1",
+    dtype: str = "auto",
+    max_model_len: int = 512,
+    otlp_endpoint: Annotated[Optional[str], typer.Option(help="OTLP endpoint for gateway and vLLM spans.")] = None,
+    startup_timeout: float = 300.0,
+    run_dir: Annotated[Path, typer.Option(help="Folder for logs.")] = DEFAULT_RUN_DIR,
+) -> None:
+    """Run the local stack (vLLM + gateway) until Ctrl-C, then stop every child."""
+    from inferwatch.supervise import ManagedProcess
+    from serving.vllm_launcher import VLLMConfig, vllm_process
+
+    cfg = VLLMConfig(_resolve_model(model), served_model_name, host, vllm_port, max_model_len, dtype,
+                     otlp_traces_endpoint=otlp_endpoint, startup_timeout_s=startup_timeout)
+    gw_argv = [sys.executable, "-m", "inferwatch", "gateway", "--host", host, "--port", str(gateway_port),
+               "--upstream-url", cfg.base_url]
+    if otlp_endpoint:
+        gw_argv += ["--otlp-endpoint", otlp_endpoint]
+    gw = ManagedProcess(f"gateway (:{gateway_port})", gw_argv, log_path=run_dir / "gateway.log",
+                        health_url=f"http://{host}:{gateway_port}/health")
+    gw_url = f"http://{host}:{gateway_port}"
+    _supervise(
+        [(vllm_process(cfg, run_dir / "vllm.log"), startup_timeout), (gw, 30.0)],
+        urls={
+            "OpenAI endpoint (gateway)": f"{gw_url}/v1",
+            "gateway /metrics": f"{gw_url}/metrics",
+            "vLLM /metrics": f"{cfg.base_url}/metrics",
+            "logs": str(run_dir.resolve()),
+        },
+    )
+
+
+def _supervise(children: list, urls: dict[str, str]) -> None:
+    """Start children in order (each healthy before the next), print URLs, wait, stop all."""
+    from inferwatch.supervise import StartupError
+
+    started = []
+    stopping = False
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        for proc, timeout in children:
+            typer.echo(f"starting {proc.name} (log: {proc.log_path}) ...")
+            proc.start()
+            started.append(proc)
+            took = proc.wait_healthy(timeout, cancelled=lambda: stopping)
+            if took is None:
+                return
+            typer.echo(f"  {proc.name} healthy after {took:.1f}s")
+        width = max(len(k) for k in urls)
+        typer.echo("\ninferwatch is up:")
+        for label, url in urls.items():
+            typer.echo(f"  {label:<{width}}  {url}")
+        typer.echo("\nCtrl-C stops everything.")
+        while not stopping:
+            for proc in started:
+                if not proc.alive():
+                    typer.secho(f"{proc.name} exited unexpectedly; last log lines:\n{proc.log_tail()}", err=True,
+                                fg=typer.colors.RED)
+                    raise typer.Exit(1)
+            time.sleep(0.5)
+    except StartupError as exc:
+        _fail(str(exc))
+    finally:
+        for proc in reversed(started):
+            typer.echo(f"stopping {proc.name} ...")
+            proc.stop()
+

@@ -1,0 +1,118 @@
+"""Child processes of the local stack: start, wait until healthy, stop the whole group.
+
+Each child runs in its own session (process group), so stopping it also stops what it
+started itself (vLLM's engine core and workers), and Ctrl-C in the terminal reaches only
+the supervisor, which then stops the children in order.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+
+class StartupError(RuntimeError):
+    """A child did not become healthy; the message says why and where its log is."""
+
+
+class ManagedProcess:
+    def __init__(self, name: str, argv: Sequence[str], *, log_path: Path, env: Mapping[str, str] | None = None,
+                 health_url: str | None = None) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.log_path = log_path
+        self.env = dict(env) if env is not None else None
+        self.health_url = health_url
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=self.env, start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, "not started"
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_healthy(self, timeout_s: float, poll_s: float = 0.5,
+                     cancelled: Callable[[], bool] = lambda: False) -> float | None:
+        """Poll ``health_url`` until it answers 200; return the seconds it took.
+
+        Returns None if ``cancelled()`` turns true first (Ctrl-C during a slow vLLM start).
+        """
+        assert self.health_url is not None, f"{self.name} has no health URL"
+        started = time.monotonic()
+        deadline = started + timeout_s
+        while time.monotonic() < deadline:
+            if cancelled():
+                return None
+            if not self.alive():
+                code = self.proc.returncode if self.proc else None
+                raise StartupError(f"{self.name} exited with code {code} before it became healthy.\n"
+                                   f"Last lines of {self.log_path}:\n{self.log_tail()}")
+            if http_ok(self.health_url):
+                return time.monotonic() - started
+            time.sleep(poll_s)
+        raise StartupError(f"{self.name} was not healthy at {self.health_url} after {timeout_s:.0f}s "
+                           f"(raise the timeout if the machine is slow).\nLast lines of {self.log_path}:\n"
+                           f"{self.log_tail()}")
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        """SIGTERM the process group, then SIGKILL whatever is left after ``grace_s``."""
+        if self.proc is None:
+            return
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=wait)
+                if not _group_alive(self.proc.pid):
+                    break
+            except subprocess.TimeoutExpired:
+                continue
+        if self.proc.poll() is None:
+            self.proc.wait(timeout=5)
+
+    def kill(self) -> None:
+        """SIGKILL the whole group at once (for fault tests: the process dies, it does not stop)."""
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(timeout=10)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def http_ok(url: str, timeout_s: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False

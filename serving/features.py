@@ -1,0 +1,163 @@
+"""Per-request feature records for the drift service, behind a bounded queue.
+
+A slow or dead drift service must never slow or fail a request: ``FeatureQueue.submit``
+never waits, records beyond the queue's size are dropped and counted, and sending happens
+in batches on a background task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Protocol
+
+import aiohttp
+import orjson
+
+from serving.metrics import GatewayMetrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class FeatureRecord:
+    """One finished request: numbers and small categoricals only, never prompt text."""
+
+    model: str
+    variant: str
+    route: str
+    stream: bool
+    started_at: float  # unix seconds
+    finished_at: float
+    status: int
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    ttft_s: float | None
+    tpot_s: float | None
+    e2e_s: float
+    finish_reason: str | None
+    mean_logprob: float | None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class FeatureSink(Protocol):
+    async def send(self, batch: list[FeatureRecord]) -> None:
+        """Deliver a batch or raise; the queue counts a raised batch as dropped."""
+
+    async def close(self) -> None: ...
+
+
+class MemorySink:
+    """Keeps the last ``maxlen`` records in memory (for tests and local inspection)."""
+
+    def __init__(self, maxlen: int = 10_000) -> None:
+        self.records: deque[FeatureRecord] = deque(maxlen=maxlen)
+
+    async def send(self, batch: list[FeatureRecord]) -> None:
+        self.records.extend(batch)
+
+    async def close(self) -> None:
+        return None
+
+
+class HttpSink:
+    """POSTs ``{"records": [...]}`` batches to the drift service's ingest endpoint."""
+
+    def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 5.0) -> None:
+        self.url = f"{base_url}/v1/ingest"
+        self._headers = {"content-type": "application/json"}
+        if token:
+            self._headers["authorization"] = f"Bearer {token}"
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def send(self, batch: list[FeatureRecord]) -> None:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=self._timeout)
+        body = orjson.dumps({"records": [r.to_dict() for r in batch]})
+        async with self._session.post(self.url, data=body, headers=self._headers) as resp:
+            if resp.status >= 300:
+                text = (await resp.text())[:300]
+                raise RuntimeError(f"drift ingest answered {resp.status}: {text}")
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+class FeatureQueue:
+    def __init__(self, sink: FeatureSink, metrics: GatewayMetrics, *, maxsize: int, batch_size: int,
+                 flush_s: float) -> None:
+        self.sink = sink
+        self._queue: asyncio.Queue[FeatureRecord] = asyncio.Queue(maxsize)
+        self._batch_size = batch_size
+        self._flush_s = flush_s
+        self._queued = metrics.feature_records.labels("queued")
+        self._sent = metrics.feature_records.labels("sent")
+        self._dropped_full = metrics.feature_records.labels("dropped_full")
+        self._dropped_error = metrics.feature_records.labels("dropped_send_error")
+        metrics.feature_queue_depth.set_function(self._queue.qsize)
+        self._task: asyncio.Task | None = None
+
+    def submit(self, record: FeatureRecord) -> None:
+        try:
+            self._queue.put_nowait(record)
+        except asyncio.QueueFull:
+            self._dropped_full.inc()
+        else:
+            self._queued.inc()
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="feature-queue")
+
+    async def stop(self, drain_timeout_s: float = 2.0) -> None:
+        """Stop sending; records still queued get one last chance within the timeout."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        try:
+            async with asyncio.timeout(drain_timeout_s):
+                while not self._queue.empty():
+                    await self._send(self._take_batch())
+        except TimeoutError:
+            pass
+        await self.sink.close()
+
+    def _take_batch(self, limit: int | None = None) -> list[FeatureRecord]:
+        limit = self._batch_size if limit is None else limit
+        batch: list[FeatureRecord] = []
+        while len(batch) < limit and not self._queue.empty():
+            batch.append(self._queue.get_nowait())
+        return batch
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            first = await self._queue.get()
+            deadline = loop.time() + self._flush_s
+            batch = [first]
+            while len(batch) < self._batch_size:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                try:
+                    batch.append(await asyncio.wait_for(self._queue.get(), remaining))
+                except TimeoutError:
+                    break
+                batch.extend(self._take_batch(self._batch_size - len(batch)))
+            await self._send(batch)
+
+    async def _send(self, batch: list[FeatureRecord]) -> None:
+        if not batch:
+            return
+        try:
+            await self.sink.send(batch)
+        except Exception as exc:  # the sink's failure must stay the sink's problem
+            self._dropped_error.inc(len(batch))
+            log.warning("dropped %d feature records: %s", len(batch), exc)
+        else:
+            self._sent.inc(len(batch))

@@ -1,0 +1,463 @@
+"""The gateway: an OpenAI-compatible proxy in front of vLLM that measures each request.
+
+Per request: validate and route (``preprocess`` span), call vLLM with the trace context
+injected (``{operation} {model}`` client span, which vLLM's ``llm_request`` span joins),
+then relay the answer (``relay`` span) while timing tokens. Metrics, the feature record
+and span attributes are written once, when the request ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+import aiohttp
+import orjson
+from fastapi import FastAPI
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from inferwatch import __version__
+from serving import errors
+from serving.errors import GatewayError, status_class
+from serving.features import FeatureQueue, FeatureRecord, FeatureSink, HttpSink
+from serving.metrics import GatewayMetrics, create_metrics
+from serving.settings import GatewaySettings
+from serving.sse import EventProcessor, SSESplitter, StreamAccount, chunk_logprobs, strip_logprobs
+from serving.tracing import PROPAGATOR, build_tracer_provider, exemplar, get_tracer
+from serving.upstream import Upstream
+from serving.validation import ROUTE_PATHS, ParsedRequest, Route, parse_request, upstream_payload
+
+log = logging.getLogger(__name__)
+
+UNKNOWN_MODEL = "unknown"  # label for requests whose model is not (yet) known: keeps labels bounded
+CLIENT_CLOSED = 499  # nginx's convention for "client went away before the answer was complete"
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+OPERATION = {"chat": "chat", "completions": "text_completion"}
+
+
+@dataclass
+class RequestState:
+    """What one request carries from preprocess to the end of the relay."""
+
+    route: Route
+    path: str
+    started: float  # perf_counter
+    started_at: float  # unix time
+    span: trace.Span
+    ctx: Context
+    model: str = UNKNOWN_MODEL
+    req: ParsedRequest | None = None
+
+
+class Gateway:
+    def __init__(self, settings: GatewaySettings, registry: CollectorRegistry, *,
+                 feature_sink: FeatureSink | None = None, span_exporter: SpanExporter | None = None) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.metrics: GatewayMetrics = create_metrics(registry)
+        self.metrics.build.info({"version": __version__, "variant": settings.variant, "upstream": settings.upstream_url})
+        self.upstream = Upstream(settings, self.metrics)
+        self.tracer_provider: TracerProvider | None = build_tracer_provider(settings, span_exporter)
+        self.tracer = get_tracer(self.tracer_provider)
+        if feature_sink is None and settings.drift_url:
+            token = settings.drift_token.get_secret_value() if settings.drift_token else None
+            feature_sink = HttpSink(settings.drift_url, token)
+        self.features = (
+            FeatureQueue(feature_sink, self.metrics, maxsize=settings.feature_queue_size,
+                         batch_size=settings.feature_batch_size, flush_s=settings.feature_flush_s)
+            if feature_sink is not None else None
+        )
+        self._keys = [k.get_secret_value().encode() for k in settings.api_keys]
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.upstream.start()
+        if self.features is not None:
+            self.features.start()
+
+    async def stop(self) -> None:
+        if self.features is not None:
+            await self.features.stop()
+        await self.upstream.close()
+        if self.tracer_provider is not None:
+            self.tracer_provider.shutdown()
+
+    # -- endpoints -------------------------------------------------------------------
+
+    async def chat(self, request: Request) -> Response:
+        return await self._handle(request, "chat")
+
+    async def completions(self, request: Request) -> Response:
+        return await self._handle(request, "completions")
+
+    async def list_models(self, request: Request) -> Response:
+        try:
+            self._authorize(request)
+            async with self.upstream.session.get(f"{self.upstream.base_url}/v1/models", headers=self.upstream.headers,
+                                                 timeout=self.upstream.timeout(False)) as resp:
+                return Response(await resp.read(), resp.status, media_type="application/json")
+        except GatewayError as exc:
+            return Response(exc.body(), exc.status, media_type="application/json")
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return _upstream_unavailable(exc)
+
+    async def render_metrics(self, request: Request) -> Response:
+        """Prometheus text, or OpenMetrics (with exemplars) when the scraper asks for it."""
+        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+        return Response(encoder(self.registry), headers={"content-type": content_type})
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def ready(self, request: Request) -> Response:
+        if await self.upstream.healthy():
+            return JSONResponse({"status": "ready", "upstream": self.upstream.base_url,
+                                 "models": sorted(self.upstream.models)})
+        return JSONResponse({"status": "not ready", "upstream": self.upstream.base_url,
+                             "reason": "upstream /health did not answer 200"}, status_code=503)
+
+    # -- the request path ----------------------------------------------------------------
+
+    async def _handle(self, request: Request, route: Route) -> Response:
+        path = ROUTE_PATHS[route]
+        parent = PROPAGATOR.extract(request.headers)
+        span = self.tracer.start_span(f"POST {path}", context=parent, kind=SpanKind.SERVER,
+                                      attributes={"http.request.method": "POST", "http.route": path, "url.path": path})
+        state = RequestState(route, path, time.perf_counter(), time.time(), span, trace.set_span_in_context(span, parent))
+        try:
+            req, body = await self._preprocess(request, state)
+        except GatewayError as exc:
+            self.metrics.rejected.labels(path, exc.code).inc()
+            self._finish(state, exc.status, None, error=exc.message)
+            return Response(exc.body(), exc.status, media_type="application/json")
+        self.metrics.in_flight.labels(state.model, self.settings.variant).inc()
+        if req.stream:
+            return await self._stream(state, req, body)
+        return await self._unary(state, req, body)
+
+    async def _preprocess(self, request: Request, state: RequestState) -> tuple[ParsedRequest, bytes]:
+        with self.tracer.start_as_current_span("preprocess", context=state.ctx):
+            self._authorize(request)
+            body = await _read_body(request, self.settings.max_body_bytes)
+            try:
+                req = parse_request(state.route, body, self.upstream.models, self.settings.max_tokens_limit)
+            except GatewayError as exc:
+                if exc.code != "model_not_found":
+                    raise
+                if not await self.upstream.on_unknown_model():
+                    if not self.upstream.models:  # never reached vLLM: it is down, not the model unknown
+                        self.metrics.upstream_errors.labels(UNKNOWN_MODEL, self.settings.variant, "connect").inc()
+                        raise GatewayError(503, "upstream_unavailable",
+                                           f"The model server at {self.upstream.base_url} is not reachable; "
+                                           "retry later.", error_type=errors.UPSTREAM) from None
+                    raise
+                req = parse_request(state.route, body, self.upstream.models, self.settings.max_tokens_limit)
+            state.model, state.req = req.model, req
+            payload, changed = upstream_payload(req, self.settings.capture_logprobs)
+            span = state.span
+            if span.is_recording():
+                span.set_attributes(_request_attributes(req))
+            return req, orjson.dumps(payload) if changed else body
+
+    def _authorize(self, request: Request) -> None:
+        if not self._keys:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        presented = token.strip().encode()
+        ok = False
+        for key in self._keys:  # every key compared, so timing says nothing about which matched
+            ok |= hmac.compare_digest(key, presented)
+        if not ok or scheme.lower() != "bearer":
+            raise GatewayError(401, "invalid_api_key",
+                               "Missing or invalid API key: send 'Authorization: Bearer <key>'.",
+                               error_type=errors.AUTHENTICATION)
+
+    def _upstream_call_span(self, state: RequestState, req: ParsedRequest) -> tuple[trace.Span, dict[str, str]]:
+        op = OPERATION[req.route]
+        span = self.tracer.start_span(f"{op} {req.model}", context=state.ctx, kind=SpanKind.CLIENT)
+        if span.is_recording():
+            span.set_attributes(_request_attributes(req))
+            span.set_attribute("server.address", self.upstream.base_url)
+        headers = dict(self.upstream.headers)
+        PROPAGATOR.inject(headers, context=trace.set_span_in_context(span, state.ctx))
+        return span, headers
+
+    async def _unary(self, state: RequestState, req: ParsedRequest, body: bytes) -> Response:
+        status, account, error = 502, StreamAccount(state.started), None
+        try:
+            span, headers = self._upstream_call_span(state, req)
+            try:
+                async with self.upstream.session.post(f"{self.upstream.base_url}{state.path}", data=body,
+                                                      headers=headers, timeout=self.upstream.timeout(False)) as resp:
+                    raw = await resp.read()
+                    upstream_status = resp.status
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                status, reason, failure = _classify_failure(exc)
+                error = str(failure.message)
+                self._upstream_error(state, reason)
+                _end_span(span, error)
+                return Response(failure.body(), status, media_type="application/json")
+            _end_span(span, None if upstream_status < 400 else f"upstream answered {upstream_status}")
+            with self.tracer.start_as_current_span("relay", context=state.ctx):
+                if upstream_status >= 400:
+                    status, error = upstream_status, f"upstream answered {upstream_status}"
+                    self._upstream_error(state, "http_4xx" if upstream_status < 500 else "http_5xx")
+                    return Response(raw, upstream_status, media_type="application/json")
+                try:
+                    data = orjson.loads(raw)
+                    choices = data.get("choices") or []
+                    usage = data.get("usage") or {}
+                except (orjson.JSONDecodeError, AttributeError):
+                    status, error = 502, "upstream answered with something that is not an OpenAI response"
+                    self._upstream_error(state, "bad_response")
+                    return Response(errors.error_body(error, errors.UPSTREAM, "bad_response"), 502,
+                                    media_type="application/json")
+                account.on_usage(usage)
+                account.finish_reasons = [c.get("finish_reason") for c in choices
+                                          if isinstance(c, dict) and isinstance(c.get("finish_reason"), str)]
+                if self.settings.capture_logprobs or req.client_wants_logprobs:
+                    account.add_logprobs(chunk_logprobs(choices, req.route))
+                    if not req.client_wants_logprobs:
+                        strip_logprobs(choices)
+                        raw = orjson.dumps(data)
+                status = upstream_status
+                return Response(raw, status, media_type="application/json")
+        finally:
+            self.metrics.in_flight.labels(state.model, self.settings.variant).dec()
+            self._finish(state, status, account, error=error)
+
+    async def _stream(self, state: RequestState, req: ParsedRequest, body: bytes) -> Response:
+        span, headers = self._upstream_call_span(state, req)
+        try:
+            resp = await self.upstream.session.post(f"{self.upstream.base_url}{state.path}", data=body,
+                                                    headers=headers, timeout=self.upstream.timeout(True))
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            status, reason, failure = _classify_failure(exc)
+            self._upstream_error(state, reason)
+            _end_span(span, failure.message)
+            self._stream_done(state, status, None, failure.message)
+            return Response(failure.body(), status, media_type="application/json")
+        if resp.status != 200:
+            try:
+                raw = await resp.read()
+            except (aiohttp.ClientError, TimeoutError):
+                raw = errors.error_body("upstream failed while answering", errors.UPSTREAM, "bad_response")
+            resp.release()
+            error = f"upstream answered {resp.status}"
+            self._upstream_error(state, "http_4xx" if resp.status < 500 else "http_5xx")
+            _end_span(span, error)
+            self._stream_done(state, resp.status, None, error)
+            return Response(raw, resp.status, media_type="application/json")
+        return StreamingResponse(self._relay(state, req, resp, span), media_type="text/event-stream",
+                                 headers=SSE_HEADERS)
+
+    async def _relay(self, state: RequestState, req: ParsedRequest, resp: aiohttp.ClientResponse,
+                     upstream_span: trace.Span) -> AsyncIterator[bytes]:
+        account = StreamAccount(state.started)
+        capture = self.settings.capture_logprobs or req.client_wants_logprobs
+        processor = EventProcessor(account, req.route, strip_usage=not req.client_wants_usage,
+                                   read_logprobs=capture, strip_logprobs=capture and not req.client_wants_logprobs)
+        splitter = SSESplitter()
+        relay_span = self.tracer.start_span("relay", context=state.ctx)
+        status, error, reason, first_seen = 200, None, None, False
+        perf_counter = time.perf_counter
+        try:
+            async for chunk in resp.content.iter_any():
+                events = splitter.feed(chunk)
+                if not events:
+                    continue
+                out = processor.process(events, perf_counter())
+                if not first_seen and account.first_token is not None:
+                    first_seen = True
+                    state.span.add_event("first_token")
+                if out:
+                    yield out
+            if account.upstream_error is not None:
+                status, reason, error = 502, "http_5xx", "upstream reported an error in the stream"
+            elif not account.done:
+                status, reason, error = 502, "stream_interrupted", "upstream closed the stream before [DONE]"
+                yield errors.stream_error_event(error, reason)
+        except asyncio.CancelledError:
+            status, error = CLIENT_CLOSED, "client closed the connection"
+            raise
+        except TimeoutError:
+            status, reason = 504, "timeout"
+            error = f"upstream sent nothing for {self.settings.upstream_stream_idle_timeout_s}s"
+            yield errors.stream_error_event(error, "upstream_timeout")
+        except aiohttp.ClientError as exc:
+            status, reason = 502, "stream_interrupted"
+            error = f"upstream connection lost mid-stream: {type(exc).__name__}"
+            yield errors.stream_error_event(error, reason)
+        finally:
+            if account.done:
+                resp.release()
+            else:
+                resp.close()  # drop the connection so vLLM aborts the request
+            if reason is not None:
+                self._upstream_error(state, reason)
+            _end_span(upstream_span, error)
+            _end_span(relay_span, error)
+            self._stream_done(state, status, account, error)
+
+    def _stream_done(self, state: RequestState, status: int, account: StreamAccount | None, error: str | None) -> None:
+        self.metrics.in_flight.labels(state.model, self.settings.variant).dec()
+        self._finish(state, status, account, error=error)
+
+    # -- accounting --------------------------------------------------------------------
+
+    def _upstream_error(self, state: RequestState, reason: str) -> None:
+        self.metrics.upstream_errors.labels(state.model, self.settings.variant, reason).inc()
+
+    def _finish(self, state: RequestState, status: int, account: StreamAccount | None, *, error: str | None) -> None:
+        """Record the request once: metrics, feature record, span attributes and end."""
+        e2e = time.perf_counter() - state.started
+        m, variant, span = self.metrics, self.settings.variant, state.span
+        ex = exemplar(span)
+        labels = (state.model, variant, state.path, status_class(status))
+        m.requests.labels(*labels).inc()
+        m.request_duration.labels(*labels).observe(e2e, ex)
+        ok = account is not None and status < 400
+        if ok:
+            tok = (state.model, variant, state.path)
+            ttft = account.ttft
+            if ttft is not None:
+                m.time_to_first_token.labels(*tok).observe(ttft, ex)
+                itl = m.inter_token_latency.labels(*tok)
+                for gap in account.gaps:
+                    itl.observe(gap)
+            tpot = account.tpot()
+            if tpot is not None:
+                m.time_per_output_token.labels(*tok).observe(tpot)
+            if account.prompt_tokens is not None:
+                m.input_tokens.labels(*tok).inc(account.prompt_tokens)
+                m.prompt_tokens_per_request.labels(*tok).observe(account.prompt_tokens)
+            if account.completion_tokens is not None:
+                m.output_tokens.labels(*tok).inc(account.completion_tokens)
+                m.completion_tokens_per_request.labels(*tok).observe(account.completion_tokens)
+        if self.features is not None and state.req is not None:
+            self.features.submit(FeatureRecord(
+                model=state.model, variant=variant, route=state.route, stream=state.req.stream,
+                started_at=state.started_at, finished_at=state.started_at + e2e, status=status,
+                prompt_tokens=account.prompt_tokens if account else None,
+                completion_tokens=account.completion_tokens if account else None,
+                ttft_s=account.ttft if account else None, tpot_s=account.tpot() if account else None, e2e_s=e2e,
+                finish_reason=account.finish_reasons[0] if account and account.finish_reasons else None,
+                mean_logprob=account.mean_logprob if account else None,
+            ))
+        if span.is_recording():
+            span.set_attribute("http.response.status_code", status)
+            if account is not None:
+                span.set_attributes(_usage_attributes(account))
+        _end_span(span, error if status >= 500 or status == CLIENT_CLOSED else None)
+
+
+def _request_attributes(req: ParsedRequest) -> dict:
+    attrs = {
+        "gen_ai.operation.name": OPERATION[req.route],
+        "gen_ai.provider.name": "vllm",
+        "gen_ai.system": "vllm",
+        "gen_ai.request.model": req.model,
+        "gen_ai.request.stream": req.stream,
+    }
+    if req.max_tokens is not None:
+        attrs["gen_ai.request.max_tokens"] = req.max_tokens
+    for key in ("temperature", "top_p", "seed"):
+        value = req.payload.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            attrs[f"gen_ai.request.{key}"] = value
+    return attrs
+
+
+def _usage_attributes(account: StreamAccount) -> dict:
+    attrs: dict = {}
+    if account.prompt_tokens is not None:
+        attrs["gen_ai.usage.input_tokens"] = account.prompt_tokens
+    if account.completion_tokens is not None:
+        attrs["gen_ai.usage.output_tokens"] = account.completion_tokens
+    if account.finish_reasons:
+        attrs["gen_ai.response.finish_reasons"] = account.finish_reasons
+    if account.ttft is not None:
+        attrs["gen_ai.server.time_to_first_token"] = account.ttft
+    return attrs
+
+
+def _end_span(span: trace.Span, error: str | None) -> None:
+    if error is not None and span.is_recording():
+        span.set_status(Status(StatusCode.ERROR, error))
+    span.end()
+
+
+def _classify_failure(exc: BaseException) -> tuple[int, str, GatewayError]:
+    """Map an aiohttp failure before the response started to (status, metric reason, error)."""
+    if isinstance(exc, TimeoutError):
+        return 504, "timeout", GatewayError(504, "upstream_timeout", "The model server did not answer in time.",
+                                            error_type=errors.UPSTREAM)
+    err = _upstream_unavailable_error(exc)
+    return err.status, "connect", err
+
+
+def _upstream_unavailable_error(exc: BaseException) -> GatewayError:
+    return GatewayError(503, "upstream_unavailable",
+                        f"The model server is not reachable ({type(exc).__name__}); retry later.",
+                        error_type=errors.UPSTREAM)
+
+
+def _upstream_unavailable(exc: BaseException) -> Response:
+    err = _upstream_unavailable_error(exc)
+    return Response(err.body(), err.status, media_type="application/json")
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise GatewayError(400, "invalid_content_length", "Content-Length must be a whole number.")
+        if int(declared) > limit:
+            raise GatewayError(413, "body_too_large", f"Request body is {declared} bytes; the limit is {limit}.")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise GatewayError(413, "body_too_large", f"Request body exceeds the limit of {limit} bytes.")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def create_app(settings: GatewaySettings, registry: CollectorRegistry | None = None, *,
+               feature_sink: FeatureSink | None = None, span_exporter: SpanExporter | None = None) -> FastAPI:
+    """Build the ASGI app; ``registry`` defaults to a fresh one (never the global)."""
+    gateway = Gateway(settings, registry or CollectorRegistry(), feature_sink=feature_sink,
+                      span_exporter=span_exporter)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await gateway.start()
+        try:
+            yield
+        finally:
+            await gateway.stop()
+
+    app = FastAPI(title="inferwatch gateway", version=__version__, lifespan=lifespan,
+                  docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.gateway = gateway
+    app.router.add_route("/v1/chat/completions", gateway.chat, methods=["POST"])
+    app.router.add_route("/v1/completions", gateway.completions, methods=["POST"])
+    app.router.add_route("/v1/models", gateway.list_models, methods=["GET"])
+    app.router.add_route("/health", gateway.health, methods=["GET"])
+    app.router.add_route("/ready", gateway.ready, methods=["GET"])
+    app.router.add_route("/metrics", gateway.render_metrics, methods=["GET"])
+    return app

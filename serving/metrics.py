@@ -1,0 +1,141 @@
+"""Every metric the gateway exports, declared once.
+
+Dashboards and alert rules refer to these names (see ``GATEWAY_METRIC_NAMES``); a test
+checks that nothing downstream uses a name that no component exports.
+
+Buckets are chosen for LLM serving: time to first token spans ~20 ms (short prompt on a
+warm GPU) to tens of seconds (long prompt behind a queue); inter-token gaps sit between
+a few ms and a few hundred ms; whole requests run up to minutes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+
+NAMESPACE = "inferwatch_gateway"
+
+REQUEST_DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
+TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40)
+INTER_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5)
+TOKEN_COUNT_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 131072)
+
+REQUEST_LABELS = ("model", "variant", "route", "status_class")
+TOKEN_LABELS = ("model", "variant", "route")
+
+# Upstream error reasons: a closed set so the label stays bounded.
+UPSTREAM_ERROR_REASONS = (
+    "connect",  # connection refused / DNS / reset before a response
+    "timeout",  # no response headers, body or next chunk in time
+    "http_4xx",  # vLLM rejected the request
+    "http_5xx",  # vLLM failed
+    "stream_interrupted",  # connection lost after the stream started
+    "bad_response",  # not JSON / not the shape the OpenAI API promises
+)
+
+
+@dataclass(frozen=True)
+class GatewayMetrics:
+    requests: Counter
+    request_duration: Histogram
+    time_to_first_token: Histogram
+    inter_token_latency: Histogram
+    time_per_output_token: Histogram
+    input_tokens: Counter
+    output_tokens: Counter
+    prompt_tokens_per_request: Histogram
+    completion_tokens_per_request: Histogram
+    in_flight: Gauge
+    upstream_errors: Counter
+    rejected: Counter
+    upstream_up: Gauge
+    feature_records: Counter
+    feature_queue_depth: Gauge
+    build: Info
+
+
+def create_metrics(registry: CollectorRegistry) -> GatewayMetrics:
+    """Register the gateway's metrics on ``registry`` (one registry per app, per test)."""
+
+    def hist(name: str, doc: str, labels: tuple[str, ...], buckets: tuple[float, ...]) -> Histogram:
+        return Histogram(name, doc, labels, namespace=NAMESPACE, buckets=buckets, registry=registry)
+
+    return GatewayMetrics(
+        requests=Counter(
+            "requests", "Requests answered, by model, variant, route and status class (2xx, 4xx, 5xx).",
+            REQUEST_LABELS, namespace=NAMESPACE, registry=registry,
+        ),
+        request_duration=hist(
+            "request_duration_seconds", "Time from request received to last byte sent.",
+            REQUEST_LABELS, REQUEST_DURATION_BUCKETS,
+        ),
+        time_to_first_token=hist(
+            "time_to_first_token_seconds",
+            "Time from request received to the first generated token relayed to the client.",
+            TOKEN_LABELS, TTFT_BUCKETS,
+        ),
+        inter_token_latency=hist(
+            "inter_token_latency_seconds", "Gap between consecutive streamed token chunks.",
+            TOKEN_LABELS, INTER_TOKEN_BUCKETS,
+        ),
+        time_per_output_token=hist(
+            "time_per_output_token_seconds",
+            "Per request: (end - first token) / (output tokens - 1), the decode speed a user sees.",
+            TOKEN_LABELS, INTER_TOKEN_BUCKETS,
+        ),
+        input_tokens=Counter(
+            "input_tokens", "Prompt tokens of answered requests, from the upstream usage.",
+            TOKEN_LABELS, namespace=NAMESPACE, registry=registry,
+        ),
+        output_tokens=Counter(
+            "output_tokens", "Generated tokens of answered requests, from the upstream usage.",
+            TOKEN_LABELS, namespace=NAMESPACE, registry=registry,
+        ),
+        prompt_tokens_per_request=hist(
+            "request_prompt_tokens", "Prompt length per request, in tokens.", TOKEN_LABELS, TOKEN_COUNT_BUCKETS,
+        ),
+        completion_tokens_per_request=hist(
+            "request_completion_tokens", "Completion length per request, in tokens.",
+            TOKEN_LABELS, TOKEN_COUNT_BUCKETS,
+        ),
+        in_flight=Gauge(
+            "requests_in_flight", "Requests being answered right now.", ("model", "variant"),
+            namespace=NAMESPACE, registry=registry, multiprocess_mode="livesum",
+        ),
+        upstream_errors=Counter(
+            "upstream_errors", "Failed upstream calls, by reason: " + ", ".join(UPSTREAM_ERROR_REASONS) + ".",
+            ("model", "variant", "reason"), namespace=NAMESPACE, registry=registry,
+        ),
+        rejected=Counter(
+            "rejected_requests", "Requests refused by the gateway before reaching upstream, by error code.",
+            ("route", "code"), namespace=NAMESPACE, registry=registry,
+        ),
+        upstream_up=Gauge(
+            "upstream_up", "1 if the last model-list probe of the upstream succeeded.",
+            ("upstream",), namespace=NAMESPACE, registry=registry,
+        ),
+        feature_records=Counter(
+            "feature_records", "Feature records by outcome: queued, sent, dropped_full, dropped_send_error.",
+            ("outcome",), namespace=NAMESPACE, registry=registry,
+        ),
+        feature_queue_depth=Gauge(
+            "feature_queue_depth", "Feature records waiting to be sent.", namespace=NAMESPACE, registry=registry,
+        ),
+        build=Info("build", "Gateway version and configuration.", namespace=NAMESPACE, registry=registry),
+    )
+
+
+def exported_metric_names(registry: CollectorRegistry) -> set[str]:
+    """Sample names a scrape of ``registry`` can contain (used by contract tests)."""
+    names: set[str] = set()
+    for family in registry.collect():
+        if family.type == "histogram":
+            names |= {f"{family.name}_bucket", f"{family.name}_sum", f"{family.name}_count"}
+        elif family.type == "counter":
+            names |= {f"{family.name}_total", f"{family.name}_created"}
+        elif family.type == "info":
+            names.add(f"{family.name}_info")
+        else:
+            names.add(family.name)
+    return names

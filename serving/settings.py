@@ -1,0 +1,69 @@
+"""The gateway's settings: one object per process, from INFERWATCH_GATEWAY_* or flags."""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr, field_validator
+from typing import Annotated
+
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+class GatewaySettings(BaseSettings):
+    """Everything the gateway process reads from its environment.
+
+    Env vars are ``INFERWATCH_GATEWAY_<FIELD>``; list fields take comma-separated values.
+    The instance is frozen so no code path can change configuration behind a test's back.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="INFERWATCH_GATEWAY_", frozen=True, extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=1, le=65535)
+    upstream_url: str = Field("http://127.0.0.1:8000", description="vLLM OpenAI server base URL")
+    variant: str = Field("default", min_length=1, max_length=64, description="model version label")
+
+    # Limits on what clients may send.
+    max_body_bytes: int = Field(1_048_576, ge=1024)
+    max_tokens_limit: int = Field(32_768, ge=1, description="largest max_tokens accepted")
+
+    # Upstream timeouts (seconds): connect, wait for response headers / whole
+    # non-streamed body, and the longest silence allowed between two stream chunks.
+    upstream_connect_timeout_s: float = Field(2.0, gt=0)
+    upstream_timeout_s: float = Field(300.0, gt=0)
+    upstream_stream_idle_timeout_s: float = Field(60.0, gt=0)
+    upstream_max_connections: int = Field(256, ge=1)
+    upstream_api_key: SecretStr | None = Field(None, description="sent to vLLM if it runs with --api-key")
+    models_refresh_s: float = Field(30.0, gt=0, description="how often /v1/models is re-read upstream")
+
+    # Auth: empty means open. Comma-separated in the environment.
+    api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
+
+    # Tracing: no endpoint means no export (and no span recording).
+    otlp_endpoint: str | None = None
+    otlp_protocol: str = Field("http/protobuf", pattern=r"^(http/protobuf|grpc)$")
+    trace_sample_ratio: float = Field(1.0, ge=0.0, le=1.0)
+    service_name: str = "inferwatch-gateway"
+
+    # Feature records for the drift service.
+    capture_logprobs: bool = Field(False, description="ask upstream for logprobs to record confidence")
+    feature_queue_size: int = Field(10_000, ge=1)
+    feature_batch_size: int = Field(500, ge=1)
+    feature_flush_s: float = Field(1.0, gt=0)
+    drift_url: str | None = Field(None, description="drift service base URL; records are sent to its ingest")
+    drift_token: SecretStr | None = None
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [k.strip() for k in value.split(",") if k.strip()]
+        return value
+
+    @field_validator("upstream_url", "drift_url")
+    @classmethod
+    def _strip_slash(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return value.rstrip("/")

@@ -1,0 +1,61 @@
+"""OpenTelemetry set-up for the gateway: a private TracerProvider, never the global one.
+
+With no OTLP endpoint the gateway uses a no-op tracer: spans cost nearly nothing, and the
+client's own ``traceparent`` still reaches vLLM unchanged, so a trace the client started
+still joins vLLM's ``llm_request`` span.
+"""
+
+from __future__ import annotations
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from inferwatch import __version__
+from serving.settings import GatewaySettings
+
+PROPAGATOR = TraceContextTextMapPropagator()
+INSTRUMENTATION = "inferwatch.serving"
+
+
+def otlp_exporter(endpoint: str, protocol: str) -> SpanExporter:
+    """http/protobuf takes the full URL (…/v1/traces is added if missing); grpc host:port."""
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+
+        return GrpcExporter(endpoint=endpoint, insecure=endpoint.startswith("http://"))
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+    if not endpoint.rstrip("/").endswith("/v1/traces"):
+        endpoint = endpoint.rstrip("/") + "/v1/traces"
+    return HttpExporter(endpoint=endpoint)
+
+
+def build_tracer_provider(settings: GatewaySettings, exporter: SpanExporter | None = None) -> TracerProvider | None:
+    if exporter is None:
+        if not settings.otlp_endpoint:
+            return None
+        exporter = otlp_exporter(settings.otlp_endpoint, settings.otlp_protocol)
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": settings.service_name, "service.version": __version__}),
+        sampler=ParentBased(TraceIdRatioBased(settings.trace_sample_ratio)),
+    )
+    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=500))
+    return provider
+
+
+def get_tracer(provider: TracerProvider | None) -> trace.Tracer:
+    if provider is None:
+        return trace.NoOpTracer()
+    return provider.get_tracer(INSTRUMENTATION, __version__)
+
+
+def exemplar(span: trace.Span) -> dict[str, str] | None:
+    """The trace id as an exemplar for sampled spans, so a histogram bucket links to a trace."""
+    ctx = span.get_span_context()
+    if not ctx.trace_flags.sampled:
+        return None
+    return {"trace_id": format(ctx.trace_id, "032x")}

