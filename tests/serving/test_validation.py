@@ -1,0 +1,91 @@
+"""Request validation: what reaches vLLM, and the 4xx a client gets otherwise."""
+
+import orjson
+import pytest
+
+from serving.errors import GatewayError
+from serving.validation import ModelInfo, parse_request, upstream_payload
+
+MODELS = {"m": ModelInfo("m", max_model_len=512)}
+
+
+def parse(route, body, limit=32768):
+    raw = body if isinstance(body, bytes) else orjson.dumps(body)
+    return parse_request(route, raw, MODELS, limit)
+
+
+def rejects(route, body, status, code, param=None, limit=32768):
+    with pytest.raises(GatewayError) as info:
+        parse(route, body, limit)
+    err = info.value
+    assert (err.status, err.code, err.param) == (status, code, param)
+    body = orjson.loads(err.body())["error"]
+    assert body["message"] and body["code"] == code and body["type"]
+    return err
+
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.mark.parametrize("body, status, code, param", [
+    (b"{not json", 400, "invalid_json", None),
+    (b"[1,2]", 400, "invalid_body", None),
+    ({"messages": CHAT["messages"]}, 400, "missing_model", "model"),
+    ({**CHAT, "model": 3}, 400, "invalid_model", "model"),
+    ({**CHAT, "model": "gpt-9"}, 404, "model_not_found", "model"),
+    ({"model": "m"}, 400, "invalid_messages", "messages"),
+    ({"model": "m", "messages": []}, 400, "invalid_messages", "messages"),
+    ({**CHAT, "stream": "yes"}, 400, "invalid_stream", "stream"),
+    ({**CHAT, "stream_options": 1}, 400, "invalid_stream_options", "stream_options"),
+    ({**CHAT, "max_tokens": 0}, 400, "invalid_max_tokens", "max_tokens"),
+    ({**CHAT, "max_tokens": -5}, 400, "invalid_max_tokens", "max_tokens"),
+    ({**CHAT, "max_tokens": 10**12}, 400, "invalid_max_tokens", "max_tokens"),
+    ({**CHAT, "max_tokens": 1.5}, 400, "invalid_max_tokens", "max_tokens"),
+    ({**CHAT, "max_tokens": True}, 400, "invalid_max_tokens", "max_tokens"),
+    ({**CHAT, "max_completion_tokens": 513}, 400, "invalid_max_tokens", "max_completion_tokens"),
+])
+def test_chat_rejections(body, status, code, param):
+    rejects("chat", body, status, code, param)
+
+
+@pytest.mark.parametrize("prompt", [None, "", [], 5, {"a": 1}, True])
+def test_completion_prompt_rejections(prompt):
+    body = {"model": "m"} if prompt is None else {"model": "m", "prompt": prompt}
+    rejects("completions", body, 400, "invalid_prompt", "prompt")
+
+
+def test_max_tokens_ceiling_is_the_smaller_of_limit_and_model_length():
+    err = rejects("chat", {**CHAT, "max_tokens": 200}, 400, "invalid_max_tokens", "max_tokens", limit=100)
+    assert "between 1 and 100" in err.message
+    err = rejects("chat", {**CHAT, "max_tokens": 600}, 400, "invalid_max_tokens", "max_tokens")
+    assert "between 1 and 512" in err.message
+    assert parse("chat", {**CHAT, "max_tokens": 512}).max_tokens == 512
+
+
+def test_unknown_model_message_lists_served_models():
+    err = rejects("chat", {**CHAT, "model": "x"}, 404, "model_not_found", "model")
+    assert "Served models: m" in err.message
+
+
+def test_parsed_fields():
+    req = parse("completions", {"model": "m", "prompt": ["a", "b"], "stream": True,
+                                "stream_options": {"include_usage": True}, "logprobs": 2})
+    assert (req.route, req.model, req.stream, req.client_wants_usage, req.client_wants_logprobs) == \
+        ("completions", "m", True, True, True)
+
+
+def test_upstream_payload_asks_for_usage_and_logprobs_only_when_needed():
+    plain = parse("chat", CHAT)
+    assert upstream_payload(plain, capture_logprobs=False) == (CHAT, False)
+
+    stream = parse("chat", {**CHAT, "stream": True, "stream_options": {"continuous_usage_stats": False}})
+    payload, changed = upstream_payload(stream, capture_logprobs=True)
+    assert changed and payload["stream_options"] == {"continuous_usage_stats": False, "include_usage": True}
+    assert payload["logprobs"] is True
+    assert "logprobs" not in stream.payload  # the client's request object is not mutated
+
+    comp = parse("completions", {"model": "m", "prompt": "x"})
+    assert upstream_payload(comp, capture_logprobs=True)[0]["logprobs"] == 0
+
+    asked = parse("completions", {"model": "m", "prompt": "x", "logprobs": 3})
+    assert upstream_payload(asked, capture_logprobs=True) == (asked.payload, False)

@@ -1,0 +1,72 @@
+"""Real servers on loopback for tests: the gateway in a thread, and Prometheus text helpers."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import requests
+import uvicorn
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from serving.gateway import create_app
+from serving.settings import GatewaySettings
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class GatewayServer:
+    """The real gateway app under uvicorn on a loopback port, with its own registry."""
+
+    def __init__(self, settings: GatewaySettings | None = None, **app_kwargs) -> None:
+        port = free_port()
+        base = {"port": port, "host": "127.0.0.1"}
+        self.settings = settings.model_copy(update=base) if settings else GatewaySettings(**base)
+        self.registry = CollectorRegistry()
+        self.app = create_app(self.settings, self.registry, **app_kwargs)
+        self.url = f"http://127.0.0.1:{port}"
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
+                                loop="uvloop", http="httptools")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+
+    @property
+    def gateway(self):
+        return self.app.state.gateway
+
+    def __enter__(self) -> "GatewayServer":
+        self._thread.start()
+        deadline = time.monotonic() + 15
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("gateway did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=15)
+
+    def metrics_text(self) -> str:
+        return requests.get(f"{self.url}/metrics", timeout=5).text
+
+
+def samples(text: str) -> dict[tuple[str, frozenset], float]:
+    """Prometheus exposition → {(sample name, labels): value}."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def metric_sum(text: str, name: str, **labels: str) -> float:
+    """Sum of every sample named ``name`` whose labels include ``labels``."""
+    want = set(labels.items())
+    return sum(v for (n, lbls), v in samples(text).items() if n == name and want <= lbls)

@@ -1,0 +1,100 @@
+"""A misbehaving OpenAI server for fault injection: the failures real vLLM cannot be made
+to produce on demand (stalls, garbage, a stream cut without [DONE], an error event).
+
+Behaviour is chosen by the requested model name. Everything that real vLLM can do is
+tested against real vLLM instead (tests/integration).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import orjson
+from aiohttp import web
+
+SEEN = web.AppKey("seen", list)
+HEADERS = web.AppKey("headers", list)
+MODELS = ("ok", "stall_headers", "stall_stream", "garbage", "cut", "error_event", "http500")
+
+
+def _chunk(text: str) -> bytes:
+    return b"data: " + orjson.dumps({"id": "s", "object": "chat.completion.chunk",
+                                     "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}) + b"\n\n"
+
+
+async def _models(request: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": [{"id": m, "object": "model", "max_model_len": 4096}
+                                                          for m in MODELS]})
+
+
+async def _health(request: web.Request) -> web.Response:
+    return web.Response(text="")
+
+
+async def _chat(request: web.Request) -> web.StreamResponse:
+    body = await request.json()
+    model = body["model"]
+    request.app[SEEN].append(body)
+    request.app[HEADERS].append(dict(request.headers))
+    if model == "stall_headers":
+        await asyncio.sleep(30)
+    if model == "http500":
+        return web.json_response({"error": {"message": "engine dead", "code": 500}}, status=500)
+    if model == "garbage":
+        return web.Response(text="<html>proxy error</html>", content_type="application/json")
+    if not body.get("stream"):
+        return web.json_response({"id": "s", "object": "chat.completion", "model": model,
+                                  "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
+                                               "finish_reason": "stop"}],
+                                  "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}})
+    resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+    await resp.prepare(request)
+    await resp.write(_chunk("a"))
+    if model == "stall_stream":
+        await asyncio.sleep(30)
+    if model == "cut":
+        request.transport.close()  # the process "dies": no [DONE], connection gone
+        return resp
+    if model == "error_event":
+        await resp.write(b'data: {"error": {"message": "engine failed", "code": 500}}\n\n')
+        return resp
+    await resp.write(_chunk("b"))
+    await resp.write(b'data: {"id":"s","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\n')
+    await resp.write(b"data: [DONE]\n\n")
+    return resp
+
+
+class StubUpstream:
+    def __init__(self) -> None:
+        self.app = web.Application()
+        self.app[SEEN] = []
+        self.app[HEADERS] = []
+        self.app.router.add_get("/v1/models", _models)
+        self.app.router.add_get("/health", _health)
+        self.app.router.add_post("/v1/chat/completions", _chat)
+        self._loop = asyncio.new_event_loop()
+        self._runner = web.AppRunner(self.app, handler_cancellation=True, shutdown_timeout=1)
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+
+    @property
+    def seen(self) -> list[dict]:
+        return self.app[SEEN]
+
+    @property
+    def headers_seen(self) -> list[dict]:
+        return self.app[HEADERS]
+
+    def __enter__(self) -> "StubUpstream":
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._runner.setup(), self._loop).result()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        asyncio.run_coroutine_threadsafe(site.start(), self._loop).result()
+        self.port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001
+        self.url = f"http://127.0.0.1:{self.port}"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
