@@ -273,36 +273,16 @@ class Gateway:
                                    read_logprobs=capture, strip_logprobs=capture and not req.client_wants_logprobs)
         splitter = SSESplitter()
         relay_span = self.tracer.start_span("relay", context=state.ctx)
-        status, error, reason, first_seen = 200, None, None, False
+        status, error, reason, first_seen, settled = 200, None, None, False, False
         perf_counter = time.perf_counter
-        try:
-            async for chunk in resp.content.iter_any():
-                events = splitter.feed(chunk)
-                if not events:
-                    continue
-                out = processor.process(events, perf_counter())
-                if not first_seen and account.first_token is not None:
-                    first_seen = True
-                    state.span.add_event("first_token")
-                if out:
-                    yield out
-            if account.upstream_error is not None:
-                status, reason, error = 502, "http_5xx", "upstream reported an error in the stream"
-            elif not account.done:
-                status, reason, error = 502, "stream_interrupted", "upstream closed the stream before [DONE]"
-                yield errors.stream_error_event(error, reason)
-        except asyncio.CancelledError:
-            status, error = CLIENT_CLOSED, "client closed the connection"
-            raise
-        except TimeoutError:
-            status, reason = 504, "timeout"
-            error = f"upstream sent nothing for {self.settings.upstream_stream_idle_timeout_s}s"
-            yield errors.stream_error_event(error, "upstream_timeout")
-        except aiohttp.ClientError as exc:
-            status, reason = 502, "stream_interrupted"
-            error = f"upstream connection lost mid-stream: {type(exc).__name__}"
-            yield errors.stream_error_event(error, reason)
-        finally:
+
+        def settle() -> None:
+            """Record the request exactly once; before the last bytes when the stream completes,
+            so a client that has read [DONE] can already see its request in /metrics."""
+            nonlocal settled
+            if settled:
+                return
+            settled = True
             if account.done:
                 resp.release()
             else:
@@ -312,6 +292,42 @@ class Gateway:
             _end_span(upstream_span, error)
             _end_span(relay_span, error)
             self._stream_done(state, status, account, error)
+
+        try:
+            async for chunk in resp.content.iter_any():
+                events = splitter.feed(chunk)
+                if not events:
+                    continue
+                out = processor.process(events, perf_counter())
+                if not first_seen and account.first_token is not None:
+                    first_seen = True
+                    state.span.add_event("first_token")
+                if account.done or account.upstream_error is not None:
+                    if account.upstream_error is not None:
+                        status, reason, error = 502, "http_5xx", "upstream reported an error in the stream"
+                    settle()
+                    yield out
+                    return
+                if out:
+                    yield out
+            status, reason, error = 502, "stream_interrupted", "upstream closed the stream before [DONE]"
+            settle()
+            yield errors.stream_error_event(error, reason)
+        except asyncio.CancelledError:
+            status, error = CLIENT_CLOSED, "client closed the connection"
+            raise
+        except TimeoutError:
+            status, reason = 504, "timeout"
+            error = f"upstream sent nothing for {self.settings.upstream_stream_idle_timeout_s}s"
+            settle()
+            yield errors.stream_error_event(error, "upstream_timeout")
+        except aiohttp.ClientError as exc:
+            status, reason = 502, "stream_interrupted"
+            error = f"upstream connection lost mid-stream: {type(exc).__name__}"
+            settle()
+            yield errors.stream_error_event(error, reason)
+        finally:
+            settle()
 
     def _stream_done(self, state: RequestState, status: int, account: StreamAccount | None, error: str | None) -> None:
         self.metrics.in_flight.labels(state.model, self.settings.variant).dec()

@@ -20,9 +20,10 @@ _USAGE = b'"usage":{'
 _FINISH = b'"finish_reason":"'
 _FINISH_RE = re.compile(rb'"finish_reason":"([a-z_]{1,32})"')
 _CHOICE = b'"choices":[{'
-# Chunks with a choice that carry no generated text: the chat role preamble and empty
-# closing deltas. Everything else with a choice is at least one token.
-_EMPTY_MARKERS = (b'"content":""', b'"text":""', b'"delta":{}')
+_ROLE = b'"role":"'
+_EMPTY_DELTA = b'"delta":{}'
+_EMPTY_TEXT = (b'"content":""', b'"text":""')
+_LOGPROBS = b'"logprobs":{'
 
 
 class SSESplitter:
@@ -47,11 +48,16 @@ class SSESplitter:
 
 
 def is_token_event(event: bytes) -> bool:
-    if _CHOICE not in event:
+    """Whether a chunk carries at least one generated token.
+
+    Not tokens: the chat role preamble, empty deltas, and closing chunks that only carry a
+    finish reason. An empty text *with* logprobs is a token whose bytes are an incomplete
+    UTF-8 character, so it counts.
+    """
+    if _CHOICE not in event or _ROLE in event or _EMPTY_DELTA in event:
         return False
-    for marker in _EMPTY_MARKERS:
-        if marker in event:
-            return False
+    if _FINISH in event and _LOGPROBS not in event and (_EMPTY_TEXT[0] in event or _EMPTY_TEXT[1] in event):
+        return False
     return True
 
 
@@ -172,8 +178,8 @@ class EventProcessor:
                         continue
                 if is_token_event(event):
                     account.on_token(now)
-                    if self.read_logprobs:
-                        event = self._logprobs(event)
+                if self.read_logprobs and _LOGPROBS in event:
+                    event = self._logprobs(event)
                 if _FINISH in event:
                     account.finish_reasons.extend(finish_reasons_in(event))
             out.append(event)

@@ -42,6 +42,9 @@ def test_splitter_accepts_crlf_line_endings():
     (chat_chunk(role="assistant", content=""), False),
     (chat_chunk("x"), True),
     (chat_chunk("", finish="stop"), False),
+    (chat_chunk("x", finish="stop"), True),
+    (chat_chunk("", logprobs={"content": [{"token": "", "logprob": -1.0}]}), True),  # half a UTF-8 char
+    (b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}', False),
     (b'data: {"choices":[{"index":0,"text":"ab","finish_reason":null}]}', True),
     (b'data: {"choices":[{"index":0,"text":"","finish_reason":"length"}]}', False),
     (USAGE, False),
@@ -109,11 +112,13 @@ def test_processor_reads_and_strips_logprobs_it_added():
     lp = {"content": [{"token": "a", "logprob": -1.5, "top_logprobs": []}]}
     acc = StreamAccount(0.0)
     p = EventProcessor(acc, "chat", strip_usage=True, read_logprobs=True, strip_logprobs=True)
-    out = run(p, chat_chunk("a", logprobs=lp), chat_chunk("b", logprobs={"content": [{"logprob": -0.5}]}))
+    out = run(p, chat_chunk("a", logprobs=lp), chat_chunk("", logprobs={"content": [{"logprob": -0.5}]}),
+              chat_chunk("", finish="stop"))
     events = [orjson.loads(e[6:]) for e in out.split(b"\n\n") if e]
-    assert [e["choices"][0]["logprobs"] for e in events] == [None, None]
-    assert [e["choices"][0]["delta"]["content"] for e in events] == ["a", "b"]
+    assert [e["choices"][0]["logprobs"] for e in events] == [None, None, None]
+    assert [e["choices"][0]["delta"]["content"] for e in events] == ["a", "", ""]
     assert acc.mean_logprob == pytest.approx(-1.0)
+    assert acc.token_events == 2
 
 
 def test_processor_reads_but_keeps_logprobs_the_client_asked_for():
