@@ -1,0 +1,78 @@
+"""`inferwatch up` (what `make up` runs): real vLLM + gateway, URLs printed, Ctrl-C stops all."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import openai
+import pytest
+import requests
+
+from tests.conftest import TINY_MODEL_NAME
+from tests.support.servers import free_port
+
+pytestmark = pytest.mark.vllm
+
+
+class OutputReader:
+    """Collects a child's stdout on a thread (select() on a buffered pipe misses lines)."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.text = ""
+        threading.Thread(target=lambda: [self.lines.put(line) for line in proc.stdout], daemon=True).start()
+
+    def until(self, marker: str, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        while marker not in self.text:
+            try:
+                self.text += self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"'{marker}' not printed; output so far:\n{self.text}") from None
+        return self.text
+
+
+def port_open(port: int) -> bool:
+    try:
+        requests.get(f"http://127.0.0.1:{port}/health", timeout=1)
+        return True
+    except requests.ConnectionError:
+        return False
+
+
+def test_up_serves_through_the_gateway_and_ctrl_c_stops_everything(tiny_model, tmp_path):
+    vllm_port, gw_port = free_port(), free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "inferwatch", "up", "--model", str(tiny_model), "--name", TINY_MODEL_NAME,
+         "--vllm-port", str(vllm_port), "--gateway-port", str(gw_port), "--dtype", "bfloat16",
+         "--run-dir", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        reader = OutputReader(proc)
+        out = reader.until("Ctrl-C stops everything", 300)
+        assert f"http://127.0.0.1:{gw_port}/v1" in out
+        assert f"http://127.0.0.1:{gw_port}/metrics" in out and f"http://127.0.0.1:{vllm_port}/metrics" in out
+
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{gw_port}/v1", api_key="unused", max_retries=0)
+        reply = client.chat.completions.create(model=TINY_MODEL_NAME, messages=[{"role": "user", "content": "hi"}],
+                                               max_tokens=4)
+        assert reply.usage.completion_tokens == 4
+        assert "inferwatch_gateway_requests_total" in requests.get(f"http://127.0.0.1:{gw_port}/metrics").text
+
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=90)
+        rest = reader.until("stopping vLLM", 5)
+        assert proc.returncode == 0, rest
+        assert not port_open(gw_port) and not port_open(vllm_port)
+        assert (tmp_path / "vllm.log").stat().st_size > 0 and (tmp_path / "gateway.log").exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,91 @@
+"""The vLLM launcher and process supervision, without starting vLLM itself."""
+
+import os
+import sys
+import time
+
+import pytest
+
+from inferwatch.supervise import ManagedProcess, StartupError
+from serving.vllm_launcher import VLLMConfig, command, environment
+from tests.support.servers import free_port
+
+
+def test_command_uses_the_module_entry_point_and_passes_tracing():
+    cfg = VLLMConfig("/models/tiny", "tiny", port=8123, dtype="bfloat16",
+                     otlp_traces_endpoint="http://127.0.0.1:4318/v1/traces", extra_args=("--seed", "1"))
+    argv = command(cfg)
+    assert argv[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    pairs = dict(zip(argv[3::2], argv[4::2]))
+    assert pairs["--model"] == "/models/tiny" and pairs["--served-model-name"] == "tiny"
+    assert pairs["--port"] == "8123" and pairs["--dtype"] == "bfloat16"
+    assert pairs["--otlp-traces-endpoint"] == "http://127.0.0.1:4318/v1/traces"
+    assert argv[-2:] == ["--seed", "1"]
+    assert "--disable-log-requests" not in argv  # current vLLM refuses to start with it
+
+
+def test_environment_sets_otlp_protocol_and_keeps_operator_choices():
+    cfg = VLLMConfig("m", "m", otlp_traces_endpoint="http://x:4318/v1/traces")
+    env = environment(cfg, {"VLLM_CPU_KVCACHE_SPACE": "4", "PATH": "/bin"})
+    assert env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf"
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "4"
+    assert "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL" not in environment(VLLMConfig("m", "m"), {})
+
+
+def test_exit_before_healthy_reports_the_log(tmp_path):
+    proc = ManagedProcess("crasher", [sys.executable, "-c", "print('CUDA out of memory'); raise SystemExit(3)"],
+                          log_path=tmp_path / "c.log", health_url=f"http://127.0.0.1:{free_port()}/health")
+    proc.start()
+    with pytest.raises(StartupError) as info:
+        proc.wait_healthy(30, poll_s=0.05)
+    assert "exited with code 3" in str(info.value) and "CUDA out of memory" in str(info.value)
+
+
+def test_timeout_message_names_url_and_timeout(tmp_path):
+    port = free_port()
+    proc = ManagedProcess("sleeper", [sys.executable, "-c", "import time; time.sleep(60)"],
+                          log_path=tmp_path / "s.log", health_url=f"http://127.0.0.1:{port}/health")
+    proc.start()
+    try:
+        with pytest.raises(StartupError) as info:
+            proc.wait_healthy(1.0, poll_s=0.1)
+        assert f"127.0.0.1:{port}/health" in str(info.value) and "after 1s" in str(info.value)
+    finally:
+        proc.stop()
+
+
+def test_healthy_child_and_stop_takes_the_whole_group(tmp_path):
+    port = free_port()
+    pidfile = tmp_path / "grandchild.pid"
+    script = (
+        "import http.server, subprocess, sys\n"
+        f"g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+        f"open({str(pidfile)!r}, 'w').write(str(g.pid))\n"
+        f"http.server.HTTPServer(('127.0.0.1', {port}), http.server.SimpleHTTPRequestHandler).serve_forever()\n"
+    )
+    proc = ManagedProcess("server", [sys.executable, "-c", script], log_path=tmp_path / "h.log",
+                          health_url=f"http://127.0.0.1:{port}/")
+    proc.start()
+    assert proc.wait_healthy(30, poll_s=0.05) is not None
+    grandchild = int(pidfile.read_text())
+    proc.stop(grace_s=5)
+    assert not proc.alive()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the child's own child survived stop()")
+
+
+def test_wait_can_be_cancelled(tmp_path):
+    proc = ManagedProcess("sleeper", [sys.executable, "-c", "import time; time.sleep(60)"],
+                          log_path=tmp_path / "s.log", health_url=f"http://127.0.0.1:{free_port()}/health")
+    proc.start()
+    try:
+        assert proc.wait_healthy(60, poll_s=0.05, cancelled=lambda: True) is None
+    finally:
+        proc.stop()

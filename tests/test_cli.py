@@ -1,0 +1,42 @@
+"""The inferwatch command: help for every command, and settings errors that say what to fix."""
+
+import subprocess
+import sys
+
+import pytest
+
+
+def run(*args, timeout=60):
+    return subprocess.run([sys.executable, "-m", "inferwatch", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.parametrize("command, must_mention", [
+    ((), ["up", "gateway", "vllm", "model"]),
+    (("up",), ["--model", "--vllm-port", "--gateway-port", "--otlp-endpoint"]),
+    (("gateway",), ["--upstream-url", "--variant", "--otlp-endpoint", "INFERWATCH_GATEWAY"]),
+    (("vllm",), ["--model", "--otlp-endpoint", "--startup-timeout"]),
+    (("model", "build"), ["--cache-dir", "--force"]),
+])
+def test_help_explains_every_command(command, must_mention):
+    result = run(*command, "--help")
+    assert result.returncode == 0, result.stderr
+    for word in must_mention:
+        assert word in result.stdout, word
+
+
+@pytest.mark.parametrize("args, field", [
+    (["--port", "0"], "port"),
+    (["--upstream-url", "localhost:8000"], "upstream_url"),
+    (["--trace-sample-ratio", "2"], "trace_sample_ratio"),
+])
+def test_gateway_refuses_bad_settings_with_the_field_named(args, field):
+    result = run("gateway", *args)
+    assert result.returncode == 2
+    assert "Invalid gateway settings" in result.stderr and field in result.stderr
+
+
+def test_gateway_reads_environment_errors_too():
+    result = subprocess.run([sys.executable, "-m", "inferwatch", "gateway"], capture_output=True, text=True,
+                            timeout=60, env={**__import__("os").environ, "INFERWATCH_GATEWAY_OTLP_PROTOCOL": "udp"})
+    assert result.returncode == 2 and "otlp_protocol" in result.stderr
