@@ -236,9 +236,11 @@ class Gateway:
                         raw = orjson.dumps(data)
                 status = upstream_status
                 return Response(raw, status, media_type="application/json")
+        except asyncio.CancelledError:
+            status, error = CLIENT_CLOSED, "client closed the connection"
+            raise
         finally:
-            self.metrics.in_flight.labels(state.model, self.settings.variant).dec()
-            self._finish(state, status, account, error=error)
+            self._done(state, status, account, error)
 
     async def _stream(self, state: RequestState, req: ParsedRequest, body: bytes) -> Response:
         span, headers = self._upstream_call_span(state, req)
@@ -249,7 +251,7 @@ class Gateway:
             status, reason, failure = _classify_failure(exc)
             self._upstream_error(state, reason)
             _end_span(span, failure.message)
-            self._stream_done(state, status, None, failure.message)
+            self._done(state, status, None, failure.message)
             return Response(failure.body(), status, media_type="application/json")
         if resp.status != 200:
             try:
@@ -260,76 +262,12 @@ class Gateway:
             error = f"upstream answered {resp.status}"
             self._upstream_error(state, "http_4xx" if resp.status < 500 else "http_5xx")
             _end_span(span, error)
-            self._stream_done(state, resp.status, None, error)
+            self._done(state, resp.status, None, error)
             return Response(raw, resp.status, media_type="application/json")
-        return StreamingResponse(self._relay(state, req, resp, span), media_type="text/event-stream",
-                                 headers=SSE_HEADERS)
+        return RelayResponse(StreamRelay(self, state, req, resp, span))
 
-    async def _relay(self, state: RequestState, req: ParsedRequest, resp: aiohttp.ClientResponse,
-                     upstream_span: trace.Span) -> AsyncIterator[bytes]:
-        account = StreamAccount(state.started)
-        capture = self.settings.capture_logprobs or req.client_wants_logprobs
-        processor = EventProcessor(account, req.route, strip_usage=not req.client_wants_usage,
-                                   read_logprobs=capture, strip_logprobs=capture and not req.client_wants_logprobs)
-        splitter = SSESplitter()
-        relay_span = self.tracer.start_span("relay", context=state.ctx)
-        status, error, reason, first_seen, settled = 200, None, None, False, False
-        perf_counter = time.perf_counter
-
-        def settle() -> None:
-            """Record the request exactly once; before the last bytes when the stream completes,
-            so a client that has read [DONE] can already see its request in /metrics."""
-            nonlocal settled
-            if settled:
-                return
-            settled = True
-            if account.done:
-                resp.release()
-            else:
-                resp.close()  # drop the connection so vLLM aborts the request
-            if reason is not None:
-                self._upstream_error(state, reason)
-            _end_span(upstream_span, error)
-            _end_span(relay_span, error)
-            self._stream_done(state, status, account, error)
-
-        try:
-            async for chunk in resp.content.iter_any():
-                events = splitter.feed(chunk)
-                if not events:
-                    continue
-                out = processor.process(events, perf_counter())
-                if not first_seen and account.first_token is not None:
-                    first_seen = True
-                    state.span.add_event("first_token")
-                if account.done or account.upstream_error is not None:
-                    if account.upstream_error is not None:
-                        status, reason, error = 502, "http_5xx", "upstream reported an error in the stream"
-                    settle()
-                    yield out
-                    return
-                if out:
-                    yield out
-            status, reason, error = 502, "stream_interrupted", "upstream closed the stream before [DONE]"
-            settle()
-            yield errors.stream_error_event(error, reason)
-        except asyncio.CancelledError:
-            status, error = CLIENT_CLOSED, "client closed the connection"
-            raise
-        except TimeoutError:
-            status, reason = 504, "timeout"
-            error = f"upstream sent nothing for {self.settings.upstream_stream_idle_timeout_s}s"
-            settle()
-            yield errors.stream_error_event(error, "upstream_timeout")
-        except aiohttp.ClientError as exc:
-            status, reason = 502, "stream_interrupted"
-            error = f"upstream connection lost mid-stream: {type(exc).__name__}"
-            settle()
-            yield errors.stream_error_event(error, reason)
-        finally:
-            settle()
-
-    def _stream_done(self, state: RequestState, status: int, account: StreamAccount | None, error: str | None) -> None:
+    def _done(self, state: RequestState, status: int, account: StreamAccount | None, error: str | None) -> None:
+        """A request that passed preprocessing ends: leave in-flight, record it."""
         self.metrics.in_flight.labels(state.model, self.settings.variant).dec()
         self._finish(state, status, account, error=error)
 
@@ -379,6 +317,99 @@ class Gateway:
             if account is not None:
                 span.set_attributes(_usage_attributes(account))
         _end_span(span, error if status >= 500 or status == CLIENT_CLOSED else None)
+
+
+class StreamRelay:
+    """Relays one upstream SSE stream to the client and settles its accounting exactly once.
+
+    Settling happens before the last bytes go out when the stream completes (a client that
+    has read [DONE] already finds its request in /metrics), or when the stream fails, or,
+    through ``RelayResponse``, when the client goes away and the generator is never resumed.
+    """
+
+    def __init__(self, gateway: Gateway, state: RequestState, req: ParsedRequest, resp: aiohttp.ClientResponse,
+                 upstream_span: trace.Span) -> None:
+        self.gateway, self.state, self.resp, self.upstream_span = gateway, state, resp, upstream_span
+        self.account = StreamAccount(state.started)
+        capture = gateway.settings.capture_logprobs or req.client_wants_logprobs
+        self.processor = EventProcessor(self.account, req.route, strip_usage=not req.client_wants_usage,
+                                        read_logprobs=capture,
+                                        strip_logprobs=capture and not req.client_wants_logprobs)
+        self.relay_span = gateway.tracer.start_span("relay", context=state.ctx)
+        self.status, self.error, self.reason, self.code = 200, None, None, ""
+        self.settled = False
+
+    def fail(self, status: int, reason: str | None, error: str, code: str | None = None) -> None:
+        """``reason`` labels the upstream-errors metric; ``code`` is what the client's error event says."""
+        self.status, self.reason, self.error, self.code = status, reason, error, code or reason or ""
+
+    def settle(self) -> None:
+        if self.settled:
+            return
+        self.settled = True
+        if self.account.done:
+            self.resp.release()
+        else:
+            self.resp.close()  # drop the connection so vLLM aborts the request
+        gw = self.gateway
+        if self.reason is not None:
+            gw._upstream_error(self.state, self.reason)  # noqa: SLF001
+        _end_span(self.upstream_span, self.error)
+        _end_span(self.relay_span, self.error)
+        gw._done(self.state, self.status, self.account, self.error)  # noqa: SLF001
+
+    def abandon(self) -> None:
+        """The response ended without the generator settling: the client went away."""
+        if not self.settled:
+            self.fail(CLIENT_CLOSED, None, "client closed the connection")
+            self.settle()
+
+    async def events(self) -> AsyncIterator[bytes]:
+        account, processor, state = self.account, self.processor, self.state
+        splitter = SSESplitter()
+        perf_counter = time.perf_counter
+        first_seen = False
+        try:
+            async for chunk in self.resp.content.iter_any():
+                events = splitter.feed(chunk)
+                if not events:
+                    continue
+                out = processor.process(events, perf_counter())
+                if not first_seen and account.first_token is not None:
+                    first_seen = True
+                    state.span.add_event("first_token")
+                if account.done or account.upstream_error is not None:
+                    if account.upstream_error is not None:
+                        self.fail(502, "http_5xx", "upstream reported an error in the stream")
+                    self.settle()
+                    yield out
+                    return
+                if out:
+                    yield out
+            self.fail(502, "stream_interrupted", "upstream closed the stream before [DONE]")
+        except TimeoutError:
+            idle = self.gateway.settings.upstream_stream_idle_timeout_s
+            self.fail(504, "timeout", f"upstream sent nothing for {idle}s", code="upstream_timeout")
+        except aiohttp.ClientError as exc:
+            self.fail(502, "stream_interrupted", f"upstream connection lost mid-stream: {type(exc).__name__}")
+        finally:
+            if self.status == 200 and not self.settled:  # cancelled or closed at a yield
+                self.fail(CLIENT_CLOSED, None, "client closed the connection")
+            self.settle()
+        # only failures get here: tell the client the answer is incomplete
+        yield errors.stream_error_event(self.error or "stream failed", self.code)
+
+
+class RelayResponse(StreamingResponse):
+    def __init__(self, relay: StreamRelay) -> None:
+        super().__init__(relay.events(), media_type="text/event-stream", headers=SSE_HEADERS)
+        self.relay = relay
+
+    async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.relay.abandon()
 
 
 def _request_attributes(req: ParsedRequest) -> dict:

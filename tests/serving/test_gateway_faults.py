@@ -5,6 +5,8 @@ real vLLM cannot be made to stall or send garbage on demand; killing real vLLM m
 is tested in tests/integration.
 """
 
+import time
+
 import orjson
 import pytest
 import requests
@@ -159,3 +161,19 @@ def test_api_keys(stub):
         assert "authorization" not in {k.lower() for k in stub.headers_seen[-1]}
         assert metric_sum(gw.metrics_text(), "inferwatch_gateway_rejected_requests_total",
                           code="invalid_api_key") == 3
+
+
+def test_client_going_away_mid_stream_is_counted_and_releases_upstream(gw):
+    r = chat(gw, "stall_stream", stream=True)
+    first = next(r.iter_content(chunk_size=None))
+    assert b'"content":"a"' in first
+    r.close()  # the user closed the tab
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        text = gw.metrics_text()
+        if metric_sum(text, "inferwatch_gateway_requests_total", status_class="4xx") == 1:
+            break
+        time.sleep(0.05)
+    assert metric_sum(text, "inferwatch_gateway_requests_total", model="stall_stream", status_class="4xx") == 1
+    assert metric_sum(text, "inferwatch_gateway_requests_in_flight") == 0
+    assert metric_sum(text, "inferwatch_gateway_upstream_errors_total") == 0  # not vLLM's fault
