@@ -64,6 +64,8 @@ model: install
 	$(VENV)/bin/inferwatch model build
 
 bench: install
+	@command -v wrk >/dev/null || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get install -y -qq --no-install-recommends wrk; }
 	$(PY) bench/gateway_overhead.py
 
 clean:

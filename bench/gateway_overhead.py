@@ -37,9 +37,11 @@ STREAM_BODY = '{"model":"bench-model","messages":[{"role":"user","content":"hi"}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a process: system time is the kernel's share (syscalls,
+    and on loopback the receiving side's TCP work, which is charged to the sender)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+    return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
 
 
 def wait_http(url: str, timeout_s: float = 30) -> None:
@@ -106,7 +108,7 @@ def wrk(url: str, body: str, connections: int, seconds: float) -> dict:
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
         f.write(f'wrk.method = "POST"\nwrk.body = \'{body}\'\nwrk.headers["Content-Type"] = "application/json"\n')
         script = f.name
-    out = subprocess.run(["taskset", "-c", LOAD_CPU, "wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency",
+    out = subprocess.run(["taskset", "-c", LOAD_CPU, "wrk", "-t1", f"-c{connections}", f"-d{int(seconds)}s", "--latency",
                           "-s", script, url], capture_output=True, text=True, check=True).stdout
     os.unlink(script)
     pct = {m[0]: float(m[1]) * UNITS[m[2]] for m in re.findall(r"^\s+(\d+)%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)}
@@ -119,10 +121,13 @@ def wrk(url: str, body: str, connections: int, seconds: float) -> dict:
 
 
 def measure(url: str, body: str, conns: int, seconds: float, pid: int | None) -> dict:
-    c0 = cpu_seconds(pid) if pid else 0.0
+    c0 = cpu_seconds(pid) if pid else (0.0, 0.0)
     r = wrk(url, body, conns, seconds)
     if pid:
-        r["cpu_per_req"] = (cpu_seconds(pid) - c0) / r["requests"]
+        c1 = cpu_seconds(pid)
+        r["user_per_req"] = (c1[0] - c0[0]) / r["requests"]
+        r["sys_per_req"] = (c1[1] - c0[1]) / r["requests"]
+        r["cpu_per_req"] = r["user_per_req"] + r["sys_per_req"]
     return r
 
 
@@ -133,7 +138,7 @@ def med(runs: list[dict], key: str) -> float:
 def latency_table(runs: int, seconds: float) -> list[str]:
     mock_port, gw_port, gw_traced_port = free_port(), free_port(), free_port()
     sink = OTLPSink()
-    rows = ["| concurrency | path | p50 | p99 | added p50 | added p99 | req/s | gateway CPU/req |",
+    rows = ["| concurrency | path | p50 | p99 | added p50 | added p99 | req/s | gateway CPU/req (user + sys) |",
             "|---|---|---|---|---|---|---|---|"]
     with mock(mock_port, 100, 2.0), gateway(gw_port, mock_port) as gw, \
             gateway(gw_traced_port, mock_port, otlp=sink.endpoint) as gwt:
@@ -152,7 +157,8 @@ def latency_table(runs: int, seconds: float) -> list[str]:
                 r = results[name]
                 p50, p99 = med(r, "p50"), med(r, "p99")
                 added = (f"{(p50 - d50) * 1e3:.3f} ms", f"{(p99 - d99) * 1e3:.3f} ms") if pid else ("—", "—")
-                cpu = f"{med(r, 'cpu_per_req') * 1e6:.0f} µs" if pid else "—"
+                cpu = (f"{med(r, 'cpu_per_req') * 1e6:.0f} µs ({med(r, 'user_per_req') * 1e6:.0f} + "
+                       f"{med(r, 'sys_per_req') * 1e6:.0f})" if pid else "—")
                 rows.append(f"| {conns} | {name} | {p50 * 1e3:.3f} ms | {p99 * 1e3:.3f} ms | {added[0]} | "
                             f"{added[1]} | {med(r, 'rps'):,.0f} | {cpu} |")
     return rows
@@ -162,11 +168,12 @@ def stream_table(runs: int, seconds: float, tokens: int = 200) -> list[str]:
     """Gateway CPU per relayed token: streams of ``tokens`` tokens minus 1-token streams
     (same request count basis), so per-request costs (routing, spans, metrics) cancel out."""
     long_mock, short_mock, gw_long, gw_short = free_port(), free_port(), free_port(), free_port()
-    rows = ["| streams | tokens/stream | gateway CPU/stream | gateway CPU/token (raw) | net CPU/token | tokens/s relayed |",
-            "|---|---|---|---|---|---|"]
+    rows = ["| streams | tokens/stream | gateway CPU/stream | CPU/token (raw) | net CPU/token | net user | net sys "
+            "| tokens/s relayed |", "|---|---|---|---|---|---|---|---|"]
     with mock(long_mock, tokens, 2.0), mock(short_mock, 1, 0.0), gateway(gw_long, long_mock) as gl, \
             gateway(gw_short, short_mock) as gs:
         per_stream: dict[int, list[float]] = {tokens: [], 1: []}
+        user: dict[int, list[float]] = {tokens: [], 1: []}
         relayed: dict[int, list[float]] = {tokens: [], 1: []}
         for _ in range(runs):
             for n, port, proc in ((tokens, gw_long, gl), (1, gw_short, gs)):
@@ -179,26 +186,28 @@ def stream_table(runs: int, seconds: float, tokens: int = 200) -> list[str]:
                 if after - before < r["requests"] * n * 0.99:
                     raise RuntimeError(f"gateway relayed {after - before} tokens for {r['requests']} x {n}")
                 per_stream[n].append(r["cpu_per_req"])
+                user[n].append(r["user_per_req"])
                 relayed[n].append((after - before) / seconds)
         long_cpu, short_cpu = statistics.median(per_stream[tokens]), statistics.median(per_stream[1])
         net = (long_cpu - short_cpu) / (tokens - 1)
+        net_user = (statistics.median(user[tokens]) - statistics.median(user[1])) / (tokens - 1)
         rows.append(f"| 32 | {tokens} | {long_cpu * 1e6:.0f} µs | {long_cpu / tokens * 1e6:.2f} µs | "
-                    f"{net * 1e6:.2f} µs | {statistics.median(relayed[tokens]):,.0f} |")
-        rows.append(f"| 32 | 1 | {short_cpu * 1e6:.0f} µs | — | — | {statistics.median(relayed[1]):,.0f} |")
+                    f"{net * 1e6:.2f} µs | {net_user * 1e6:.2f} µs | {(net - net_user) * 1e6:.2f} µs | "
+                    f"{statistics.median(relayed[tokens]):,.0f} |")
+        rows.append(f"| 32 | 1 | {short_cpu * 1e6:.0f} µs | — | — | — | — | {statistics.median(relayed[1]):,.0f} |")
     return rows
 
 
-def render_table(repeats: int = 50) -> list[str]:
-    """/metrics render with a production-sized label set: 4 models x 2 variants x 2 routes."""
-    from prometheus_client import CollectorRegistry, generate_latest
-    from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+def populated_registry(models: int, variants: int):
+    """Metrics as a busy gateway has them: every route and status class seen per model/variant."""
+    from prometheus_client import CollectorRegistry
 
     from serving.metrics import create_metrics
 
     registry = CollectorRegistry()
     m = create_metrics(registry)
-    for model in ("llama-8b", "llama-70b", "qwen-32b", "mistral-7b"):
-        for variant in ("stable", "canary"):
+    for model in (f"model-{i}" for i in range(models)):
+        for variant in (f"v{i}" for i in range(variants)):
             for route in ("/v1/chat/completions", "/v1/completions"):
                 tok = (model, variant, route)
                 for sc in ("2xx", "4xx", "5xx"):
@@ -213,31 +222,42 @@ def render_table(repeats: int = 50) -> list[str]:
                     m.completion_tokens_per_request.labels(*tok).observe(i * 3)
                 m.input_tokens.labels(*tok).inc(1e6)
                 m.output_tokens.labels(*tok).inc(1e6)
-                for reason in ("connect", "timeout", "stream_interrupted"):
-                    m.upstream_errors.labels(model, variant, reason).inc()
-    rows = ["| format | series | bytes | median | p99 |", "|---|---|---|---|---|"]
-    for name, render in (("Prometheus text", generate_latest), ("OpenMetrics", generate_openmetrics)):
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            out = render(registry)
-            times.append(time.perf_counter() - t0)
-        times.sort()
-        series = sum(1 for line in out.splitlines() if line and not line.startswith(b"#"))
-        rows.append(f"| {name} | {series:,} | {len(out):,} | {statistics.median(times) * 1e3:.2f} ms | "
-                    f"{times[int(len(times) * 0.99) - 1] * 1e3:.2f} ms |")
+            m.in_flight.labels(model, variant).set(3)
+            for reason in ("connect", "timeout", "stream_interrupted"):
+                m.upstream_errors.labels(model, variant, reason).inc()
+    return registry
+
+
+def render_table(repeats: int = 50) -> list[str]:
+    from prometheus_client import generate_latest
+    from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+
+    rows = ["| label set | format | series | bytes | median | p99 |", "|---|---|---|---|---|---|"]
+    for models, variants in ((1, 1), (1, 2), (4, 2)):
+        registry = populated_registry(models, variants)
+        for name, render in (("Prometheus text", generate_latest), ("OpenMetrics", generate_openmetrics)):
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                out = render(registry)
+                times.append(time.perf_counter() - t0)
+            times.sort()
+            series = sum(1 for line in out.splitlines() if line and not line.startswith(b"#"))
+            rows.append(f"| {models} model x {variants} variant | {name} | {series:,} | {len(out):,} | "
+                        f"{statistics.median(times) * 1e3:.2f} ms | {times[int(len(times) * 0.99) - 1] * 1e3:.2f} ms |")
     return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=4)
+    parser.add_argument("--seconds", type=int, default=4)
     args = parser.parse_args()
     if not shutil.which("wrk"):
         sys.exit("wrk is needed: apt-get install wrk (make bench does this)")
     if os.cpu_count() < 2:
         sys.exit("needs 2 cores: one for the gateway, one for wrk and the mock upstream")
+    os.sched_setaffinity(0, {int(LOAD_CPU)})  # this driver (and its OTLP sink) stays off the gateway's core
     print(f"## Non-streaming chat completions (median of {args.runs} runs x {args.seconds:g}s)\n")
     print("\n".join(latency_table(args.runs, args.seconds)))
     print(f"\n## Streaming: gateway CPU per relayed token (median of {args.runs} runs)\n")

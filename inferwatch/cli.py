@@ -91,7 +91,7 @@ def gateway(
         _fail(f"Invalid gateway settings:\n{exc}")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, loop="uvloop", http="httptools",
-                log_level=log_level, access_log=False)
+                log_level=log_level, access_log=False, proxy_headers=False)
 
 
 @app.command()

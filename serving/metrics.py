@@ -125,17 +125,3 @@ def create_metrics(registry: CollectorRegistry) -> GatewayMetrics:
         build=Info("build", "Gateway version and configuration.", namespace=NAMESPACE, registry=registry),
     )
 
-
-def exported_metric_names(registry: CollectorRegistry) -> set[str]:
-    """Sample names a scrape of ``registry`` can contain (used by contract tests)."""
-    names: set[str] = set()
-    for family in registry.collect():
-        if family.type == "histogram":
-            names |= {f"{family.name}_bucket", f"{family.name}_sum", f"{family.name}_count"}
-        elif family.type == "counter":
-            names |= {f"{family.name}_total", f"{family.name}_created"}
-        elif family.type == "info":
-            names.add(f"{family.name}_info")
-        else:
-            names.add(family.name)
-    return names
