@@ -95,6 +95,31 @@ def gateway(
 
 
 @app.command()
+def exporter(
+    host: Annotated[Optional[str], typer.Option(help="Listen address [INFERWATCH_EXPORTER_HOST].")] = None,
+    port: Annotated[Optional[int], typer.Option(help="Listen port [INFERWATCH_EXPORTER_PORT], default 9400.")] = None,
+    interval: Annotated[Optional[float], typer.Option(help="Seconds between NVML samples, default 1.")] = None,
+    slow_interval: Annotated[Optional[float], typer.Option(help="Seconds between process-list samples, default 10.")] = None,
+    processes: Annotated[Optional[bool], typer.Option("--processes/--no-processes",
+                                                      help="Export GPU memory per process (pid label).")] = None,
+    log_level: str = "info",
+) -> None:
+    """Run the NVML GPU exporter (USE metrics, XID errors). Without a GPU it serves inferwatch_nvml_up 0."""
+    from pydantic import ValidationError
+
+    from exporters.server import ExporterSettings, serve
+
+    flags = {"host": host, "port": port, "interval_s": interval, "slow_interval_s": slow_interval,
+             "processes": processes}
+    try:
+        settings = ExporterSettings(**{k: v for k, v in flags.items() if v is not None})
+    except ValidationError as exc:
+        _fail(f"Invalid exporter settings:\n{exc}")
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    serve(settings)
+
+
+@app.command()
 def up(
     model: Annotated[str, typer.Option(help="Model folder or id; 'tiny' builds the local tiny model.")] = "tiny",
     served_model_name: Annotated[str, typer.Option("--name", help="Model name clients use.")] = "tiny-llama",

@@ -1,0 +1,1 @@
+"""The NVML GPU exporter: USE metrics and XID errors for the GPUs behind vLLM."""

@@ -1,0 +1,88 @@
+"""The Prometheus side: a Collector over the latest snapshot, and a render cache.
+
+A scrape never calls NVML. It reads the snapshot the sampler thread published last, and
+because that snapshot only changes once per interval, its rendering is cached: most
+scrapes cost a dictionary lookup and a socket write.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from exporters.metrics import SPECS
+from exporters.sampler import Snapshot
+from exporters.xid import XidWatcher
+
+
+class SnapshotStore:
+    """The hand-over point between the sampler thread and scrapes."""
+
+    def __init__(self, first: Snapshot) -> None:
+        self._latest = first
+        self._lock = threading.Lock()
+
+    @property
+    def latest(self) -> Snapshot:
+        with self._lock:
+            return self._latest
+
+    def publish(self, snapshot: Snapshot) -> None:
+        with self._lock:
+            self._latest = snapshot
+
+
+class NvmlCollector(Collector):
+    def __init__(self, store: SnapshotStore, xid: XidWatcher | None = None) -> None:
+        self.store = store
+        self.xid = xid
+
+    def collect(self) -> Iterator[Metric]:
+        samples = dict(self.store.latest.samples)
+        if self.xid is not None:
+            samples.update(self.xid.samples())
+        for spec in SPECS:
+            rows = samples.get(spec.name)
+            if rows is None:
+                continue
+            cls = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
+            family = cls(spec.name, spec.doc, labels=spec.label_names)
+            for labels, value in rows:
+                family.add_metric(labels, value)
+            yield family
+
+
+class CachedExposition:
+    """Text exposition, re-rendered only when the snapshot or the XID counts change.
+
+    Snapshot age is the one value that changes between renders; it is appended fresh to
+    every response, so the cache never serves a wrong age.
+    """
+
+    def __init__(self, store: SnapshotStore, xid: XidWatcher | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.xid = xid
+        self.clock = clock
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(NvmlCollector(store, xid))
+        self._key: tuple[int, int] | None = None
+        self._body = b""
+        self._lock = threading.Lock()
+
+    def render(self) -> bytes:
+        snapshot = self.store.latest
+        key = (snapshot.seq, self.xid.version if self.xid else 0)
+        with self._lock:
+            if key != self._key:
+                self._body, self._key = generate_latest(self.registry), key
+            body = self._body
+        age = max(0.0, self.clock() - snapshot.taken_at)
+        return body + (b"# HELP inferwatch_nvml_snapshot_age_seconds Seconds since the served snapshot was taken.\n"
+                       b"# TYPE inferwatch_nvml_snapshot_age_seconds gauge\n"
+                       b"inferwatch_nvml_snapshot_age_seconds %r\n" % age)

@@ -1,0 +1,92 @@
+"""XID errors: a thread blocked on NVML's event set counts every XID as it happens.
+
+Polling would miss an XID between two scrapes only if it read a gauge; events are queued
+by the driver, so counting them as they arrive means an alert sees the very first one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+
+class XidWatcher:
+    def __init__(self, nvml: Any, handles: dict[int, Any], labels: dict[int, tuple[str, ...]],
+                 clock: Callable[[], float] = time.time, wait_ms: int = 500) -> None:
+        self.nvml = nvml
+        self._handles = handles
+        self._labels = labels
+        self._clock = clock
+        self._wait_ms = wait_ms
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[str, ...], int] = {}
+        self._last: dict[tuple[str, ...], float] = {}
+        self.version = 0  # bumps on every event, so cached expositions know they are stale
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._event_set: Any = None
+
+    def start(self) -> bool:
+        nv = self.nvml
+        try:
+            self._event_set = nv.nvmlEventSetCreate()
+        except nv.NVMLError as exc:
+            log.warning("XID events unavailable: %s", exc)
+            return False
+        registered = 0
+        for index, handle in self._handles.items():
+            try:
+                nv.nvmlDeviceRegisterEvents(handle, nv.nvmlEventTypeXidCriticalError, self._event_set)
+                registered += 1
+            except nv.NVMLError as exc:  # NotSupported on some GPUs / vGPU guests
+                log.warning("GPU %s: XID events unavailable: %s", index, exc)
+        self._thread = threading.Thread(target=self._run, name="xid-events", daemon=True)
+        self._thread.start()
+        return registered > 0
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self._wait_ms / 1000 + 2)
+        if self._event_set is not None:
+            try:
+                self.nvml.nvmlEventSetFree(self._event_set)
+            except self.nvml.NVMLError:
+                pass
+
+    def _run(self) -> None:
+        nv = self.nvml
+        while not self._stop.is_set():
+            try:
+                event = nv.nvmlEventSetWait_v2(self._event_set, self._wait_ms)
+            except nv.NVMLError_Timeout:
+                continue
+            except nv.NVMLError as exc:
+                log.warning("waiting for XID events failed: %s", exc)
+                self._stop.wait(1.0)
+                continue
+            self.record(event)
+
+    def record(self, event: Any) -> None:
+        try:
+            index = self.nvml.nvmlDeviceGetIndex(event.device)
+        except self.nvml.NVMLError:
+            index = -1
+        labels = self._labels.get(index, (str(index), "", "", ""))
+        key = labels + (str(int(event.eventData)),)
+        with self._lock:
+            self._counts[key] = self._counts.get(key, 0) + 1
+            self._last[labels] = self._clock()
+            self.version += 1
+        log.warning("GPU %s: XID %s", index, int(event.eventData))
+
+    def samples(self) -> dict[str, list[tuple[tuple[str, ...], float]]]:
+        with self._lock:
+            return {
+                "inferwatch_gpu_xid_errors": [(k, float(v)) for k, v in self._counts.items()],
+                "inferwatch_gpu_last_xid_timestamp_seconds": list(self._last.items()),
+            }
