@@ -75,13 +75,18 @@ class CachedExposition:
         self._body = b""
         self._lock = threading.Lock()
 
-    def render(self) -> bytes:
+    def warm(self) -> tuple[Snapshot, bytes]:
+        """Render now if the data changed; the sampler thread calls this after each publish
+        so that scrapes find the cache warm."""
         snapshot = self.store.latest
         key = (snapshot.seq, self.xid.version if self.xid else 0)
         with self._lock:
             if key != self._key:
                 self._body, self._key = generate_latest(self.registry), key
-            body = self._body
+            return snapshot, self._body
+
+    def render(self) -> bytes:
+        snapshot, body = self.warm()
         age = max(0.0, self.clock() - snapshot.taken_at)
         return body + (b"# HELP inferwatch_nvml_snapshot_age_seconds Seconds since the served snapshot was taken.\n"
                        b"# TYPE inferwatch_nvml_snapshot_age_seconds gauge\n"

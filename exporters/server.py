@@ -76,6 +76,7 @@ class Exporter:
         next_at = time.monotonic() + interval
         while not self._stop.wait(max(0.0, next_at - time.monotonic())):
             self.store.publish(self.sampler.sample())
+            self.exposition.warm()
             next_at += interval
             if next_at < time.monotonic():  # a slow cycle: skip ahead instead of bursting
                 next_at = time.monotonic() + interval

@@ -125,6 +125,7 @@ def up(
     served_model_name: Annotated[str, typer.Option("--name", help="Model name clients use.")] = "tiny-llama",
     vllm_port: int = 8000,
     gateway_port: int = 8080,
+    exporter_port: Annotated[int, typer.Option(help="NVML GPU exporter port; 0 leaves the exporter out.")] = 9400,
     host: str = "127.0.0.1",
     dtype: str = "auto",
     max_model_len: int = 512,
@@ -132,7 +133,7 @@ def up(
     startup_timeout: float = 300.0,
     run_dir: Annotated[Path, typer.Option(help="Folder for logs.")] = DEFAULT_RUN_DIR,
 ) -> None:
-    """Run the local stack (vLLM + gateway) until Ctrl-C, then stop every child."""
+    """Run the local stack (vLLM, gateway, GPU exporter) until Ctrl-C, then stop every child."""
     from inferwatch.supervise import ManagedProcess
     from serving.vllm_launcher import VLLMConfig, vllm_process
 
@@ -145,15 +146,20 @@ def up(
     gw = ManagedProcess(f"gateway (:{gateway_port})", gw_argv, log_path=run_dir / "gateway.log",
                         health_url=f"http://{host}:{gateway_port}/health")
     gw_url = f"http://{host}:{gateway_port}"
-    _supervise(
-        [(vllm_process(cfg, run_dir / "vllm.log"), startup_timeout), (gw, 30.0)],
-        urls={
-            "OpenAI endpoint (gateway)": f"{gw_url}/v1",
-            "gateway /metrics": f"{gw_url}/metrics",
-            "vLLM /metrics": f"{cfg.base_url}/metrics",
-            "logs": str(run_dir.resolve()),
-        },
-    )
+    children = [(vllm_process(cfg, run_dir / "vllm.log"), startup_timeout), (gw, 30.0)]
+    urls = {
+        "OpenAI endpoint (gateway)": f"{gw_url}/v1",
+        "gateway /metrics": f"{gw_url}/metrics",
+        "vLLM /metrics": f"{cfg.base_url}/metrics",
+    }
+    if exporter_port:
+        exp_argv = [sys.executable, "-m", "inferwatch", "exporter", "--host", host, "--port", str(exporter_port)]
+        children.append((ManagedProcess(f"GPU exporter (:{exporter_port})", exp_argv,
+                                        log_path=run_dir / "exporter.log",
+                                        health_url=f"http://{host}:{exporter_port}/health"), 30.0))
+        urls["GPU exporter /metrics"] = f"http://{host}:{exporter_port}/metrics"
+    urls["logs"] = str(run_dir.resolve())
+    _supervise(children, urls)
 
 
 def _supervise(children: list, urls: dict[str, str]) -> None:

@@ -12,11 +12,12 @@ def run(*args, timeout=60):
 
 
 @pytest.mark.parametrize("command, must_mention", [
-    ((), ["up", "gateway", "vllm", "model"]),
-    (("up",), ["--model", "--vllm-port", "--gateway-port", "--otlp-endpoint"]),
+    ((), ["up", "gateway", "vllm", "model", "exporter"]),
+    (("up",), ["--model", "--vllm-port", "--gateway-port", "--exporter-port", "--otlp-endpoint"]),
     (("gateway",), ["--upstream-url", "--variant", "--otlp-endpoint", "INFERWATCH_GATEWAY"]),
     (("vllm",), ["--model", "--otlp-endpoint", "--startup-timeout"]),
     (("model", "build"), ["--cache-dir", "--force"]),
+    (("exporter",), ["--port", "--interval", "--processes", "--slow-interval"]),
 ])
 def test_help_explains_every_command(command, must_mention):
     result = run(*command, "--help")
@@ -34,6 +35,11 @@ def test_gateway_refuses_bad_settings_with_the_field_named(args, field):
     result = run("gateway", *args)
     assert result.returncode == 2
     assert "Invalid gateway settings" in result.stderr and field in result.stderr
+
+
+def test_exporter_refuses_bad_settings():
+    result = run("exporter", "--interval", "0")
+    assert result.returncode == 2 and "interval_s" in result.stderr
 
 
 def test_gateway_reads_environment_errors_too():

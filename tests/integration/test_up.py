@@ -47,10 +47,10 @@ def port_open(port: int) -> bool:
 
 
 def test_up_serves_through_the_gateway_and_ctrl_c_stops_everything(tiny_model, tmp_path):
-    vllm_port, gw_port = free_port(), free_port()
+    vllm_port, gw_port, exp_port = free_port(), free_port(), free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "inferwatch", "up", "--model", str(tiny_model), "--name", TINY_MODEL_NAME,
-         "--vllm-port", str(vllm_port), "--gateway-port", str(gw_port), "--dtype", "bfloat16",
+         "--vllm-port", str(vllm_port), "--gateway-port", str(gw_port), "--exporter-port", str(exp_port), "--dtype", "bfloat16",
          "--run-dir", str(tmp_path)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
@@ -65,12 +65,15 @@ def test_up_serves_through_the_gateway_and_ctrl_c_stops_everything(tiny_model, t
                                                max_tokens=4)
         assert reply.usage.completion_tokens == 4
         assert "inferwatch_gateway_requests_total" in requests.get(f"http://127.0.0.1:{gw_port}/metrics").text
+        # no GPU here: the exporter runs and says so in its metrics
+        assert f"http://127.0.0.1:{exp_port}/metrics" in out
+        assert "inferwatch_nvml_up 0.0" in requests.get(f"http://127.0.0.1:{exp_port}/metrics").text
 
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=90)
         rest = reader.until("stopping vLLM", 5)
         assert proc.returncode == 0, rest
-        assert not port_open(gw_port) and not port_open(vllm_port)
+        assert not port_open(gw_port) and not port_open(vllm_port) and not port_open(exp_port)
         assert (tmp_path / "vllm.log").stat().st_size > 0 and (tmp_path / "gateway.log").exists()
     finally:
         if proc.poll() is None:
