@@ -67,6 +67,7 @@ bench: install
 	@command -v wrk >/dev/null || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get install -y -qq --no-install-recommends wrk; }
 	$(PY) bench/gateway_overhead.py
+	$(PY) bench/exporter.py
 
 clean:
 	rm -rf .run .pytest_cache
