@@ -1,0 +1,1 @@
+"""Drift statistics (pure functions over binned distributions) and, later, the drift service."""
