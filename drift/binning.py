@@ -1,7 +1,8 @@
 """Binned distributions: the one representation every drift method works on.
 
-Numeric features are counted into bins with explicit edges. The first and last bins are
-open-ended (everything below the second edge, everything from the last-but-one edge up),
+Numeric features are counted into bins with explicit edges, upper edge inclusive like a
+Prometheus bucket. The first and last bins are open-ended (everything up to the second
+edge, everything above the last-but-one edge),
 so a value outside the reference range is still counted instead of dropped. NaN and
 infinities are never binned: they are counted apart, so a feature that starts producing
 NaN is visible instead of silently shrinking the window.
@@ -21,11 +22,8 @@ OTHER = "other"
 
 @dataclass(frozen=True)
 class Edges:
-    """Bin boundaries ``e0 < e1 < ... < ek`` for k bins.
-
-    ``log_base`` marks log-spaced edges: binning then needs no search (index from a
-    logarithm), which is what makes a million values cost a few milliseconds.
-    """
+    """Bin boundaries ``e0 < e1 < ... < ek`` for k bins; ``log_spaced`` puts bin centers at
+    geometric means."""
 
     values: np.ndarray
     log_spaced: bool = False
@@ -101,20 +99,10 @@ class Histogram:
 
 
 def bin_indices(values: np.ndarray, edges: Edges) -> np.ndarray:
-    """Bin index per finite value; outer bins open-ended."""
-    e = edges.values
-    if edges.log_spaced:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            pos = np.log(np.maximum(values, e[0])) - np.log(e[0])
-        step = (np.log(e[-1]) - np.log(e[0])) / edges.bins
-        idx = (pos / step).astype(np.int64)
-        # float rounding can put a value sitting exactly on an edge one bin off: fix those
-        idx = np.clip(idx, 0, edges.bins - 1)
-        low, high = e[idx], e[idx + 1]
-        idx -= (values < low) & (idx > 0)
-        idx += (values >= high) & (idx < edges.bins - 1)
-        return idx
-    return np.clip(np.searchsorted(e, values, side="right") - 1, 0, edges.bins - 1)
+    """Bin index per finite value, with Prometheus ``le`` semantics: bin i holds
+    (e_i, e_{i+1}], so a value equal to an edge lands in the bin that edge closes, exactly as
+    in a Prometheus histogram bucket. The outer bins are open-ended."""
+    return np.clip(np.searchsorted(edges.values, values, side="left") - 1, 0, edges.bins - 1)
 
 
 def histogram(values: np.ndarray, edges: Edges) -> Histogram:

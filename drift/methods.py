@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Callable, Literal
 
 import numpy as np
-from scipy import stats
+from scipy import special, stats
 
 from drift.binning import CategoricalCounts, Histogram
 
@@ -65,71 +65,91 @@ def probabilities(counts: np.ndarray, smooth: bool) -> np.ndarray:
     return p
 
 
-def _pair(reference: np.ndarray, current: np.ndarray, smooth: bool) -> tuple[np.ndarray, np.ndarray]:
-    return probabilities(reference, smooth), probabilities(current, smooth)
+@dataclass(frozen=True)
+class Prepared:
+    """Everything the binned methods need from a (reference, current) pair, computed once.
+
+    Scoring all methods on one pair then costs a few small-array operations each.
+    """
+
+    n_ref: int
+    n_cur: int
+    p_ref: np.ndarray
+    p_cur: np.ndarray
+    s_ref: np.ndarray  # smoothed
+    s_cur: np.ndarray
+    log_ratio: np.ndarray  # ln(s_cur / s_ref)
+    cdf_gap: np.ndarray  # |F_ref - F_cur| at the upper edge of each bin
+    center_steps: np.ndarray  # distance between neighbouring bin centers
+    ref_std: float
+    ref_mean: float
 
 
-def kl_divergence(reference: np.ndarray, current: np.ndarray) -> float:
-    """D_KL(current ‖ reference) in nats: information lost describing today's traffic with
-    the reference distribution."""
-    p_ref, p_cur = _pair(reference, current, smooth=True)
-    return float(np.sum(p_cur * np.log(p_cur / p_ref)))
-
-
-def js_distance(reference: np.ndarray, current: np.ndarray) -> float:
-    """Jensen-Shannon distance (square root of the divergence), base 2: 0 identical, 1 disjoint."""
-    p_ref, p_cur = _pair(reference, current, smooth=False)
-    m = (p_ref + p_cur) / 2
-    with np.errstate(divide="ignore", invalid="ignore"):
-        a = np.where(p_ref > 0, p_ref * np.log2(p_ref / m), 0.0)
-        b = np.where(p_cur > 0, p_cur * np.log2(p_cur / m), 0.0)
-    return float(math.sqrt(max(0.0, (a.sum() + b.sum()) / 2)))
-
-
-def psi(reference: np.ndarray, current: np.ndarray) -> float:
-    """Population stability index: sum((cur - ref) * ln(cur / ref)); 0.1 moderate, 0.25 major."""
-    p_ref, p_cur = _pair(reference, current, smooth=True)
-    return float(np.sum((p_cur - p_ref) * np.log(p_cur / p_ref)))
-
-
-def wasserstein_binned(reference: Histogram, current: Histogram) -> float:
-    """W1 between the windows with each bin's mass at its center (exact for the binned data)."""
+def prepare(reference: Histogram, current: Histogram) -> Prepared:
+    if not np.array_equal(reference.edges.values, current.edges.values):
+        raise ValueError("reference and current must share their bin edges")
+    p_ref, p_cur = probabilities(reference.counts, False), probabilities(current.counts, False)
+    s_ref, s_cur = probabilities(reference.counts, True), probabilities(current.counts, True)
     centers = reference.edges.centers
-    p_ref, p_cur = _pair(reference.counts, current.counts, smooth=False)
-    cdf_gap = np.abs(np.cumsum(p_ref) - np.cumsum(p_cur))[:-1]
-    return float(np.sum(cdf_gap * np.diff(centers)))
+    mean = float(p_ref @ centers)
+    return Prepared(reference.total, current.total, p_ref, p_cur, s_ref, s_cur, np.log(s_cur / s_ref),
+                    np.abs(np.cumsum(p_ref) - np.cumsum(p_cur)), np.diff(centers), ref_mean=mean,
+                    ref_std=math.sqrt(float(p_ref @ (centers - mean) ** 2)))
 
 
-def wasserstein_normed(reference: Histogram, current: Histogram) -> float:
+def kl_divergence(pp: Prepared) -> float:
+    """D_KL(current ‖ reference) in nats: information lost describing today's traffic with
+    the reference distribution. Smoothed (see module docstring)."""
+    return float(pp.s_cur @ pp.log_ratio)
+
+
+def js_distance(pp: Prepared) -> float:
+    """Jensen-Shannon distance (square root of the divergence), base 2: 0 identical, 1 disjoint."""
+    m = (pp.p_ref + pp.p_cur) / 2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        a = pp.p_ref @ np.where(pp.p_ref > 0, np.log2(pp.p_ref / m), 0.0)
+        b = pp.p_cur @ np.where(pp.p_cur > 0, np.log2(pp.p_cur / m), 0.0)
+    return math.sqrt(max(0.0, float(a + b) / 2))
+
+
+def psi(pp: Prepared) -> float:
+    """Population stability index: sum((cur - ref) * ln(cur / ref)); 0.1 moderate, 0.25 major."""
+    return float((pp.s_cur - pp.s_ref) @ pp.log_ratio)
+
+
+def wasserstein_binned(pp: Prepared) -> float:
+    """W1 between the windows with each bin's mass at its center (exact for the binned data)."""
+    return float(pp.cdf_gap[:-1] @ pp.center_steps)
+
+
+def wasserstein_normed(pp: Prepared) -> float:
     """W1 divided by the reference's standard deviation, so one threshold fits every feature.
 
     A constant reference (std 0) is normalised by its mean's magnitude instead, or not at all.
     """
-    centers = reference.edges.centers
-    p_ref = probabilities(reference.counts, smooth=False)
-    mean = float(np.sum(p_ref * centers))
-    std = math.sqrt(float(np.sum(p_ref * (centers - mean) ** 2)))
-    scale = std if std > 0 else (abs(mean) or 1.0)
-    return wasserstein_binned(reference, current) / scale
+    scale = pp.ref_std if pp.ref_std > 0 else (abs(pp.ref_mean) or 1.0)
+    return wasserstein_binned(pp) / scale
 
 
-def ks_binned(reference: Histogram, current: Histogram) -> tuple[float, float]:
-    """KS statistic from the binned CDFs and its asymptotic p-value.
+def ks_binned(pp: Prepared) -> tuple[float, float]:
+    """KS statistic from the binned CDFs and its p-value.
 
     Binning can only hide differences inside a bin, so this statistic is a lower bound of
     the exact one; it is what fleet-wide drift from Prometheus buckets can compute.
     """
-    n, m = reference.total, current.total
-    if n == 0 or m == 0:
-        raise InsufficientData("empty window")
-    d = float(np.max(np.abs(np.cumsum(reference.counts) / n - np.cumsum(current.counts) / m)))
-    return d, ks_p_value(d, n, m)
+    d = float(pp.cdf_gap.max())
+    return d, ks_p_value(d, pp.n_ref, pp.n_cur)
 
 
 def ks_p_value(d: float, n: int, m: int) -> float:
-    """Asymptotic two-sample KS p-value (Kolmogorov distribution, as scipy's 'asymp')."""
-    en = n * m / (n + m)
-    return float(stats.kstwo.sf(d, np.round(en)))
+    """Two-sample KS p-value: the Kolmogorov distribution with Stephens' small-sample
+    correction, Q((sqrt(en) + 0.12 + 0.11 / sqrt(en)) * d), en = nm / (n + m).
+
+    Within a few percent of scipy's ``kstwo`` (what ks_2samp's 'asymp' mode uses) but ~1 µs
+    instead of up to tens of milliseconds for windows of 10^4+ values.
+    """
+    en = math.sqrt(n * m / (n + m))
+    return float(special.kolmogorov((en + 0.12 + 0.11 / en) * d))
 
 
 def ks_exact(reference: np.ndarray, current: np.ndarray) -> tuple[float, float]:
@@ -165,9 +185,9 @@ def chi_square(reference: CategoricalCounts, current: CategoricalCounts) -> tupl
     if reference.categories != current.categories:
         raise ValueError("categorical counts must share their categories")
     n = current.total
-    expected = probabilities(reference.counts, smooth=True) * n
     if n == 0:
         raise InsufficientData("empty window")
+    expected = probabilities(reference.counts, smooth=True) * n
     statistic = float(np.sum((current.counts - expected) ** 2 / expected))
     return statistic, float(stats.chi2.sf(statistic, len(expected) - 1))
 
@@ -178,7 +198,6 @@ def _finite(values: np.ndarray) -> np.ndarray:
 
 
 # -- the registry --------------------------------------------------------------------------
-NumericFn = Callable[[Histogram, Histogram], float]
 
 METHODS: dict[str, MethodSpec] = {s.name: s for s in (
     MethodSpec("kl", "distance", "higher_is_drift", 0.1, "numeric",
@@ -191,12 +210,12 @@ METHODS: dict[str, MethodSpec] = {s.name: s for s in (
     MethodSpec("chi2", "p_value", "lower_is_drift", 0.05, "categorical", "Pearson chi-square p-value"),
 )}
 
-_NUMERIC: dict[str, NumericFn] = {
-    "kl": lambda r, c: kl_divergence(r.counts, c.counts),
-    "js": lambda r, c: js_distance(r.counts, c.counts),
-    "psi": lambda r, c: psi(r.counts, c.counts),
+_NUMERIC: dict[str, Callable[[Prepared], float]] = {
+    "kl": kl_divergence,
+    "js": js_distance,
+    "psi": psi,
     "wasserstein": wasserstein_normed,
-    "ks": lambda r, c: ks_binned(r, c)[1],
+    "ks": lambda pp: ks_binned(pp)[1],
 }
 
 
@@ -205,21 +224,24 @@ def verdict(spec: MethodSpec, score: float, threshold: float) -> bool:
 
 
 def evaluate(method: str, reference: Histogram | CategoricalCounts, current: Histogram | CategoricalCounts,
-             threshold: float | None = None) -> DriftResult:
-    """Score one method on two windows; an empty window gives ``insufficient_data``, not NaN."""
+             threshold: float | None = None, prepared: Prepared | None = None) -> DriftResult:
+    """Score one method on two windows; an empty window gives ``insufficient_data``, not NaN.
+
+    Pass ``prepared`` (from ``prepare``) when scoring several methods on the same pair.
+    """
     spec = METHODS.get(method)
     if spec is None:
         raise ValueError(f"unknown method '{method}'; known: {', '.join(METHODS)}")
     limit = spec.default_threshold if threshold is None else threshold
     try:
         if spec.applies_to == "categorical":
-            if not isinstance(reference, CategoricalCounts):
+            if not isinstance(reference, CategoricalCounts) or not isinstance(current, CategoricalCounts):
                 raise ValueError(f"{method} needs categorical counts")
-            score = chi_square(reference, current)[1]  # type: ignore[arg-type]
+            score = chi_square(reference, current)[1]
         else:
-            if not isinstance(reference, Histogram):
-                raise ValueError(f"{method} needs a numeric histogram")
-            score = _NUMERIC[method](reference, current)  # type: ignore[arg-type]
+            if not isinstance(reference, Histogram) or not isinstance(current, Histogram):
+                raise ValueError(f"{method} needs numeric histograms")
+            score = _NUMERIC[method](prepared or prepare(reference, current))
     except InsufficientData as exc:
         return DriftResult(method, spec.kind, spec.direction, None, limit, False, "insufficient_data", str(exc))
     return DriftResult(method, spec.kind, spec.direction, score, limit, verdict(spec, score, limit))
