@@ -13,6 +13,7 @@ of series stays bounded whatever values appear.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +28,7 @@ class Edges:
 
     values: np.ndarray
     log_spaced: bool = False
+    uniform: bool = False  # equal steps (in log space when log_spaced): arithmetic binning applies
 
     def __post_init__(self) -> None:
         v = np.asarray(self.values, dtype=float)
@@ -52,13 +54,13 @@ def log_edges(low: float, high: float, bins: int) -> Edges:
         raise ValueError("log edges need 0 < low < high")
     if bins < 1:
         raise ValueError("need at least one bin")
-    return Edges(np.geomspace(low, high, bins + 1), log_spaced=True)
+    return Edges(np.geomspace(low, high, bins + 1), log_spaced=True, uniform=True)
 
 
 def linear_edges(low: float, high: float, bins: int) -> Edges:
     if not low < high or bins < 1:
         raise ValueError("linear edges need low < high and at least one bin")
-    return Edges(np.linspace(low, high, bins + 1))
+    return Edges(np.linspace(low, high, bins + 1), uniform=True)
 
 
 def quantile_edges(reference: np.ndarray, bins: int) -> Edges:
@@ -98,22 +100,83 @@ class Histogram:
         return Histogram(self.edges, self.counts + other.counts, self.nan + other.nan, self.inf + other.inf)
 
 
+CHUNK = 1 << 15  # values per step of the arithmetic path: scratch buffers stay in L2 cache
+
+
 def bin_indices(values: np.ndarray, edges: Edges) -> np.ndarray:
     """Bin index per finite value, with Prometheus ``le`` semantics: bin i holds
     (e_i, e_{i+1}], so a value equal to an edge lands in the bin that edge closes, exactly as
-    in a Prometheus histogram bucket. The outer bins are open-ended."""
-    return np.clip(np.searchsorted(edges.values, values, side="left") - 1, 0, edges.bins - 1)
+    in a Prometheus histogram bucket. The outer bins are open-ended.
+
+    Log- and linearly spaced edges take an arithmetic path (index from the value's position
+    in bin units, in cache-sized chunks: several times faster than a binary search over a
+    million values); the few values that float rounding puts within 1e-9 bins of an edge
+    are re-binned by search, so the result is identical to the search everywhere.
+    """
+    values = np.asarray(values, dtype=float)
+    if not edges.uniform:
+        return np.searchsorted(edges.values[1:-1], values, side="left")
+    out = np.empty(values.size, dtype=np.int64)
+    binner = _ArithmeticBinner(edges)
+    for start in range(0, values.size, CHUNK):
+        chunk = values[start:start + CHUNK]
+        out[start:start + chunk.size] = binner.indices(chunk)
+    return out
+
+
+class _ArithmeticBinner:
+    """Index = ceil(position in bin units) - 1, on reusable scratch buffers."""
+
+    def __init__(self, edges: Edges) -> None:
+        e = edges.values
+        self.edges = edges
+        self.inner = e[1:-1]
+        self.first = e[0]
+        self.log = edges.log_spaced
+        low, high = (math.log(e[0]), math.log(e[-1])) if self.log else (e[0], e[-1])
+        self.offset, self.scale = low, edges.bins / (high - low)
+        self.pos = np.empty(CHUNK)
+        self.gap = np.empty(CHUNK)
+        self.near = np.empty(CHUNK, dtype=bool)
+        self.idx = np.empty(CHUNK, dtype=np.int64)
+
+    def indices(self, chunk: np.ndarray) -> np.ndarray:
+        n = chunk.size
+        pos, gap, near, idx = self.pos[:n], self.gap[:n], self.near[:n], self.idx[:n]
+        np.maximum(chunk, self.first, out=pos)  # at or below the first edge: bin 0 anyway
+        if self.log:
+            np.log(pos, out=pos)
+        pos -= self.offset
+        pos *= self.scale
+        np.rint(pos, out=gap)
+        gap -= pos
+        np.abs(gap, out=gap)
+        np.less(gap, 1e-9, out=near)
+        np.ceil(pos, out=pos)
+        pos -= 1
+        np.clip(pos, 0, self.edges.bins - 1, out=pos)
+        idx[:] = pos
+        if near.any():
+            fix = np.flatnonzero(near)
+            idx[fix] = np.searchsorted(self.inner, chunk[fix], side="left")
+        return idx
 
 
 def histogram(values: np.ndarray, edges: Edges) -> Histogram:
     v = np.asarray(values, dtype=float)
-    finite = np.isfinite(v)
-    n_finite = int(finite.sum())
-    nan = int(np.isnan(v).sum())
-    inf = v.size - n_finite - nan
-    if n_finite != v.size:
+    nan = inf = 0
+    if not math.isfinite(float(v.sum())):  # one cheap pass; only then look for NaN/inf
+        finite = np.isfinite(v)
+        nan = int(np.isnan(v).sum())
+        inf = v.size - int(finite.sum()) - nan
         v = v[finite]
-    counts = np.bincount(bin_indices(v, edges), minlength=edges.bins).astype(np.int64)
+    if edges.uniform:  # count chunk by chunk: no million-entry index array is ever built
+        counts = np.zeros(edges.bins, dtype=np.int64)
+        binner = _ArithmeticBinner(edges)
+        for start in range(0, v.size, CHUNK):
+            counts += np.bincount(binner.indices(v[start:start + CHUNK]), minlength=edges.bins)
+    else:
+        counts = np.bincount(bin_indices(v, edges), minlength=edges.bins).astype(np.int64)
     return Histogram(edges, counts, nan, inf)
 
 

@@ -6,6 +6,19 @@ import pytest
 from drift.binning import Edges, bin_indices, histogram, linear_edges, log_edges, quantile_edges
 
 
+def search(values, edges):
+    return np.searchsorted(edges.values[1:-1], values, side="left")
+
+
+@pytest.mark.parametrize("edges", [log_edges(1, 65536, 32), log_edges(0.001, 60, 30), linear_edges(-4, 4, 40)])
+def test_arithmetic_binning_equals_search_everywhere(edges):
+    rng = np.random.default_rng(1)
+    values = np.concatenate([rng.lognormal(3, 3, 200_000), rng.normal(0, 3, 100_000),
+                             rng.integers(0, 70000, 100_000).astype(float), edges.values,
+                             np.nextafter(edges.values, 0), np.nextafter(edges.values, np.inf), [0.0, -5.0, 1e300]])
+    np.testing.assert_array_equal(bin_indices(values, edges), search(values, edges))
+
+
 def test_values_on_edges_follow_prometheus_le_semantics():
     """A value equal to an edge is counted in the bin that edge closes, as in le buckets."""
     edges = log_edges(1, 1024, 10)  # 1, 2, 4, ..., 1024: token counts land exactly on edges
