@@ -19,7 +19,7 @@ ENGINE_STAMP := $(VENV)/.inferwatch-engine-$(subst ==,-,$(VLLM_PACKAGE))
 DEPS_STAMP := $(VENV)/.inferwatch-deps
 SYSTEM_STAMP := $(VENV)/.inferwatch-system
 
-.PHONY: up test install system-deps model bench lint clean
+.PHONY: up test install model bench bench-drift clean
 
 up: install
 	$(VENV)/bin/inferwatch up
@@ -68,6 +68,16 @@ bench: install
 	  $$SUDO apt-get install -y -qq --no-install-recommends wrk; }
 	$(PY) bench/gateway_overhead.py
 	$(PY) bench/exporter.py
+
+EVIDENTLY_VENV := bench/.venv-evidently
+$(EVIDENTLY_VENV)/.installed:
+	$(PYTHON) -m venv $(EVIDENTLY_VENV)
+	$(EVIDENTLY_VENV)/bin/pip install --quiet "evidently==0.7.*" "pandas<3"
+	touch $@
+
+# Evidently lives in its own venv: it is a yardstick, never a dependency of the project.
+bench-drift: install $(EVIDENTLY_VENV)/.installed
+	$(PY) bench/drift_stats.py
 
 clean:
 	rm -rf .run .pytest_cache

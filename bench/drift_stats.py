@@ -29,7 +29,8 @@ import numpy as np  # noqa: E402
 from drift.binning import histogram, log_edges  # noqa: E402
 from drift.methods import METHODS, evaluate, prepare  # noqa: E402
 
-EVIDENTLY_PY = ROOT / "bench" / ".venv-evidently" / "bin" / "python"
+EVIDENTLY_VENV = ROOT / "bench" / ".venv-evidently"
+EVIDENTLY_PY = EVIDENTLY_VENV / "bin" / "python"
 NUMERIC = [m for m, s in METHODS.items() if s.applies_to == "numeric"]
 
 EVIDENTLY_SCRIPT = """
@@ -107,7 +108,7 @@ def main() -> None:
     print(f"## Drift: 2 features x {args.values:,} values, reference and current, one core\n")
     print("| implementation | median | ratio |\n|---|---|---|")
     print(f"| inferwatch: binning + {', '.join(NUMERIC)} | {t_ours * 1e3:.1f} ms | 1x |")
-    if EVIDENTLY_PY.exists():
+    if (EVIDENTLY_VENV / ".installed").exists():
         with tempfile.TemporaryDirectory() as tmp:
             for k, v in d.items():
                 np.save(f"{tmp}/{k}.npy", v)

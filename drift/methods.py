@@ -105,11 +105,9 @@ def kl_divergence(pp: Prepared) -> float:
 
 def js_distance(pp: Prepared) -> float:
     """Jensen-Shannon distance (square root of the divergence), base 2: 0 identical, 1 disjoint."""
-    m = (pp.p_ref + pp.p_cur) / 2
-    with np.errstate(divide="ignore", invalid="ignore"):
-        a = pp.p_ref @ np.where(pp.p_ref > 0, np.log2(pp.p_ref / m), 0.0)
-        b = pp.p_cur @ np.where(pp.p_cur > 0, np.log2(pp.p_cur / m), 0.0)
-    return math.sqrt(max(0.0, float(a + b) / 2))
+    m = (pp.p_ref + pp.p_cur) * 0.5
+    nats = special.rel_entr(pp.p_ref, m).sum() + special.rel_entr(pp.p_cur, m).sum()  # 0 log 0 = 0
+    return math.sqrt(max(0.0, float(nats) / (2 * math.log(2))))
 
 
 def psi(pp: Prepared) -> float:
