@@ -15,6 +15,8 @@ app = typer.Typer(help="inferwatch: observability and drift monitoring for LLMs 
                   no_args_is_help=True, add_completion=False)
 model_app = typer.Typer(help="The tiny local model used when no real model is given.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
+drift_app = typer.Typer(help="The drift service and its report.", no_args_is_help=True)
+app.add_typer(drift_app, name="drift")
 
 DEFAULT_RUN_DIR = Path(".run")
 
@@ -119,6 +121,50 @@ def exporter(
     serve(settings)
 
 
+@drift_app.command("serve")
+def drift_serve(
+    host: Annotated[Optional[str], typer.Option(help="Listen address [INFERWATCH_DRIFT_HOST].")] = None,
+    port: Annotated[Optional[int], typer.Option(help="Listen port [INFERWATCH_DRIFT_PORT], default 8090.")] = None,
+    db_path: Annotated[Optional[str], typer.Option(help="SQLite file [INFERWATCH_DRIFT_DB_PATH].")] = None,
+    window: Annotated[Optional[float], typer.Option(help="Current window length, seconds (default 3600).")] = None,
+    prometheus_url: Annotated[Optional[str], typer.Option(help="Prometheus for fleet-wide drift.")] = None,
+    log_level: str = "warning",
+) -> None:
+    """Run the drift service: ingest feature records, serve drift as JSON, /metrics and /report."""
+    import uvicorn
+    from pydantic import ValidationError
+
+    from drift.service import DriftSettings, create_app
+
+    flags = {"host": host, "port": port, "db_path": db_path, "window_s": window, "prometheus_url": prometheus_url}
+    try:
+        settings = DriftSettings(**{k: v for k, v in flags.items() if v is not None})
+    except ValidationError as exc:
+        _fail(f"Invalid drift settings:\n{exc}")
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=log_level, access_log=False)
+
+
+@drift_app.command("report")
+def drift_report(
+    url: Annotated[str, typer.Option(help="Drift service base URL.")] = "http://127.0.0.1:8090",
+    out: Annotated[Path, typer.Option(help="Where to write the HTML report.")] = Path("drift-report.html"),
+    model: Annotated[Optional[str], typer.Option(help="Only this model.")] = None,
+    variant: Annotated[Optional[str], typer.Option(help="Only this variant.")] = None,
+) -> None:
+    """Fetch the drift report (reference vs current per feature, with scores) as an HTML file."""
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    query = urllib.parse.urlencode({k: v for k, v in {"model": model, "variant": variant}.items() if v})
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/report?{query}", timeout=30) as resp:
+            out.write_bytes(resp.read())
+    except (urllib.error.URLError, OSError) as exc:
+        _fail(f"Could not fetch the report from {url}: {exc}")
+    typer.echo(out.resolve())
+
+
 @app.command()
 def up(
     model: Annotated[str, typer.Option(help="Model folder or id; 'tiny' builds the local tiny model.")] = "tiny",
@@ -126,6 +172,7 @@ def up(
     vllm_port: int = 8000,
     gateway_port: int = 8080,
     exporter_port: Annotated[int, typer.Option(help="NVML GPU exporter port; 0 leaves the exporter out.")] = 9400,
+    drift_port: Annotated[int, typer.Option(help="Drift service port; 0 leaves it out.")] = 8090,
     host: str = "127.0.0.1",
     dtype: str = "auto",
     max_model_len: int = 512,
@@ -133,7 +180,7 @@ def up(
     startup_timeout: float = 300.0,
     run_dir: Annotated[Path, typer.Option(help="Folder for logs.")] = DEFAULT_RUN_DIR,
 ) -> None:
-    """Run the local stack (vLLM, gateway, GPU exporter) until Ctrl-C, then stop every child."""
+    """Run the local stack (vLLM, drift service, gateway, GPU exporter) until Ctrl-C, then stop every child."""
     from inferwatch.supervise import ManagedProcess
     from serving.vllm_launcher import VLLMConfig, vllm_process
 
@@ -143,15 +190,26 @@ def up(
                "--upstream-url", cfg.base_url]
     if otlp_endpoint:
         gw_argv += ["--otlp-endpoint", otlp_endpoint]
+    drift_children = []
+    if drift_port:
+        drift_url = f"http://{host}:{drift_port}"
+        gw_argv += ["--drift-url", drift_url]
+        drift_argv = [sys.executable, "-m", "inferwatch", "drift", "serve", "--host", host, "--port", str(drift_port),
+                      "--db-path", str(run_dir / "drift.sqlite3")]
+        drift_children.append((ManagedProcess(f"drift service (:{drift_port})", drift_argv,
+                                              log_path=run_dir / "drift.log", health_url=f"{drift_url}/health"), 30.0))
     gw = ManagedProcess(f"gateway (:{gateway_port})", gw_argv, log_path=run_dir / "gateway.log",
                         health_url=f"http://{host}:{gateway_port}/health")
     gw_url = f"http://{host}:{gateway_port}"
-    children = [(vllm_process(cfg, run_dir / "vllm.log"), startup_timeout), (gw, 30.0)]
+    children = [(vllm_process(cfg, run_dir / "vllm.log"), startup_timeout), *drift_children, (gw, 30.0)]
     urls = {
         "OpenAI endpoint (gateway)": f"{gw_url}/v1",
         "gateway /metrics": f"{gw_url}/metrics",
         "vLLM /metrics": f"{cfg.base_url}/metrics",
     }
+    if drift_port:
+        urls["drift report"] = f"http://{host}:{drift_port}/report"
+        urls["drift /metrics"] = f"http://{host}:{drift_port}/metrics"
     if exporter_port:
         exp_argv = [sys.executable, "-m", "inferwatch", "exporter", "--host", host, "--port", str(exporter_port)]
         children.append((ManagedProcess(f"GPU exporter (:{exporter_port})", exp_argv,

@@ -1,0 +1,147 @@
+"""Feature records (the gateway → drift contract) and the features drift is computed on.
+
+A batch is validated as a whole before anything is stored: the first bad record rejects
+the batch with an error that names the record's position and the field, so a client can
+fix its producer instead of losing part of a batch silently.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import orjson
+
+from drift.binning import Edges, linear_edges, log_edges
+
+MAX_BATCH = 10_000
+SEGMENT_TEXT_MAX = 128
+
+
+@dataclass(frozen=True)
+class NumericFeature:
+    name: str
+    edges: Edges
+    description: str
+
+
+@dataclass(frozen=True)
+class CategoricalFeature:
+    name: str
+    categories: tuple[str, ...]
+    description: str
+
+
+# Edges: log-spaced for counts and latencies (they span orders of magnitude), linear for
+# logprobs. Token-count edges sit on powers of two like the gateway's le buckets.
+NUMERIC_FEATURES: tuple[NumericFeature, ...] = (
+    NumericFeature("prompt_tokens", log_edges(1, 131072, 17), "prompt length, tokens"),
+    NumericFeature("completion_tokens", log_edges(1, 32768, 15), "answer length, tokens"),
+    NumericFeature("ttft_s", log_edges(0.001, 64, 32), "time to first token, seconds (streams)"),
+    NumericFeature("tpot_s", log_edges(0.0005, 2, 24), "time per output token, seconds (streams)"),
+    NumericFeature("e2e_s", log_edges(0.01, 640, 32), "end-to-end latency, seconds"),
+    NumericFeature("mean_logprob", linear_edges(-20, 0, 40), "mean token logprob: model confidence"),
+)
+CATEGORICAL_FEATURES: tuple[CategoricalFeature, ...] = (
+    CategoricalFeature("finish_reason", ("stop", "length", "tool_calls", "content_filter", "abort"),
+                       "why generation ended"),
+    CategoricalFeature("status_class", ("2xx", "4xx", "5xx"), "HTTP outcome"),
+)
+FEATURES = {f.name: f for f in (*NUMERIC_FEATURES, *CATEGORICAL_FEATURES)}
+
+# field -> (types accepted, may be null)
+_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
+    "model": ((str,), False),
+    "variant": ((str,), False),
+    "route": ((str,), True),
+    "stream": ((bool,), True),
+    "started_at": ((int, float), False),
+    "finished_at": ((int, float), False),
+    "status": ((int,), False),
+    "prompt_tokens": ((int,), True),
+    "completion_tokens": ((int,), True),
+    "ttft_s": ((int, float), True),
+    "tpot_s": ((int, float), True),
+    "e2e_s": ((int, float), False),
+    "finish_reason": ((str,), True),
+    "mean_logprob": ((int, float), True),
+}
+REQUIRED = tuple(k for k, (_, nullable) in _FIELDS.items() if not nullable)
+
+
+class BatchError(ValueError):
+    def __init__(self, message: str, record: int | None = None, field: str | None = None) -> None:
+        super().__init__(message)
+        self.record = record
+        self.field = field
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A validated batch, column by column, grouped by nothing yet."""
+
+    size: int
+    model: list[str]
+    variant: list[str]
+    finished_at: np.ndarray
+    status: np.ndarray
+    numeric: dict[str, np.ndarray]  # NaN where the record had null
+    finish_reason: list[str | None]
+
+
+def parse_batch(body: bytes, now: float, max_future_s: float = 300.0) -> Batch:
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BatchError(f"body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("records"), list):
+        raise BatchError('body must be {"records": [...]}')
+    records = doc["records"]
+    if not records:
+        raise BatchError("batch has no records")
+    if len(records) > MAX_BATCH:
+        raise BatchError(f"batch has {len(records)} records; the limit is {MAX_BATCH}")
+    for i, rec in enumerate(records):
+        _check(i, rec, now, max_future_s)
+    numeric = {f.name: np.array([np.nan if r.get(f.name) is None else r[f.name] for r in records], dtype=float)
+               for f in NUMERIC_FEATURES}
+    return Batch(
+        size=len(records),
+        model=[r["model"] for r in records],
+        variant=[r["variant"] for r in records],
+        finished_at=np.array([r["finished_at"] for r in records], dtype=float),
+        status=np.array([r["status"] for r in records], dtype=np.int64),
+        numeric=numeric,
+        finish_reason=[r.get("finish_reason") for r in records],
+    )
+
+
+def _check(i: int, rec: object, now: float, max_future_s: float) -> None:
+    if not isinstance(rec, dict):
+        raise BatchError(f"record {i} is not an object", i)
+    for name in REQUIRED:
+        if name not in rec or rec[name] is None:
+            raise BatchError(f"record {i}: field '{name}' is required", i, name)
+    for name, value in rec.items():
+        spec = _FIELDS.get(name)
+        if spec is None:
+            raise BatchError(f"record {i}: unknown field '{name}' (fields: {', '.join(_FIELDS)})", i, name)
+        if value is None:
+            continue
+        types, _ = spec
+        if isinstance(value, bool) and bool not in types or not isinstance(value, types):
+            raise BatchError(f"record {i}: field '{name}' must be {' or '.join(t.__name__ for t in types)}", i, name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise BatchError(f"record {i}: field '{name}' must be finite", i, name)
+        if isinstance(value, str) and not 0 < len(value) <= SEGMENT_TEXT_MAX:
+            raise BatchError(f"record {i}: field '{name}' must be 1..{SEGMENT_TEXT_MAX} characters", i, name)
+    for name in ("prompt_tokens", "completion_tokens", "ttft_s", "tpot_s", "e2e_s"):
+        value = rec.get(name)
+        if value is not None and value < 0:
+            raise BatchError(f"record {i}: field '{name}' must be >= 0", i, name)
+    if not 100 <= rec["status"] <= 599:
+        raise BatchError(f"record {i}: field 'status' must be an HTTP status code", i, "status")
+    if rec["finished_at"] > now + max_future_s:
+        raise BatchError(f"record {i}: field 'finished_at' lies in the future; check the producer's clock", i,
+                         "finished_at")

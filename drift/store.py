@@ -1,0 +1,77 @@
+"""SQLite persistence: every acknowledged batch, the baselines, nothing else.
+
+Batches are stored as received (one row per batch, written before the ingest is answered)
+in WAL mode with synchronous=NORMAL: a committed transaction survives the process being
+killed (-9) because it is in the OS page cache and the WAL; only a power loss before the
+next checkpoint could lose the last commits. Windows are rebuilt from these rows on start.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS batches (
+    id INTEGER PRIMARY KEY,
+    received_at REAL NOT NULL,
+    min_t REAL NOT NULL,
+    max_t REAL NOT NULL,
+    body BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS batches_max_t ON batches (max_t);
+CREATE TABLE IF NOT EXISTS baselines (
+    model TEXT NOT NULL,
+    variant TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    doc BLOB NOT NULL,
+    PRIMARY KEY (model, variant)
+);
+"""
+
+
+class Store:
+    def __init__(self, path: str | Path) -> None:
+        if str(path) != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(SCHEMA)
+        self._lock = threading.Lock()
+
+    def append(self, body: bytes, min_t: float, max_t: float, received_at: float) -> int:
+        with self._lock:
+            cur = self._db.execute("INSERT INTO batches (received_at, min_t, max_t, body) VALUES (?, ?, ?, ?)",
+                                   (received_at, min_t, max_t, body))
+            return int(cur.lastrowid)
+
+    def batches(self, since: float, until: float = float("inf")) -> Iterator[bytes]:
+        """Bodies of batches holding any record finished in [since, until]."""
+        with self._lock:
+            rows = self._db.execute("SELECT body FROM batches WHERE max_t >= ? AND min_t <= ? ORDER BY id",
+                                    (since, until if until != float("inf") else 1e300)).fetchall()
+        for (body,) in rows:
+            yield body
+
+    def prune(self, before: float) -> int:
+        with self._lock:
+            return self._db.execute("DELETE FROM batches WHERE max_t < ?", (before,)).rowcount
+
+    def put_baseline(self, model: str, variant: str, doc: dict, created_at: float) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO baselines (model, variant, created_at, doc) VALUES (?, ?, ?, ?)",
+                             (model, variant, created_at, orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)))
+
+    def baselines(self) -> dict[tuple[str, str], dict]:
+        with self._lock:
+            rows = self._db.execute("SELECT model, variant, doc FROM baselines").fetchall()
+        return {(m, v): orjson.loads(doc) for m, v, doc in rows}
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
