@@ -1,8 +1,9 @@
 """Sliding windows kept as time-bucketed histograms, per (model, variant) segment.
 
 A window of length W is split into B time buckets of W/B seconds held in a ring. Adding a
-record increments one bin of one bucket; reading the window sums the buckets that are
-still inside it. Memory is segments x features x bins x buckets, whatever the traffic.
+record increments one bin of one bucket; reading the window sums the B newest buckets, so
+the window covers between W - W/B and W seconds of history. Memory is segments x features
+x bins x buckets, whatever the traffic.
 
 Each bucket also keeps a small reservoir (Vitter's algorithm R) of raw values per numeric
 feature, so exact tests (KS, Wasserstein on samples) can audit the binned ones with a
@@ -133,11 +134,14 @@ def categorical_counts_of(batch: Batch, rows: np.ndarray) -> dict[str, np.ndarra
     reasons = CATEGORICAL_FEATURES[0]
     index = {c: i for i, c in enumerate(reasons.categories)}
     codes = [index.get(batch.finish_reason[r], len(index)) for r in rows if batch.finish_reason[r] is not None]
-    classes = np.clip(batch.status[rows] // 100 - 2, 0, 2)  # 2xx, 4xx, 5xx (1xx and 3xx fold in)
+    classes = _STATUS_BUCKET[batch.status[rows] // 100]  # 2xx, 4xx, 5xx; 1xx and 3xx in "other"
     return {
         reasons.name: np.bincount(np.array(codes, dtype=np.int64), minlength=len(index) + 1),
-        "status_class": np.bincount(classes, minlength=3),
+        "status_class": np.bincount(classes, minlength=4),
     }
+
+
+_STATUS_BUCKET = np.array([3, 3, 0, 3, 1, 2])  # status // 100 -> index in ("2xx", "4xx", "5xx", other)
 
 
 def baseline_from(batches: list[Batch], segment: Segment) -> dict[str, Histogram | CategoricalCounts]:

@@ -21,26 +21,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class GatewayServer:
-    """The real gateway app under uvicorn on a loopback port, with its own registry."""
+class AppServer:
+    """An ASGI app under uvicorn in a thread, on a free loopback port."""
 
-    def __init__(self, settings: GatewaySettings | None = None, **app_kwargs) -> None:
-        port = free_port()
-        base = {"port": port, "host": "127.0.0.1"}
-        self.settings = settings.model_copy(update=base) if settings else GatewaySettings(**base)
-        self.registry = CollectorRegistry()
-        self.app = create_app(self.settings, self.registry, **app_kwargs)
-        self.url = f"http://127.0.0.1:{port}"
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
+    def __init__(self, app, port: int | None = None) -> None:
+        self.app = app
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", access_log=False,
                                 loop="uvloop", http="httptools")
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True)
 
-    @property
-    def gateway(self):
-        return self.app.state.gateway
-
-    def __enter__(self) -> "GatewayServer":
+    def __enter__(self):
         self._thread.start()
         deadline = time.monotonic() + 15
         while not self._server.started:
@@ -55,6 +48,21 @@ class GatewayServer:
 
     def metrics_text(self) -> str:
         return requests.get(f"{self.url}/metrics", timeout=5).text
+
+
+class GatewayServer(AppServer):
+    """The real gateway app, with its own registry."""
+
+    def __init__(self, settings: GatewaySettings | None = None, **app_kwargs) -> None:
+        port = free_port()
+        base = {"port": port, "host": "127.0.0.1"}
+        self.settings = settings.model_copy(update=base) if settings else GatewaySettings(**base)
+        self.registry = CollectorRegistry()
+        super().__init__(create_app(self.settings, self.registry, **app_kwargs), port)
+
+    @property
+    def gateway(self):
+        return self.app.state.gateway
 
 
 def samples(text: str) -> dict[tuple[str, frozenset], float]:

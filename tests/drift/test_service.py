@@ -1,0 +1,260 @@
+"""The drift service over HTTP: ingest, windows, baselines, results, metrics, report, faults."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import requests
+
+from drift.service import DriftSettings, create_app
+from drift.state import DriftState, WindowConfig
+from drift.store import Store
+from tests.drift.records import body, records
+from tests.support.servers import AppServer, free_port, metric_sum
+
+HOUR = 3600.0
+
+
+@pytest.fixture
+def service(tmp_path):
+    settings = DriftSettings(db_path=str(tmp_path / "drift.sqlite3"), token="s3cret", max_body_bytes=2_000_000)
+    with AppServer(create_app(settings)) as server:
+        server.auth = {"authorization": "Bearer s3cret"}
+        yield server
+
+
+def post(server, path, data, auth=True):
+    return requests.post(server.url + path, data=data, headers=server.auth if auth else {}, timeout=30)
+
+
+def drift_of(server, **params):
+    return requests.get(server.url + "/v1/drift", params=params, timeout=10).json()["segments"]
+
+
+def freeze_reference(server, now, **shape):
+    ref = records(4000, now - 2 * HOUR, now - 1.5 * HOUR, seed=1, **shape)
+    assert post(server, "/v1/ingest", body(ref)).status_code == 200
+    r = requests.post(server.url + "/v1/baselines", json={"model": "m", "variant": "v1", "from": now - 2 * HOUR,
+                                                          "to": now - 1.5 * HOUR}, headers=server.auth, timeout=30)
+    assert r.status_code == 201 and r.json()["records"] == 4000
+    return ref
+
+
+def test_ingest_then_drift_detected_and_exposed(service):
+    now = time.time()
+    freeze_reference(service, now)
+    shifted = records(3000, now - 600, now, seed=2, prompt_mu=5.8, ttft_scale=0.2, length_share=0.5)
+    r = post(service, "/v1/ingest", body(shifted))
+    assert r.status_code == 200 and r.json() == {"accepted": 3000, "in_window": 3000}
+
+    (seg,) = drift_of(service, model="m", variant="v1")
+    assert seg["window_records"] == 3000 and seg["baseline_records"] == 4000
+    prompt = seg["features"]["prompt_tokens"]
+    assert all(prompt[m]["drifted"] for m in ("kl", "js", "psi", "wasserstein", "ks"))
+    assert prompt["ks"]["direction"] == "lower_is_drift" and prompt["psi"]["direction"] == "higher_is_drift"
+    assert seg["features"]["finish_reason"]["chi2"]["drifted"]
+    assert seg["features"]["ttft_s"]["wasserstein"]["drifted"]
+    assert not seg["features"]["completion_tokens"]["psi"]["drifted"]  # untouched feature stays quiet
+
+    text = service.metrics_text()
+    assert metric_sum(text, "inferwatch_drift_detected", model="m", variant="v1", feature="prompt_tokens",
+                      method="psi") == 1
+    assert metric_sum(text, "inferwatch_drift_score", feature="prompt_tokens", method="psi") == pytest.approx(
+        prompt["psi"]["score"])
+    assert metric_sum(text, "inferwatch_drift_threshold", feature="prompt_tokens", method="ks") == 0.05
+    assert metric_sum(text, "inferwatch_drift_window_records", model="m") == 3000
+    assert metric_sum(text, "inferwatch_drift_ingested_records_total") == 7000
+
+    exact = requests.get(service.url + "/v1/drift/exact", params={"model": "m", "variant": "v1",
+                                                                  "feature": "prompt_tokens"}, timeout=10).json()
+    # 2000 reservoir values per window are spread over its 60 buckets; 11 of them hold data
+    assert exact["status"] == "ok" and exact["ks_p_value"] < 1e-6 and exact["current_sample"] > 300
+
+    report = requests.get(service.url + "/report", timeout=10).text
+    assert report.count("<svg") == 8 and "prompt_tokens" in report and "DRIFT" in report
+
+
+def test_same_distribution_is_not_detected(service):
+    now = time.time()
+    freeze_reference(service, now)
+    post(service, "/v1/ingest", body(records(3000, now - 600, now, seed=3)))
+    (seg,) = drift_of(service)
+    for feature, methods in seg["features"].items():
+        for name, result in methods.items():
+            assert not result["drifted"], (feature, name, result)
+
+
+def test_false_positive_rate_over_repeated_windows(tmp_path):
+    """Twenty fresh windows from the reference's distribution: distance methods never fire,
+    p-value methods about as often as their alpha says."""
+    clock = [1_000_000.0]
+    state = DriftState(Store(tmp_path / "fp.sqlite3"), WindowConfig(window_s=600, buckets=10), clock=lambda: clock[0])
+    state.ingest(body(records(5000, clock[0] - 3000, clock[0] - 2000, seed=100)))
+    state.freeze_baseline(("m", "v1"), clock[0] - 3000, clock[0] - 2000)
+    alarms: dict[tuple[str, str], int] = {}
+    for trial in range(20):
+        clock[0] += 1200  # the previous window has slid out entirely
+        state.ingest(body(records(2000, clock[0] - 500, clock[0], seed=200 + trial)))
+        assert state.window_records(("m", "v1")) == 2000
+        for feature, methods in state.results(("m", "v1")).items():
+            for name, r in methods.items():
+                alarms[(feature, name)] = alarms.get((feature, name), 0) + r.drifted
+    for (feature, name), count in alarms.items():
+        assert count <= (4 if name in ("ks", "chi2") else 0), (feature, name, count)
+
+
+@pytest.mark.parametrize("mutate, field, index", [
+    (lambda r: r[3].pop("model"), "model", 3),
+    (lambda r: r[7].update(prompt_tokens="12"), "prompt_tokens", 7),
+    (lambda r: r[0].update(prompt_tokens=-1), "prompt_tokens", 0),
+    (lambda r: r[5].update(status=42), "status", 5),
+    (lambda r: r[2].update(finished_at=time.time() + 86400), "finished_at", 2),
+    (lambda r: r[9].update(prompt="leaked text"), "prompt", 9),
+    (lambda r: r[1].update(stream=1), "stream", 1),
+])
+def test_bad_batch_is_rejected_whole_naming_record_and_field(service, mutate, field, index):
+    now = time.time()
+    batch = records(10, now - 60, now, seed=4)
+    mutate(batch)
+    r = post(service, "/v1/ingest", body(batch))
+    assert r.status_code == 422
+    err = r.json()["error"]
+    assert (err["record"], err["field"]) == (index, field) and f"record {index}" in err["message"]
+    assert drift_of(service) == []  # nothing of the batch was counted
+    assert metric_sum(service.metrics_text(), "inferwatch_drift_rejected_batches_total", reason="invalid") == 1
+
+
+@pytest.mark.parametrize("data, fragment", [
+    (b"{not json", "not valid JSON"), (b'{"records": []}', "no records"), (b"[1]", '{"records"'),
+    (b'{"records": [{"model": NaN}]}', "not valid JSON"),
+])
+def test_malformed_bodies(service, data, fragment):
+    r = post(service, "/v1/ingest", data)
+    assert r.status_code == 422 and fragment in r.json()["error"]["message"]
+
+
+def test_auth_and_size_limits(service):
+    now = time.time()
+    assert post(service, "/v1/ingest", body(records(5, now - 5, now, seed=5)), auth=False).status_code == 401
+    assert requests.post(service.url + "/v1/ingest", data=b"{}", timeout=5,
+                         headers={"authorization": "Bearer wrong"}).status_code == 401
+    big = post(service, "/v1/ingest", b"x" * 2_100_000)
+    assert big.status_code == 413
+    assert requests.get(service.url + "/v1/drift", timeout=5).status_code == 200  # reads stay open
+
+
+def test_baseline_errors(service):
+    now = time.time()
+    bad = [({"model": "m", "variant": "v1", "from": now, "to": now - 1}, "from"),
+           ({"model": "m", "variant": "v1", "from": now - 10, "to": now}, None),  # no records in range
+           ({"variant": "v1", "from": 0, "to": 1}, "model"),
+           ({"model": "m", "variant": "v1", "histograms": {"prompt_tokens": [1, 2]}}, "prompt_tokens"),
+           ({"model": "m", "variant": "v1", "histograms": {"colour": [1]}}, "colour")]
+    for doc, field in bad:
+        r = requests.post(service.url + "/v1/baselines", json=doc, headers=service.auth, timeout=10)
+        assert r.status_code == 422, doc
+        assert r.json()["error"]["field"] == field
+
+
+def test_uploaded_baseline(service):
+    from drift.schema import FEATURES
+
+    now = time.time()
+    counts = [0] * FEATURES["prompt_tokens"].edges.bins
+    counts[3] = 1000  # every reference prompt had 9..16 tokens
+    r = requests.post(service.url + "/v1/baselines", json={"model": "m", "variant": "v1",
+                                                           "histograms": {"prompt_tokens": counts}},
+                      headers=service.auth, timeout=10)
+    assert r.status_code == 201
+    post(service, "/v1/ingest", body(records(500, now - 60, now, seed=6)))
+    (seg,) = drift_of(service)
+    assert seg["features"]["prompt_tokens"]["js"]["drifted"]
+    assert seg["features"]["ttft_s"]["js"]["status"] == "insufficient_data"  # the upload had no ttft
+
+
+def test_window_memory_does_not_grow_with_traffic(tmp_path):
+    clock = [2_000_000.0]
+    state = DriftState(Store(":memory:"), WindowConfig(window_s=600, buckets=10, reservoir=500),
+                       clock=lambda: clock[0])
+    state.ingest(body(records(1000, clock[0] - 500, clock[0], seed=7)))
+    size = state.windows[("m", "v1")].nbytes()
+    for i in range(20):
+        state.ingest(body(records(5000, clock[0] - 500, clock[0], seed=8 + i)))
+    assert state.windows[("m", "v1")].nbytes() == size
+    assert state.window_records(("m", "v1")) == 101_000
+    assert 400 <= state.windows[("m", "v1")].samples("ttft_s", clock[0]).size <= 500  # 50 per bucket
+
+
+def test_kill_9_and_restart_keep_every_acknowledged_batch(tmp_path):
+    port, db = free_port(), tmp_path / "drift.sqlite3"
+    argv = [sys.executable, "-m", "inferwatch", "drift", "serve", "--port", str(port), "--db-path", str(db)]
+    url = f"http://127.0.0.1:{port}"
+
+    def start():
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                requests.get(url + "/health", timeout=1)
+                return proc
+            except requests.ConnectionError:
+                assert time.monotonic() < deadline and proc.poll() is None
+                time.sleep(0.1)
+
+    proc = start()
+    now = time.time()
+    acknowledged = 0
+    try:
+        ref = records(2000, now - 2 * HOUR, now - 1.5 * HOUR, seed=9)
+        assert requests.post(url + "/v1/ingest", data=body(ref), timeout=10).status_code == 200
+        assert requests.post(url + "/v1/baselines", json={"model": "m", "variant": "v1", "from": now - 2 * HOUR,
+                                                          "to": now - HOUR}, timeout=10).status_code == 201
+        for i in range(20):
+            r = requests.post(url + "/v1/ingest", data=body(records(250, now - 600, now, seed=10 + i)), timeout=10)
+            assert r.status_code == 200
+            acknowledged += 250
+        before = requests.get(url + "/v1/drift", timeout=10).json()["segments"][0]
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        proc = start()
+        after = requests.get(url + "/v1/drift", timeout=10).json()["segments"][0]
+        assert after["window_records"] == acknowledged == before["window_records"]
+        assert after["baseline_records"] == 2000
+        assert after["features"]["prompt_tokens"]["psi"]["score"] == pytest.approx(
+            before["features"]["prompt_tokens"]["psi"]["score"])
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+def test_report_cli_writes_the_html(service, tmp_path):
+    now = time.time()
+    freeze_reference(service, now)
+    post(service, "/v1/ingest", body(records(500, now - 60, now, seed=11)))
+    out = tmp_path / "r.html"
+    result = subprocess.run([sys.executable, "-m", "inferwatch", "drift", "report", "--url", service.url,
+                             "--out", str(out)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "<svg" in out.read_text() and "mean_logprob" in out.read_text()
+    failed = subprocess.run([sys.executable, "-m", "inferwatch", "drift", "report", "--url",
+                             f"http://127.0.0.1:{free_port()}", "--out", str(out)], capture_output=True, text=True,
+                            timeout=60)
+    assert failed.returncode == 2 and "Could not fetch" in failed.stderr
+
+
+def test_window_slides(tmp_path):
+    clock = [3_000_000.0]
+    state = DriftState(Store(":memory:"), WindowConfig(window_s=600, buckets=6), clock=lambda: clock[0])
+    # buckets are 100 s; the window holds the 6 newest, so between 500 and 600 s of history
+    state.ingest(body(records(100, clock[0] - 450, clock[0] - 400, seed=12)))
+    state.ingest(body(records(50, clock[0] - 50, clock[0], seed=13)))
+    assert state.window_records(("m", "v1")) == 150
+    clock[0] += 200  # the first 100 slid out of the 600 s window
+    assert state.window_records(("m", "v1")) == 50
+    assert int(np.sum(state.current(("m", "v1"))["prompt_tokens"].counts)) == 50
