@@ -12,12 +12,14 @@ def run(*args, timeout=60):
 
 
 @pytest.mark.parametrize("command, must_mention", [
-    ((), ["up", "gateway", "vllm", "model", "exporter"]),
-    (("up",), ["--model", "--vllm-port", "--gateway-port", "--exporter-port", "--otlp-endpoint"]),
+    ((), ["up", "gateway", "vllm", "model", "exporter", "drift"]),
+    (("up",), ["--model", "--vllm-port", "--gateway-port", "--exporter-port", "--drift-port", "--otlp-endpoint"]),
     (("gateway",), ["--upstream-url", "--variant", "--otlp-endpoint", "INFERWATCH_GATEWAY"]),
     (("vllm",), ["--model", "--otlp-endpoint", "--startup-timeout"]),
     (("model", "build"), ["--cache-dir", "--force"]),
     (("exporter",), ["--port", "--interval", "--processes", "--slow-interval"]),
+    (("drift", "serve"), ["--port", "--db-path", "--window", "--prometheus-url"]),
+    (("drift", "report"), ["--url", "--out", "--model"]),
 ])
 def test_help_explains_every_command(command, must_mention):
     result = run(*command, "--help")

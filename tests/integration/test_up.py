@@ -47,10 +47,11 @@ def port_open(port: int) -> bool:
 
 
 def test_up_serves_through_the_gateway_and_ctrl_c_stops_everything(tiny_model, tmp_path):
-    vllm_port, gw_port, exp_port = free_port(), free_port(), free_port()
+    vllm_port, gw_port, exp_port, drift_port = free_port(), free_port(), free_port(), free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "inferwatch", "up", "--model", str(tiny_model), "--name", TINY_MODEL_NAME,
-         "--vllm-port", str(vllm_port), "--gateway-port", str(gw_port), "--exporter-port", str(exp_port), "--dtype", "bfloat16",
+         "--vllm-port", str(vllm_port), "--gateway-port", str(gw_port), "--exporter-port", str(exp_port), "--drift-port", str(drift_port),
+         "--dtype", "bfloat16",
          "--run-dir", str(tmp_path)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
@@ -69,11 +70,21 @@ def test_up_serves_through_the_gateway_and_ctrl_c_stops_everything(tiny_model, t
         assert f"http://127.0.0.1:{exp_port}/metrics" in out
         assert "inferwatch_nvml_up 0.0" in requests.get(f"http://127.0.0.1:{exp_port}/metrics").text
 
+        # the request's feature record reaches the drift service that up started
+        assert f"http://127.0.0.1:{drift_port}/report" in out
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            segs = requests.get(f"http://127.0.0.1:{drift_port}/v1/drift").json()["segments"]
+            if segs:
+                break
+            time.sleep(0.2)
+        assert [(s["model"], s["window_records"]) for s in segs] == [(TINY_MODEL_NAME, 1)]
+
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=90)
         rest = reader.until("stopping vLLM", 5)
         assert proc.returncode == 0, rest
-        assert not port_open(gw_port) and not port_open(vllm_port) and not port_open(exp_port)
+        assert not any(port_open(p) for p in (gw_port, vllm_port, exp_port, drift_port))
         assert (tmp_path / "vllm.log").stat().st_size > 0 and (tmp_path / "gateway.log").exists()
     finally:
         if proc.poll() is None:
