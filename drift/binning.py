@@ -117,7 +117,7 @@ def bin_indices(values: np.ndarray, edges: Edges) -> np.ndarray:
     if not edges.uniform:
         return np.searchsorted(edges.values[1:-1], values, side="left")
     out = np.empty(values.size, dtype=np.int64)
-    binner = _ArithmeticBinner(edges)
+    binner = _ArithmeticBinner(edges, values.size)
     for start in range(0, values.size, CHUNK):
         chunk = values[start:start + CHUNK]
         out[start:start + chunk.size] = binner.indices(chunk)
@@ -127,7 +127,7 @@ def bin_indices(values: np.ndarray, edges: Edges) -> np.ndarray:
 class _ArithmeticBinner:
     """Index = ceil(position in bin units) - 1, on reusable scratch buffers."""
 
-    def __init__(self, edges: Edges) -> None:
+    def __init__(self, edges: Edges, size: int = CHUNK) -> None:
         e = edges.values
         self.edges = edges
         self.inner = e[1:-1]
@@ -135,10 +135,11 @@ class _ArithmeticBinner:
         self.log = edges.log_spaced
         low, high = (math.log(e[0]), math.log(e[-1])) if self.log else (e[0], e[-1])
         self.offset, self.scale = low, edges.bins / (high - low)
-        self.pos = np.empty(CHUNK)
-        self.gap = np.empty(CHUNK)
-        self.near = np.empty(CHUNK, dtype=bool)
-        self.idx = np.empty(CHUNK, dtype=np.int64)
+        size = max(1, min(size, CHUNK))  # small batches: small buffers
+        self.pos = np.empty(size)
+        self.gap = np.empty(size)
+        self.near = np.empty(size, dtype=bool)
+        self.idx = np.empty(size, dtype=np.int64)
 
     def indices(self, chunk: np.ndarray) -> np.ndarray:
         n = chunk.size
@@ -172,7 +173,7 @@ def histogram(values: np.ndarray, edges: Edges) -> Histogram:
         v = v[finite]
     if edges.uniform:  # count chunk by chunk: no million-entry index array is ever built
         counts = np.zeros(edges.bins, dtype=np.int64)
-        binner = _ArithmeticBinner(edges)
+        binner = _ArithmeticBinner(edges, v.size)
         for start in range(0, v.size, CHUNK):
             counts += np.bincount(binner.indices(v[start:start + CHUNK]), minlength=edges.bins)
     else:

@@ -91,6 +91,9 @@ class Batch:
 
 
 def parse_batch(body: bytes, now: float, max_future_s: float = 300.0) -> Batch:
+    """Validate column by column (set and array operations, no per-field Python work per
+    record); only when something is wrong does a per-record scan find the first offending
+    record and field for the error message."""
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -102,19 +105,43 @@ def parse_batch(body: bytes, now: float, max_future_s: float = 300.0) -> Batch:
         raise BatchError("batch has no records")
     if len(records) > MAX_BATCH:
         raise BatchError(f"batch has {len(records)} records; the limit is {MAX_BATCH}")
-    for i, rec in enumerate(records):
-        _check(i, rec, now, max_future_s)
-    numeric = {f.name: np.array([np.nan if r.get(f.name) is None else r[f.name] for r in records], dtype=float)
+    batch = _columns(records, now, max_future_s)
+    if batch is None:
+        for i, rec in enumerate(records):
+            _check(i, rec, now, max_future_s)
+        raise BatchError("batch failed validation")  # unreachable: the scan names the record
+    return batch
+
+
+_FIELD_SET = frozenset(_FIELDS)
+_NONE = type(None)
+_ALLOWED = {name: set(types) | ({_NONE} if nullable else set()) for name, (types, nullable) in _FIELDS.items()}
+_NON_NEGATIVE = ("prompt_tokens", "completion_tokens", "ttft_s", "tpot_s", "e2e_s")
+
+
+def _columns(records: list, now: float, max_future_s: float) -> Batch | None:
+    """The batch as columns, or None if any record breaks a rule."""
+    if not set(map(type, records)) <= {dict} or not all(map(_FIELD_SET.issuperset, records)):
+        return None
+    cols = {name: [r.get(name) for r in records] for name in _FIELDS}
+    for name, allowed in _ALLOWED.items():
+        if not set(map(type, cols[name])) <= allowed:
+            return None
+    for name in ("model", "variant", "route", "finish_reason"):
+        lengths = [len(v) for v in cols[name] if v is not None]
+        if lengths and (min(lengths) == 0 or max(lengths) > SEGMENT_TEXT_MAX):
+            return None
+    numeric = {f.name: np.array([np.nan if v is None else v for v in cols[f.name]], dtype=float)
                for f in NUMERIC_FEATURES}
-    return Batch(
-        size=len(records),
-        model=[r["model"] for r in records],
-        variant=[r["variant"] for r in records],
-        finished_at=np.array([r["finished_at"] for r in records], dtype=float),
-        status=np.array([r["status"] for r in records], dtype=np.int64),
-        numeric=numeric,
-        finish_reason=[r.get("finish_reason") for r in records],
-    )
+    finished = np.array(cols["finished_at"], dtype=float)
+    started = np.array(cols["started_at"], dtype=float)
+    status = np.array(cols["status"], dtype=np.int64)
+    if (np.isinf(finished).any() or np.isinf(started).any() or any(np.isinf(a).any() for a in numeric.values())
+            or any((numeric[n] < 0).any() for n in _NON_NEGATIVE)
+            or (status < 100).any() or (status > 599).any() or (finished > now + max_future_s).any()):
+        return None
+    return Batch(size=len(records), model=cols["model"], variant=cols["variant"], finished_at=finished,
+                 status=status, numeric=numeric, finish_reason=cols["finish_reason"])
 
 
 def _check(i: int, rec: object, now: float, max_future_s: float) -> None:

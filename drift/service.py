@@ -123,13 +123,14 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
         if declared and declared.isdigit() and int(declared) > settings.max_body_bytes:
             rejected.labels("too_large").inc()
             return _error(413, f"Body is {declared} bytes; the limit is {settings.max_body_bytes}.", "body_too_large")
-        body = b""
+        chunks, size = [], 0
         async for chunk in request.stream():
-            body += chunk
-            if len(body) > settings.max_body_bytes:
+            size += len(chunk)
+            if size > settings.max_body_bytes:
                 rejected.labels("too_large").inc()
                 return _error(413, f"Body exceeds {settings.max_body_bytes} bytes.", "body_too_large")
-        return body
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     async def ingest(request: Request) -> Response:
         body = await read_body(request)
