@@ -68,6 +68,7 @@ bench: install
 	  $$SUDO apt-get install -y -qq --no-install-recommends wrk; }
 	$(PY) bench/gateway_overhead.py
 	$(PY) bench/exporter.py
+	$(PY) bench/drift_ingest.py
 
 EVIDENTLY_VENV := bench/.venv-evidently
 $(EVIDENTLY_VENV)/.installed:

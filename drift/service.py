@@ -171,6 +171,23 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
         return JSONResponse({"model": model, "variant": variant, "records": baseline.records,
                              "source": baseline.source}, status_code=201)
 
+    async def thresholds_put(request: Request) -> Response:
+        body = await read_body(request)
+        if isinstance(body, Response):
+            return body
+        try:
+            doc = orjson.loads(body)
+            if not isinstance(doc, dict) or not doc:
+                raise BatchError('body must be {"method": threshold, ...}')
+            return JSONResponse(state.set_thresholds(doc))
+        except orjson.JSONDecodeError as exc:
+            return _error(422, f"body is not valid JSON: {exc}", "invalid_json")
+        except BatchError as exc:
+            return _error(422, str(exc), "invalid_threshold", field=exc.field)
+
+    async def thresholds_get(request: Request) -> Response:
+        return JSONResponse(state.thresholds)
+
     async def baselines_get(request: Request) -> Response:
         return JSONResponse([{"model": m, "variant": v, "records": b.records, "source": b.source}
                              for (m, v), b in sorted(state.baselines.items())])
@@ -226,6 +243,7 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
         ("/v1/ingest", ingest, ["POST"]), ("/v1/baselines", baselines_post, ["POST"]),
         ("/v1/baselines", baselines_get, ["GET"]), ("/v1/drift", drift_get, ["GET"]),
         ("/v1/drift/exact", drift_exact, ["GET"]), ("/v1/fleet-drift", fleet, ["GET"]),
+        ("/v1/thresholds", thresholds_put, ["PUT"]), ("/v1/thresholds", thresholds_get, ["GET"]),
         ("/report", report_get, ["GET"]), ("/metrics", metrics, ["GET"]), ("/health", health, ["GET"]),
     ):
         app.router.add_route(path, endpoint, methods=methods)

@@ -6,6 +6,7 @@ No HTTP here: the service and the tests drive it with batches and clocks.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -88,7 +89,24 @@ class DriftState:
             replayed += batch.size
         for segment, doc in self.store.baselines().items():
             self.baselines[segment] = baseline_from_doc(doc)
+        self.thresholds.update(self.store.setting("thresholds", {}))  # type: ignore[arg-type]
         return replayed
+
+    def set_thresholds(self, changes: dict[str, float]) -> dict[str, float]:
+        """Change verdict thresholds at run time; persisted, so they survive restarts."""
+        for method, value in changes.items():
+            spec = METHODS.get(method)
+            if spec is None:
+                raise BatchError(f"unknown method '{method}'; known: {', '.join(METHODS)}", field=method)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise BatchError(f"threshold for '{method}' must be a positive number", field=method)
+            if spec.kind == "p_value" and value >= 1:
+                raise BatchError(f"'{method}' is a p-value test: its threshold must be below 1", field=method)
+        with self._lock:
+            self.thresholds.update({m: float(v) for m, v in changes.items()})
+            overrides = {m: v for m, v in self.thresholds.items() if v != METHODS[m].default_threshold}
+        self.store.put_setting("thresholds", overrides)
+        return dict(self.thresholds)
 
     # -- baselines ------------------------------------------------------------------------
     def freeze_baseline(self, segment: Segment, since: float, until: float) -> Baseline:

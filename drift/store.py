@@ -28,6 +28,10 @@ CREATE TABLE IF NOT EXISTS batches (
     body BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS batches_max_t ON batches (max_t);
+CREATE TABLE IF NOT EXISTS settings (
+    key TEXT PRIMARY KEY,
+    value BLOB NOT NULL
+);
 CREATE TABLE IF NOT EXISTS baselines (
     model TEXT NOT NULL,
     variant TEXT NOT NULL,
@@ -90,6 +94,15 @@ class Store:
         with self._lock:
             rows = self._db.execute("SELECT model, variant, doc FROM baselines").fetchall()
         return {(m, v): orjson.loads(doc) for m, v, doc in rows}
+
+    def put_setting(self, key: str, value: object) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)", (key, orjson.dumps(value)))
+
+    def setting(self, key: str, default: object = None) -> object:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM settings WHERE key = ?", (key,)).fetchone()
+        return default if row is None else orjson.loads(row[0])
 
     def close(self) -> None:
         self._stop.set()

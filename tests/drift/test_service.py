@@ -162,6 +162,14 @@ def test_baseline_errors(service):
         assert r.json()["error"]["field"] == field
 
 
+@pytest.mark.parametrize("doc, field", [({"hellinger": 0.1}, "hellinger"), ({"ks": 1.5}, "ks"),
+                                        ({"psi": -1}, "psi"), ({"psi": "high"}, "psi")])
+def test_threshold_changes_are_validated(service, doc, field):
+    r = requests.put(service.url + "/v1/thresholds", json=doc, headers=service.auth, timeout=10)
+    assert r.status_code == 422 and r.json()["error"]["field"] == field
+    assert requests.get(service.url + "/v1/thresholds", timeout=10).json()["psi"] == 0.1  # nothing applied
+
+
 def test_uploaded_baseline(service):
     from drift.schema import FEATURES
 
@@ -219,6 +227,7 @@ def test_kill_9_and_restart_keep_every_acknowledged_batch(tmp_path):
             r = requests.post(url + "/v1/ingest", data=body(records(250, now - 600, now, seed=10 + i)), timeout=10)
             assert r.status_code == 200
             acknowledged += 250
+        assert requests.put(url + "/v1/thresholds", json={"psi": 0.2}, timeout=10).status_code == 200
         before = requests.get(url + "/v1/drift", timeout=10).json()["segments"][0]
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
@@ -226,6 +235,7 @@ def test_kill_9_and_restart_keep_every_acknowledged_batch(tmp_path):
         after = requests.get(url + "/v1/drift", timeout=10).json()["segments"][0]
         assert after["window_records"] == acknowledged == before["window_records"]
         assert after["baseline_records"] == 2000
+        assert after["features"]["prompt_tokens"]["psi"]["threshold"] == 0.2  # settings survive too
         assert after["features"]["prompt_tokens"]["psi"]["score"] == pytest.approx(
             before["features"]["prompt_tokens"]["psi"]["score"])
     finally:
