@@ -208,6 +208,18 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
                         "features": {f: {m: result_json(r) for m, r in ms.items()} for f, ms in results.items()}})
         return JSONResponse({"segments": out})
 
+    async def compare(request: Request) -> Response:
+        q = request.query_params
+        model, a, b = q.get("model"), q.get("a"), q.get("b")
+        if not model or not a or not b or a == b:
+            return _error(400, "give 'model' and two different variants 'a' (reference) and 'b'", "invalid_query")
+        results = state.compare(model, a, b)
+        if not results:
+            return _error(404, f"no current window for model '{model}' variant '{a}' and/or '{b}'", "no_data")
+        return JSONResponse({"model": model, "a": a, "b": b,
+                             "records": {"a": state.window_records((model, a)), "b": state.window_records((model, b))},
+                             "features": {f: {m: result_json(r) for m, r in ms.items()} for f, ms in results.items()}})
+
     async def drift_exact(request: Request) -> Response:
         feature, segments = request.query_params.get("feature"), selected(request)
         numeric = [f.name for f in NUMERIC_FEATURES]
@@ -244,6 +256,7 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
         ("/v1/baselines", baselines_get, ["GET"]), ("/v1/drift", drift_get, ["GET"]),
         ("/v1/drift/exact", drift_exact, ["GET"]), ("/v1/fleet-drift", fleet, ["GET"]),
         ("/v1/thresholds", thresholds_put, ["PUT"]), ("/v1/thresholds", thresholds_get, ["GET"]),
+        ("/v1/compare", compare, ["GET"]),
         ("/report", report_get, ["GET"]), ("/metrics", metrics, ["GET"]), ("/health", health, ["GET"]),
     ):
         app.router.add_route(path, endpoint, methods=methods)

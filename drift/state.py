@@ -160,17 +160,22 @@ class DriftState:
         current = self.current(segment)
         if baseline is None or not current:
             return {}
+        return self.score(baseline.histograms, current)
+
+    def compare(self, model: str, variant_a: str, variant_b: str) -> dict[str, dict[str, DriftResult]]:
+        """A/B: variant b's current window scored against variant a's, feature by feature."""
+        a, b = self.current((model, variant_a)), self.current((model, variant_b))
+        return self.score(a, b) if a and b else {}
+
+    def score(self, reference: Windows, current: Windows) -> dict[str, dict[str, DriftResult]]:
         out: dict[str, dict[str, DriftResult]] = {}
         for f in NUMERIC_FEATURES:
-            ref, cur = baseline.histograms[f.name], current[f.name]
-            prepared = None
-            if ref.total and cur.total:  # type: ignore[union-attr]
-                prepared = prepare(ref, cur)  # type: ignore[arg-type]
+            ref, cur = reference[f.name], current[f.name]
+            prepared = prepare(ref, cur) if ref.total and cur.total else None  # type: ignore[arg-type]
             out[f.name] = {m: evaluate(m, ref, cur, self.thresholds[m], prepared)
                            for m, s in METHODS.items() if s.applies_to == "numeric"}
         for f in CATEGORICAL_FEATURES:
-            out[f.name] = {"chi2": evaluate("chi2", baseline.histograms[f.name], current[f.name],
-                                            self.thresholds["chi2"])}
+            out[f.name] = {"chi2": evaluate("chi2", reference[f.name], current[f.name], self.thresholds["chi2"])}
         return out
 
     def exact(self, segment: Segment, feature: str) -> dict:

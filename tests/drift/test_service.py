@@ -80,6 +80,24 @@ def test_ingest_then_drift_detected_and_exposed(service):
     assert report.count("<svg") == 8 and "prompt_tokens" in report and "DRIFT" in report
 
 
+def test_ab_comparison_between_variants(service):
+    now = time.time()
+    post(service, "/v1/ingest", body(records(2000, now - 300, now, seed=20, variant="stable")))
+    post(service, "/v1/ingest", body(records(2000, now - 300, now, seed=21, variant="canary", prompt_mu=5.0,
+                                             ttft_scale=0.25)))
+    post(service, "/v1/ingest", body(records(2000, now - 300, now, seed=22, variant="stable-2")))
+    r = requests.get(service.url + "/v1/compare", params={"model": "m", "a": "stable", "b": "canary"}, timeout=10)
+    assert r.status_code == 200 and r.json()["records"] == {"a": 2000, "b": 2000}
+    features = r.json()["features"]
+    assert features["ttft_s"]["wasserstein"]["drifted"] and not features["prompt_tokens"]["psi"]["drifted"]
+    same = requests.get(service.url + "/v1/compare", params={"model": "m", "a": "stable", "b": "stable-2"},
+                        timeout=10).json()["features"]
+    assert not any(r["drifted"] for ms in same.values() for name, r in ms.items() if name not in ("ks", "chi2"))
+    for params, code in (({"model": "m", "a": "stable"}, 400), ({"model": "m", "a": "x", "b": "y"}, 404),
+                         ({"model": "m", "a": "stable", "b": "stable"}, 400)):
+        assert requests.get(service.url + "/v1/compare", params=params, timeout=10).status_code == code
+
+
 def test_same_distribution_is_not_detected(service):
     now = time.time()
     freeze_reference(service, now)
