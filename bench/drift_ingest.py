@@ -19,7 +19,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,11 +28,12 @@ from drift.schema import parse_batch  # noqa: E402
 from drift.state import DriftState, WindowConfig  # noqa: E402
 from drift.store import Store  # noqa: E402
 from drift.windows import segments_of  # noqa: E402
+from bench.procs import running  # noqa: E402
 from tests.drift.records import body, records  # noqa: E402
 from tests.support.servers import free_port  # noqa: E402
 
 
-SERVICE_CPUS: list[str] = []  # set by --service-cpus
+SERVICE_CPUS = ""  # taskset CPU list for the service, set by --service-cpus
 
 
 def wrk_post(url: str, payload: Path, seconds: int, connections: int) -> dict:
@@ -57,20 +57,10 @@ def http_rows(seconds: int, runs: int) -> list[str]:
     now = time.time()
     payload = tmp / "batch.json"
     payload.write_bytes(body(records(1000, now - 60, now, seed=1)))
-    proc = subprocess.Popen([*SERVICE_CPUS, sys.executable, "-m", "inferwatch", "drift", "serve", "--port",
-                             str(port), "--db-path", str(tmp / "drift.sqlite3")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    argv = [sys.executable, "-m", "inferwatch", "drift", "serve", "--port", str(port), "--db-path",
+            str(tmp / "drift.sqlite3")]
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(url + "/health")
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+    with running("drift", argv, url + "/health", cpus=SERVICE_CPUS or None):
         wrk_post(url + "/v1/ingest", payload, 1, 2)  # warm-up
         rows = []
         for conns in (1, 4):
@@ -80,9 +70,6 @@ def http_rows(seconds: int, runs: int) -> list[str]:
             rows.append(f"| HTTP ingest, {conns} connection(s) | {rps * 1000:,.0f} records/s | "
                         f"{p50:.2f} ms per 1,000-record batch (p50) | target ≥ 200,000 records/s |")
         return rows
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 def step_rows(repeats: int = 200) -> list[str]:
@@ -132,8 +119,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--service-cpus", default="0", help="taskset list for the service ('' = unpinned)")
     args = parser.parse_args()
-    if args.service_cpus:
-        SERVICE_CPUS[:] = ["taskset", "-c", args.service_cpus]
+    global SERVICE_CPUS
+    SERVICE_CPUS = args.service_cpus
     os.sched_setaffinity(0, {1})
     print(f"## Drift ingest (median of {args.runs} runs x {args.seconds}s)\n")
     print("| what | value | detail | note |\n|---|---|---|---|")

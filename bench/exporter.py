@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
 import urllib.request
@@ -27,6 +26,7 @@ from prometheus_client.registry import Collector  # noqa: E402
 
 from exporters.collector import CachedExposition, NvmlCollector, SnapshotStore  # noqa: E402
 from exporters.sampler import Sampler  # noqa: E402
+from bench.procs import running  # noqa: E402
 from tests.exporters.fleet import fleet  # noqa: E402
 from tests.support.servers import free_port  # noqa: E402
 
@@ -133,19 +133,9 @@ serve(ExporterSettings(port={port}, interval_s=1.0), nvml=fleet({gpus}))
 
 def process_rows(gpus: int, seconds: int) -> list[str]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", RUNNER.format(root=str(ROOT), port=port, gpus=gpus)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/metrics"
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                urllib.request.urlopen(url).read()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+    argv = [sys.executable, "-c", RUNNER.format(root=str(ROOT), port=port, gpus=gpus)]
+    with running("exporter", argv, url) as proc:
         time.sleep(2)  # settle after imports
         stat = lambda: Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()  # noqa: E731
         s0, t0 = stat(), time.monotonic()
@@ -156,9 +146,6 @@ def process_rows(gpus: int, seconds: int) -> list[str]:
         cpu = (int(s1[11]) + int(s1[12]) - int(s0[11]) - int(s0[12])) / CLK_TCK
         rss = next(int(line.split()[1]) for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
                    if line.startswith("VmRSS")) / 1024
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
     return [f"| process RSS after {seconds} s | {rss:.1f} MB | — | target ≤ 60 MB |",
             f"| process CPU at 1 s interval, 1 scrape/s | {cpu / wall * 100:.2f} % of a core | — | target ≤ 1 % |"]
 

@@ -22,13 +22,13 @@ import tempfile
 import threading
 import time
 import urllib.request
-from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.procs import running  # noqa: E402
 from tests.support.servers import free_port, metric_sum  # noqa: E402
 
 GATEWAY_CPU, LOAD_CPU = "0", "1"
@@ -44,33 +44,10 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
     return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
 
 
-def wait_http(url: str, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=1):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"{url} did not come up")
-
-
-@contextmanager
-def process(argv: list[str], cpu: str, health: str, env: dict | None = None):
-    proc = subprocess.Popen(["taskset", "-c", cpu, *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            env={**os.environ, **(env or {})})
-    try:
-        wait_http(health)
-        yield proc
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-
-
 def mock(port: int, tokens: int, interval_ms: float):
-    return process([sys.executable, str(ROOT / "bench" / "mock_upstream.py"), "--port", str(port), "--tokens",
-                    str(tokens), "--token-interval-ms", str(interval_ms)], LOAD_CPU,
-                   f"http://127.0.0.1:{port}/health")
+    return running("mock", [sys.executable, str(ROOT / "bench" / "mock_upstream.py"), "--port", str(port),
+                            "--tokens", str(tokens), "--token-interval-ms", str(interval_ms)],
+                   f"http://127.0.0.1:{port}/health", cpus=LOAD_CPU)
 
 
 def gateway(port: int, upstream_port: int, otlp: str | None = None):
@@ -78,8 +55,8 @@ def gateway(port: int, upstream_port: int, otlp: str | None = None):
            "INFERWATCH_GATEWAY_MAX_TOKENS_LIMIT": "32768"}
     if otlp:
         env["INFERWATCH_GATEWAY_OTLP_ENDPOINT"] = otlp
-    return process([sys.executable, "-m", "inferwatch", "gateway", "--port", str(port)], GATEWAY_CPU,
-                   f"http://127.0.0.1:{port}/health", env)
+    return running("gateway", [sys.executable, "-m", "inferwatch", "gateway", "--port", str(port)],
+                   f"http://127.0.0.1:{port}/health", cpus=GATEWAY_CPU, env=env)
 
 
 class OTLPSink:

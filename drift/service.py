@@ -144,14 +144,24 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
         ingested.inc(accepted)
         return JSONResponse({"accepted": accepted, "in_window": in_window})
 
-    async def baselines_post(request: Request) -> Response:
+    async def read_object(request: Request) -> dict | Response:
+        """An authorised, size-checked JSON object body, or the error response to send."""
         body = await read_body(request)
         if isinstance(body, Response):
             return body
         try:
             doc = orjson.loads(body)
-            if not isinstance(doc, dict):
-                raise BatchError("body must be a JSON object")
+        except orjson.JSONDecodeError as exc:
+            return _error(422, f"body is not valid JSON: {exc}", "invalid_json")
+        if not isinstance(doc, dict) or not doc:
+            return _error(422, "body must be a non-empty JSON object", "invalid_body")
+        return doc
+
+    async def baselines_post(request: Request) -> Response:
+        doc = await read_object(request)
+        if isinstance(doc, Response):
+            return doc
+        try:
             model, variant = doc.get("model"), doc.get("variant")
             if not isinstance(model, str) or not isinstance(variant, str) or not model or not variant:
                 raise BatchError("'model' and 'variant' are required strings", field="model")
@@ -164,24 +174,17 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
                 if since >= until:
                     raise BatchError("'from' must be before 'to'", field="from")
                 baseline = state.freeze_baseline((model, variant), float(since), float(until))
-        except orjson.JSONDecodeError as exc:
-            return _error(422, f"body is not valid JSON: {exc}", "invalid_json")
         except BatchError as exc:
             return _error(422, str(exc), "invalid_baseline", field=exc.field)
         return JSONResponse({"model": model, "variant": variant, "records": baseline.records,
                              "source": baseline.source}, status_code=201)
 
     async def thresholds_put(request: Request) -> Response:
-        body = await read_body(request)
-        if isinstance(body, Response):
-            return body
+        doc = await read_object(request)
+        if isinstance(doc, Response):
+            return doc
         try:
-            doc = orjson.loads(body)
-            if not isinstance(doc, dict) or not doc:
-                raise BatchError('body must be {"method": threshold, ...}')
             return JSONResponse(state.set_thresholds(doc))
-        except orjson.JSONDecodeError as exc:
-            return _error(422, f"body is not valid JSON: {exc}", "invalid_json")
         except BatchError as exc:
             return _error(422, str(exc), "invalid_threshold", field=exc.field)
 
