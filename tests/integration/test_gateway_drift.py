@@ -3,8 +3,6 @@ drift service down the gateway keeps answering and counts what it could not deli
 
 from __future__ import annotations
 
-import time
-
 import openai
 import pytest
 import requests
@@ -12,7 +10,7 @@ import requests
 from drift.service import DriftSettings, create_app as create_drift_app
 from serving.settings import GatewaySettings
 from tests.conftest import TINY_MODEL_NAME
-from tests.support.servers import AppServer, GatewayServer, free_port, metric_sum
+from tests.support.servers import AppServer, GatewayServer, eventually, free_port, metric_sum
 
 pytestmark = pytest.mark.vllm
 MSG = [{"role": "user", "content": "drift"}]
@@ -34,12 +32,12 @@ def test_gateway_records_reach_drift_windows(vllm_server, tmp_path):
                                    feature_flush_s=0.05, variant="v7")
         with GatewayServer(settings) as gw:
             ask(gw, 6)
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
+
+            def drift_segments():
                 segs = requests.get(service.url + "/v1/drift", timeout=5).json()["segments"]
-                if segs and segs[0]["window_records"] == 6:
-                    break
-                time.sleep(0.1)
+                return segs if segs and segs[0]["window_records"] == 6 else None
+
+            segs = eventually(drift_segments) or requests.get(service.url + "/v1/drift", timeout=5).json()["segments"]
             assert [(s["model"], s["variant"], s["window_records"]) for s in segs] == [(TINY_MODEL_NAME, "v7", 6)]
             assert metric_sum(gw.metrics_text(), "inferwatch_gateway_feature_records_total", outcome="sent") == 6
             state = drift.state.drift
@@ -53,11 +51,8 @@ def test_gateway_keeps_serving_when_drift_is_down(vllm_server):
                                feature_flush_s=0.05)
     with GatewayServer(settings) as gw:
         ask(gw, 4)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            text = gw.metrics_text()
-            if metric_sum(text, "inferwatch_gateway_feature_records_total", outcome="dropped_send_error") == 4:
-                break
-            time.sleep(0.1)
+        eventually(lambda: metric_sum(gw.metrics_text(), "inferwatch_gateway_feature_records_total",
+                                      outcome="dropped_send_error") == 4)
+        text = gw.metrics_text()
         assert metric_sum(text, "inferwatch_gateway_feature_records_total", outcome="dropped_send_error") == 4
         assert metric_sum(text, "inferwatch_gateway_requests_total", status_class="2xx") == 4

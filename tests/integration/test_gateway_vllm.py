@@ -18,7 +18,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from serving.features import MemorySink
 from serving.settings import GatewaySettings
 from tests.conftest import TINY_MODEL_NAME
-from tests.support.servers import GatewayServer, metric_sum
+from tests.support.servers import GatewayServer, eventually, metric_sum
 
 pytestmark = pytest.mark.vllm
 
@@ -184,9 +184,7 @@ def test_feature_records_match_responses(gateway, sink):
     chunks = list(c.completions.create(model=TINY_MODEL_NAME, prompt="abc", max_tokens=7, stream=True,
                                        stream_options={"include_usage": True}))
     mine = lambda: sorted((r for r in sink.records if r.started_at >= t0), key=lambda r: r.started_at)  # noqa: E731
-    deadline = time.monotonic() + 5
-    while len(mine()) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    eventually(lambda: len(mine()) >= 2)
     unary, streamed = mine()
     assert (unary.route, unary.stream, unary.status, unary.variant) == ("chat", False, 200, "v1")
     assert (unary.prompt_tokens, unary.completion_tokens) == (r.usage.prompt_tokens, 5)
@@ -228,9 +226,7 @@ def test_logprob_capture_is_invisible_to_the_client(gateway, vllm_server, route,
             values = [t.logprob for ch in chunks for c in ch.choices if c.logprobs for t in c.logprobs.content]
         else:
             values = [v for ch in chunks for c in ch.choices if c.logprobs for v in c.logprobs.token_logprobs]
-        deadline = time.monotonic() + 5
-        while not capture_sink.records and time.monotonic() < deadline:
-            time.sleep(0.05)
+        eventually(lambda: capture_sink.records)
         assert len(values) == 6
         assert capture_sink.records[0].mean_logprob == pytest.approx(sum(values) / 6, rel=1e-6)
 

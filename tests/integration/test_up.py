@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from tests.conftest import TINY_MODEL_NAME
-from tests.support.servers import free_port
+from tests.support.servers import eventually, free_port
 
 pytestmark = pytest.mark.vllm
 
@@ -72,12 +72,7 @@ def test_up_serves_through_the_gateway_and_ctrl_c_stops_everything(tiny_model, t
 
         # the request's feature record reaches the drift service that up started
         assert f"http://127.0.0.1:{drift_port}/report" in out
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            segs = requests.get(f"http://127.0.0.1:{drift_port}/v1/drift").json()["segments"]
-            if segs:
-                break
-            time.sleep(0.2)
+        segs = eventually(lambda: requests.get(f"http://127.0.0.1:{drift_port}/v1/drift").json()["segments"])
         assert [(s["model"], s["window_records"]) for s in segs] == [(TINY_MODEL_NAME, 1)]
 
         proc.send_signal(signal.SIGINT)

@@ -5,14 +5,12 @@ real vLLM cannot be made to stall or send garbage on demand; killing real vLLM m
 is tested in tests/integration.
 """
 
-import time
-
 import orjson
 import pytest
 import requests
 
 from serving.settings import GatewaySettings
-from tests.support.servers import GatewayServer, free_port, metric_sum
+from tests.support.servers import GatewayServer, eventually, free_port, metric_sum
 from tests.support.stub_upstream import StubUpstream
 
 CHAT = "/v1/chat/completions"
@@ -168,12 +166,8 @@ def test_client_going_away_mid_stream_is_counted_and_releases_upstream(gw):
     first = next(r.iter_content(chunk_size=None))
     assert b'"content":"a"' in first
     r.close()  # the user closed the tab
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        text = gw.metrics_text()
-        if metric_sum(text, "inferwatch_gateway_requests_total", status_class="4xx") == 1:
-            break
-        time.sleep(0.05)
+    eventually(lambda: metric_sum(gw.metrics_text(), "inferwatch_gateway_requests_total", status_class="4xx") == 1)
+    text = gw.metrics_text()
     assert metric_sum(text, "inferwatch_gateway_requests_total", model="stall_stream", status_class="4xx") == 1
     assert metric_sum(text, "inferwatch_gateway_requests_in_flight") == 0
     assert metric_sum(text, "inferwatch_gateway_upstream_errors_total") == 0  # not vLLM's fault

@@ -15,6 +15,17 @@ from serving.gateway import create_app
 from serving.settings import GatewaySettings
 
 
+def eventually(probe, timeout_s: float = 10.0, interval_s: float = 0.05):
+    """Call ``probe`` until it returns something truthy; return that, or the last value after
+    ``timeout_s`` (the caller's assertion then shows what was seen)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = probe()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(interval_s)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
