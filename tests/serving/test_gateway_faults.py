@@ -5,6 +5,8 @@ real vLLM cannot be made to stall or send garbage on demand; killing real vLLM m
 is tested in tests/integration.
 """
 
+import time
+
 import orjson
 import pytest
 import requests
@@ -171,3 +173,39 @@ def test_client_going_away_mid_stream_is_counted_and_releases_upstream(gw):
     assert metric_sum(text, "inferwatch_gateway_requests_total", model="stall_stream", status_class="4xx") == 1
     assert metric_sum(text, "inferwatch_gateway_requests_in_flight") == 0
     assert metric_sum(text, "inferwatch_gateway_upstream_errors_total") == 0  # not vLLM's fault
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+def test_spans_exported_over_both_otlp_protocols(stub, protocol):
+    from tests.support.otlp import GrpcOTLPReceiver, OTLPReceiver
+
+    receiver = GrpcOTLPReceiver() if protocol == "grpc" else OTLPReceiver()
+    try:
+        settings = GatewaySettings(upstream_url=stub.url, otlp_endpoint=receiver.endpoint, otlp_protocol=protocol)
+        with GatewayServer(settings) as gw:
+            assert chat(gw).status_code == 200
+        spans = receiver.spans if protocol == "grpc" else receiver
+        got = spans.wait_for(lambda all_spans: [s for s in all_spans if s.name == "chat ok"])
+        assert got[0].service == "inferwatch-gateway" and got[0].attributes["gen_ai.request.model"] == "ok"
+    finally:
+        receiver.close()
+
+
+def test_sampling_ratio_zero_records_nothing_but_propagates(stub):
+    from tests.support.otlp import OTLPReceiver
+
+    receiver = OTLPReceiver()
+    try:
+        settings = GatewaySettings(upstream_url=stub.url, otlp_endpoint=receiver.endpoint, trace_sample_ratio=0.0)
+        with GatewayServer(settings) as gw:
+            assert chat(gw).status_code == 200
+            parent = "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"  # a sampled parent wins over the ratio
+            assert chat(gw, headers={"traceparent": parent}).status_code == 200
+        time.sleep(1.0)
+        names = {(s.trace_id, s.name) for s in receiver.spans}
+        assert {n for _, n in names} >= {"chat ok"} and {t for t, _ in names} == {"ab" * 16}
+        assert stub.headers_seen[-1]["traceparent"].startswith("00-" + "ab" * 16)
+        flags = int(stub.headers_seen[-2]["traceparent"].rsplit("-", 1)[1], 16)
+        assert flags & 1 == 0  # the "not sampled" decision travels on
+    finally:
+        receiver.close()

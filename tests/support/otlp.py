@@ -34,6 +34,34 @@ def _value(v):
     return getattr(v, kind) if kind else None
 
 
+class GrpcOTLPReceiver:
+    """The same, over OTLP/gRPC (what collectors listen on at 4317)."""
+
+    def __init__(self) -> None:
+        from concurrent import futures
+
+        import grpc
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+
+        self.spans = OTLPReceiver.__new__(OTLPReceiver)
+        self.spans.spans, self.spans._lock = [], threading.Lock()
+        receiver = self.spans
+
+        class Servicer(trace_service_pb2_grpc.TraceServiceServicer):
+            def Export(self, request, context):  # noqa: N802
+                receiver._add(request)
+                return ExportTraceServiceResponse()
+
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Servicer(), self._server)
+        self.port = self._server.add_insecure_port("127.0.0.1:0")
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self._server.start()
+
+    def close(self) -> None:
+        self._server.stop(grace=None)
+
+
 class OTLPReceiver:
     def __init__(self, host: str = "127.0.0.1") -> None:
         self.spans: list[ReceivedSpan] = []
