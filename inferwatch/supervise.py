@@ -7,6 +7,7 @@ the supervisor, which then stops the children in order.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -35,7 +36,7 @@ class ManagedProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=self.env, start_new_session=True)
+                                         env=self.env, start_new_session=True, preexec_fn=_die_with_parent)
 
     @property
     def pid(self) -> int:
@@ -100,6 +101,19 @@ class ManagedProcess:
             except ProcessLookupError:
                 pass
             self.proc.wait(timeout=10)
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM me if the supervisor dies, even by SIGKILL, so a
+    crashed `inferwatch up` never leaves vLLM holding its port and memory (Linux only)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+PR_SET_PDEATHSIG = 1
 
 
 def _group_alive(pgid: int) -> bool:

@@ -82,6 +82,10 @@ def test_up_serves_through_the_gateway_and_ctrl_c_stops_everything(tiny_model, t
         assert not any(port_open(p) for p in (gw_port, vllm_port, exp_port, drift_port))
         assert (tmp_path / "vllm.log").stat().st_size > 0 and (tmp_path / "gateway.log").exists()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        if proc.poll() is None:  # a failed assertion: still stop the stack, children included
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

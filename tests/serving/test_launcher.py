@@ -1,6 +1,7 @@
 """The vLLM launcher and process supervision, without starting vLLM itself."""
 
 import os
+import subprocess
 import sys
 import time
 
@@ -79,6 +80,36 @@ def test_healthy_child_and_stop_takes_the_whole_group(tmp_path):
         time.sleep(0.05)
     else:
         pytest.fail("the child's own child survived stop()")
+
+
+def test_children_die_with_their_supervisor(tmp_path):
+    """A supervisor killed with SIGKILL (no chance to clean up) still takes its child along."""
+    pidfile = tmp_path / "child.pid"
+    supervisor = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from inferwatch.supervise import ManagedProcess\n"
+        f"p = ManagedProcess('c', [sys.executable, '-c', 'import time; time.sleep(300)'], log_path=Path({str(tmp_path / 'c.log')!r}))\n"
+        "p.start()\n"
+        f"Path({str(pidfile)!r}).write_text(str(p.pid))\n"
+        "time.sleep(300)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", supervisor])
+    deadline = time.monotonic() + 20
+    while not pidfile.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(pidfile.read_text())
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    os.kill(child, 9)
+    pytest.fail("the child outlived its SIGKILLed supervisor")
 
 
 def test_wait_can_be_cancelled(tmp_path):
