@@ -81,8 +81,8 @@ class DriftState:
         replayed = 0
         for body in self.store.batches(now - self.config.window_s):
             try:
-                batch = parse_batch(body, now)
-            except BatchError as exc:  # cannot happen for what we acknowledged; never fatal
+                batch = _stored(body)
+            except BatchError as exc:  # only if the record contract changed between versions; never fatal
                 log.error("skipping a stored batch that no longer validates: %s", exc)
                 continue
             self._count(batch, now)
@@ -110,7 +110,7 @@ class DriftState:
 
     # -- baselines ------------------------------------------------------------------------
     def freeze_baseline(self, segment: Segment, since: float, until: float) -> Baseline:
-        batches = [parse_batch(body, self.clock() + 1e9) for body in self.store.batches(since, until)]
+        batches = [_stored(body) for body in self.store.batches(since, until)]
         in_range = []
         for b in batches:
             keep = (b.finished_at >= since) & (b.finished_at <= until)
@@ -197,6 +197,12 @@ class DriftState:
         with self._lock:
             window = self.windows.get(segment)
             return window.records(self.clock()) if window else 0
+
+
+def _stored(body: bytes) -> Batch:
+    """A batch read back from the store. It was validated when it was acknowledged; the
+    future-timestamp rule was relative to that moment and must not apply again."""
+    return parse_batch(body, now=math.inf)
 
 
 def _subset(batch: Batch, rows: np.ndarray) -> Batch:

@@ -99,4 +99,3 @@ SPECS: tuple[MetricSpec, ...] = (
                "Unix time of the snapshot being served; time() minus this is its age.", per_gpu=False),
 )
 
-SPEC_BY_NAME = {s.name: s for s in SPECS}
