@@ -70,10 +70,15 @@ class CachedExposition:
         self.xid = xid
         self.clock = clock
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(NvmlCollector(store, xid))
+        self.collector = NvmlCollector(store, xid)
+        self.registry.register(self.collector)
         self._key: tuple[int, int] | None = None
         self._body = b""
         self._lock = threading.Lock()
+
+    def attach_xid(self, xid: XidWatcher) -> None:
+        """XID counting started late (NVML came up after the exporter)."""
+        self.xid = self.collector.xid = xid
 
     def warm(self) -> tuple[Snapshot, bytes]:
         """Render now if the data changed; the sampler thread calls this after each publish

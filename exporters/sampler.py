@@ -79,7 +79,9 @@ class Sampler:
         self._slow_at = float("-inf")
         self._slow: Samples = {}
 
-    def start(self) -> bool:
+    def start(self, quiet: bool = False) -> bool:
+        """Initialise NVML and discover GPUs; False (and the reason) if that fails.
+        ``quiet`` logs a failure at debug level, for periodic retries."""
         nv = self.nvml
         try:
             nv.nvmlInit()
@@ -88,7 +90,7 @@ class Sampler:
             self.devices = [self._discover(i) for i in range(nv.nvmlDeviceGetCount())]
         except nv.NVMLError as exc:
             self.reason = f"NVML unavailable: {exc}"
-            log.error("%s; serving inferwatch_nvml_up 0", self.reason)
+            log.log(logging.DEBUG if quiet else logging.ERROR, "%s; serving inferwatch_nvml_up 0", self.reason)
             return False
         self.up = bool(self.devices)
         self.reason = "" if self.up else "NVML found no GPU"

@@ -31,6 +31,7 @@ class ExporterSettings(BaseSettings):
     slow_interval_s: float = Field(10.0, gt=0, le=3600, description="interval of slow queries (process list)")
     processes: bool = Field(False, description="export GPU memory per process (pid label: opt-in)")
     xid_events: bool = True
+    retry_s: float = Field(30.0, gt=0, description="how often to retry NVML while it is unavailable")
 
 
 def load_nvml() -> Any:
@@ -61,20 +62,35 @@ class Exporter:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        if self.sampler.start() and self.settings.xid_events:
-            devices = self.sampler.devices
-            self.xid = XidWatcher(self.sampler.nvml, {d.index: d.handle for d in devices},
-                                  {d.index: d.labels for d in devices})
-            self.xid.start()
+        if self.sampler.start():
+            self._start_xid()
         self.store = SnapshotStore(self.sampler.sample())
         self.exposition = CachedExposition(self.store, self.xid)
         self._thread = threading.Thread(target=self._loop, name="nvml-sampler", daemon=True)
         self._thread.start()
 
+    def _start_xid(self) -> None:
+        if not self.settings.xid_events:
+            return
+        devices = self.sampler.devices
+        self.xid = XidWatcher(self.sampler.nvml, {d.index: d.handle for d in devices},
+                              {d.index: d.labels for d in devices})
+        self.xid.start()
+        if self.exposition is not None:
+            self.exposition.attach_xid(self.xid)
+
     def _loop(self) -> None:
+        """Sample every interval; while NVML is unavailable (driver not loaded yet, GPU reset),
+        retry it every ``retry_s`` so the exporter recovers without a restart."""
         interval = self.settings.interval_s
         next_at = time.monotonic() + interval
+        retry_at = time.monotonic() + self.settings.retry_s
         while not self._stop.wait(max(0.0, next_at - time.monotonic())):
+            if not self.sampler.up and time.monotonic() >= retry_at:
+                retry_at = time.monotonic() + self.settings.retry_s
+                if self.sampler.start(quiet=True):
+                    log.info("NVML is available now: %d GPU(s)", len(self.sampler.devices))
+                    self._start_xid()
             self.store.publish(self.sampler.sample())
             self.exposition.warm()
             next_at += interval

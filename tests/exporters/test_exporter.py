@@ -203,6 +203,29 @@ def test_nvml_absent_still_serves_up_zero_and_says_why(caplog):
         exporter.stop()
 
 
+def test_exporter_recovers_when_nvml_appears_later():
+    """Driver not loaded when the exporter starts (node boot order): it retries on its own."""
+    nvml = fleet(2, library_missing=True)
+    exporter = Exporter(ExporterSettings(port=0, interval_s=0.02, retry_s=0.1), nvml)
+    exporter.start()
+    try:
+        assert b"inferwatch_nvml_up 0.0" in exporter.exposition.render()
+        nvml.library_missing = False
+        deadline = time.monotonic() + 10
+        while b"inferwatch_nvml_up 1.0" not in exporter.exposition.render() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        families = {f.name: f for f in text_string_to_metric_families(exporter.exposition.render().decode())}
+        assert families["inferwatch_nvml_up"].samples[0].value == 1
+        assert families["inferwatch_nvml_devices"].samples[0].value == 2
+        nvml.emit_xid(1, 79)  # the XID watcher started with it
+        deadline = time.monotonic() + 5
+        while b'xid="79"' not in exporter.exposition.render() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert b'xid="79"' in exporter.exposition.render()
+    finally:
+        exporter.stop()
+
+
 def test_xid_events_counted_while_scraping_concurrently():
     nvml = fleet(2)
     sampler = Sampler(nvml)
