@@ -369,8 +369,9 @@ class StreamRelay:
         splitter = SSESplitter()
         perf_counter = time.perf_counter
         first_seen = False
+        read = self.resp.content.readany  # one coroutine layer less than iter_any() per chunk
         try:
-            async for chunk in self.resp.content.iter_any():
+            while chunk := await read():
                 events = splitter.feed(chunk)
                 if not events:
                     continue

@@ -35,6 +35,9 @@ class SSESplitter:
         self._buf = b""
 
     def feed(self, chunk: bytes) -> list[bytes]:
+        end = len(chunk) - 2
+        if not self._buf and end >= 0 and chunk.find(b"\n\n") == end and b"\r" not in chunk:
+            return [chunk[:-2]]  # the common case: exactly one whole event per read
         if b"\r" in chunk:
             chunk = chunk.replace(b"\r\n", b"\n")
         buf = self._buf + chunk if self._buf else chunk
@@ -183,6 +186,8 @@ class EventProcessor:
                 if _FINISH in event:
                     account.finish_reasons.extend(finish_reasons_in(event))
             out.append(event)
+        if len(out) == 1:
+            return out[0] + b"\n\n"
         if not out:
             return b""
         out.append(b"")
