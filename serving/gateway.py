@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import logging
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -40,7 +39,6 @@ from serving.tracing import PROPAGATOR, build_tracer_provider, exemplar, get_tra
 from serving.upstream import Upstream
 from serving.validation import ROUTE_PATHS, ParsedRequest, Route, parse_request, upstream_payload
 
-log = logging.getLogger(__name__)
 
 UNKNOWN_MODEL = "unknown"  # label for requests whose model is not (yet) known: keeps labels bounded
 CLIENT_CLOSED = 499  # nginx's convention for "client went away before the answer was complete"
