@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from tests.conftest import TINY_MODEL_NAME
-from tests.support.servers import eventually, free_port
+from tests.support.servers import eventually, free_ports
 
 pytestmark = pytest.mark.vllm
 
@@ -24,17 +24,22 @@ class OutputReader:
     """Collects a child's stdout on a thread (select() on a buffered pipe misses lines)."""
 
     def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
         self.lines: queue.Queue[str] = queue.Queue()
         self.text = ""
         threading.Thread(target=lambda: [self.lines.put(line) for line in proc.stdout], daemon=True).start()
 
     def until(self, marker: str, timeout_s: float) -> str:
+        """Wait for ``marker``; fail at once, with everything printed, if the process exits."""
         deadline = time.monotonic() + timeout_s
         while marker not in self.text:
             try:
-                self.text += self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+                self.text += self.lines.get(timeout=0.5)
             except queue.Empty:
-                raise AssertionError(f"'{marker}' not printed; output so far:\n{self.text}") from None
+                exited = self.proc.poll() is not None
+                if exited or time.monotonic() > deadline:
+                    why = f"exited with {self.proc.returncode}" if exited else f"not within {timeout_s}s"
+                    raise AssertionError(f"'{marker}' not printed ({why}); output:\n{self.text}") from None
         return self.text
 
 
@@ -47,7 +52,7 @@ def port_open(port: int) -> bool:
 
 
 def test_up_serves_through_the_gateway_and_ctrl_c_stops_everything(tiny_model, tmp_path):
-    vllm_port, gw_port, exp_port, drift_port = free_port(), free_port(), free_port(), free_port()
+    vllm_port, gw_port, exp_port, drift_port = free_ports(4)
     proc = subprocess.Popen(
         [sys.executable, "-m", "inferwatch", "up", "--model", str(tiny_model), "--name", TINY_MODEL_NAME,
          "--vllm-port", str(vllm_port), "--gateway-port", str(gw_port), "--exporter-port", str(exp_port), "--drift-port", str(drift_port),
