@@ -32,6 +32,17 @@ def _tune_gc() -> None:
     gc.set_threshold(20_000, 50, 100)
 
 
+def _settings(cls: type, what: str, **flags: object):
+    """One settings object from flags given on the command line (unset ones fall back to the
+    environment and defaults); invalid values exit 2 with pydantic's per-field message."""
+    from pydantic import ValidationError
+
+    try:
+        return cls(**{k: v for k, v in flags.items() if v is not None})
+    except ValidationError as exc:
+        _fail(f"Invalid {what} settings:\n{exc}")
+
+
 def _fail(message: str) -> None:
     typer.secho(message, err=True, fg=typer.colors.RED)
     raise typer.Exit(2)
@@ -90,18 +101,13 @@ def gateway(
 ) -> None:
     """Run the instrumented OpenAI-compatible gateway. Every setting also reads INFERWATCH_GATEWAY_*."""
     import uvicorn
-    from pydantic import ValidationError
 
     from serving.gateway import create_app
     from serving.settings import GatewaySettings
 
-    flags = {"host": host, "port": port, "upstream_url": upstream_url, "variant": variant,
-             "otlp_endpoint": otlp_endpoint, "otlp_protocol": otlp_protocol,
-             "trace_sample_ratio": trace_sample_ratio, "drift_url": drift_url}
-    try:
-        settings = GatewaySettings(**{k: v for k, v in flags.items() if v is not None})
-    except ValidationError as exc:
-        _fail(f"Invalid gateway settings:\n{exc}")
+    settings = _settings(GatewaySettings, "gateway", host=host, port=port, upstream_url=upstream_url,
+                         variant=variant, otlp_endpoint=otlp_endpoint, otlp_protocol=otlp_protocol,
+                         trace_sample_ratio=trace_sample_ratio, drift_url=drift_url)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
     _tune_gc()
@@ -120,16 +126,10 @@ def exporter(
     log_level: str = "info",
 ) -> None:
     """Run the NVML GPU exporter (USE metrics, XID errors). Without a GPU it serves inferwatch_nvml_up 0."""
-    from pydantic import ValidationError
-
     from exporters.server import ExporterSettings, serve
 
-    flags = {"host": host, "port": port, "interval_s": interval, "slow_interval_s": slow_interval,
-             "processes": processes}
-    try:
-        settings = ExporterSettings(**{k: v for k, v in flags.items() if v is not None})
-    except ValidationError as exc:
-        _fail(f"Invalid exporter settings:\n{exc}")
+    settings = _settings(ExporterSettings, "exporter", host=host, port=port, interval_s=interval,
+                         slow_interval_s=slow_interval, processes=processes)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     serve(settings)
 
@@ -145,15 +145,11 @@ def drift_serve(
 ) -> None:
     """Run the drift service: ingest feature records, serve drift as JSON, /metrics and /report."""
     import uvicorn
-    from pydantic import ValidationError
 
     from drift.service import DriftSettings, create_app
 
-    flags = {"host": host, "port": port, "db_path": db_path, "window_s": window, "prometheus_url": prometheus_url}
-    try:
-        settings = DriftSettings(**{k: v for k, v in flags.items() if v is not None})
-    except ValidationError as exc:
-        _fail(f"Invalid drift settings:\n{exc}")
+    settings = _settings(DriftSettings, "drift", host=host, port=port, db_path=db_path, window_s=window,
+                         prometheus_url=prometheus_url)
     app = create_app(settings)
     _tune_gc()
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level, access_log=False)

@@ -3,13 +3,20 @@
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
 from inferwatch.supervise import ManagedProcess, StartupError
 from serving.vllm_launcher import VLLMConfig, command, environment
-from tests.support.servers import free_port
+from tests.support.servers import eventually, free_port
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
 
 
 def test_command_uses_the_module_entry_point_and_passes_tracing():
@@ -71,15 +78,7 @@ def test_healthy_child_and_stop_takes_the_whole_group(tmp_path):
     grandchild = int(pidfile.read_text())
     proc.stop(grace_s=5)
     assert not proc.alive()
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        try:
-            os.kill(grandchild, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.05)
-    else:
-        pytest.fail("the child's own child survived stop()")
+    assert eventually(lambda: gone(grandchild), timeout_s=5), "the child's own child survived stop()"
 
 
 def test_children_die_with_their_supervisor(tmp_path):
@@ -95,21 +94,13 @@ def test_children_die_with_their_supervisor(tmp_path):
         "time.sleep(300)\n"
     )
     parent = subprocess.Popen([sys.executable, "-c", supervisor])
-    deadline = time.monotonic() + 20
-    while not pidfile.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    assert eventually(pidfile.exists, timeout_s=20)
     child = int(pidfile.read_text())
     parent.kill()
     parent.wait()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            os.kill(child, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.05)
-    os.kill(child, 9)
-    pytest.fail("the child outlived its SIGKILLed supervisor")
+    if not eventually(lambda: gone(child), timeout_s=10):
+        os.kill(child, 9)
+        pytest.fail("the child outlived its SIGKILLed supervisor")
 
 
 def test_wait_can_be_cancelled(tmp_path):
