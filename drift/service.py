@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 
-from drift import report
+from drift import metrics, report
 from drift.methods import DriftResult
 from drift.prometheus_source import PrometheusSource, SourceError
 from drift.schema import NUMERIC_FEATURES, BatchError
@@ -61,16 +61,10 @@ class DriftCollector(Collector):
         self.state = state
 
     def collect(self) -> Iterator[Metric]:
-        labels = ["model", "variant", "feature", "method"]
-        score = GaugeMetricFamily("inferwatch_drift_score", "Drift score of the current window vs the baseline.",
-                                  labels=labels)
-        detected = GaugeMetricFamily("inferwatch_drift_detected", "1 if the score crosses its threshold.",
-                                     labels=labels)
-        threshold = GaugeMetricFamily("inferwatch_drift_threshold", "Threshold the verdict used.", labels=labels)
-        records = GaugeMetricFamily("inferwatch_drift_window_records", "Records in the current window.",
-                                    labels=["model", "variant"])
-        base = GaugeMetricFamily("inferwatch_drift_baseline_records", "Records in the baseline.",
-                                 labels=["model", "variant"])
+        score, detected, threshold, records, base = (
+            GaugeMetricFamily(m.name, m.doc, labels=list(m.labels))
+            for m in (metrics.SCORE, metrics.DETECTED, metrics.THRESHOLD, metrics.WINDOW_RECORDS,
+                      metrics.BASELINE_RECORDS))
         for segment in self.state.segments():
             records.add_metric(list(segment), self.state.window_records(segment))
             baseline = self.state.baselines.get(segment)
@@ -94,9 +88,8 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
     state = state or DriftState(store, WindowConfig(settings.window_s, settings.buckets, settings.reservoir,
                                                     settings.retention_s))
     registry.register(DriftCollector(state))
-    ingested = Counter("inferwatch_drift_ingested_records", "Records accepted.", registry=registry)
-    rejected = Counter("inferwatch_drift_rejected_batches", "Batches refused, by reason.", ["reason"],
-                       registry=registry)
+    ingested, rejected = (Counter(m.name, m.doc, m.labels, registry=registry)
+                          for m in (metrics.INGESTED, metrics.REJECTED))
     token = settings.token.get_secret_value().encode() if settings.token else None
     source = PrometheusSource(settings.prometheus_url)
 

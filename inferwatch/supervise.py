@@ -15,7 +15,10 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 
 class StartupError(RuntimeError):
@@ -24,8 +27,9 @@ class StartupError(RuntimeError):
 
 class ManagedProcess:
     def __init__(self, name: str, argv: Sequence[str], *, log_path: Path, env: Mapping[str, str] | None = None,
-                 health_url: str | None = None) -> None:
+                 health_url: str | None = None, key: str | None = None) -> None:
         self.name = name
+        self.key = key or name.split()[0].lower()  # the `child` label of the supervisor's metrics
         self.argv = list(argv)
         self.log_path = log_path
         self.env = dict(env) if env is not None else None
@@ -130,3 +134,73 @@ def http_ok(url: str, timeout_s: float = 2.0) -> bool:
             return resp.status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """Restart a crashed child after a delay that doubles per crash, as systemd's
+    ``Restart=on-failure`` with ``RestartSec`` steps would; a child that stayed up for
+    ``stable_s`` starts over at ``initial_s``."""
+
+    initial_s: float = 1.0
+    max_s: float = 30.0
+    stable_s: float = 60.0
+
+    def next_delay(self, previous: float | None, uptime_s: float) -> float:
+        if previous is None or uptime_s >= self.stable_s:
+            return self.initial_s
+        return min(previous * 2, self.max_s)
+
+
+@dataclass
+class _Watched:
+    proc: ManagedProcess
+    started_at: float
+    delay: float | None = None  # the last backoff used
+    restart_at: float | None = None  # set while a crashed child waits for its restart
+    awaiting_health: bool = False
+
+
+class Supervisor:
+    """Keeps started children running: a child that exits is restarted with backoff, each
+    restart is said on the console and counted in ``inferwatch_supervisor_restarts_total``
+    so a crash loop pages. The monitoring side keeps running while a child is down."""
+
+    def __init__(self, registry: CollectorRegistry, policy: RestartPolicy = RestartPolicy(),
+                 say: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic) -> None:
+        self.policy = policy
+        self.say = say
+        self.clock = clock
+        self.watched: list[_Watched] = []
+        self.restarts = Counter("inferwatch_supervisor_restarts", "Restarts of a child after it exited.",
+                                ["child"], registry=registry)
+        self.up = Gauge("inferwatch_supervisor_child_up", "1 while the child process is running.", ["child"],
+                        registry=registry)
+
+    def adopt(self, proc: ManagedProcess) -> None:
+        """Watch a child that was started (and found healthy) already."""
+        self.watched.append(_Watched(proc, self.clock()))
+        self.restarts.labels(proc.key)
+        self.up.labels(proc.key).set(1)
+
+    def poll(self) -> None:
+        """One pass: notice exits, restart children whose backoff is over, report health."""
+        now = self.clock()
+        for w in self.watched:
+            proc = w.proc
+            if w.restart_at is None and not proc.alive():
+                code = proc.proc.returncode if proc.proc else None
+                w.delay = self.policy.next_delay(w.delay, now - w.started_at)
+                w.restart_at = now + w.delay
+                self.up.labels(proc.key).set(0)
+                self.say(f"{proc.name} exited with code {code}; restarting in {w.delay:.0f}s. "
+                         f"Last log lines:\n{proc.log_tail(5)}")
+            elif w.restart_at is not None and now >= w.restart_at:
+                proc.start()
+                w.restart_at, w.started_at, w.awaiting_health = None, now, proc.health_url is not None
+                self.restarts.labels(proc.key).inc()
+                self.up.labels(proc.key).set(1)
+                self.say(f"{proc.name} restarted (pid {proc.pid})")
+            elif w.awaiting_health and proc.alive() and http_ok(proc.health_url, timeout_s=0.5):
+                w.awaiting_health = False
+                self.say(f"{proc.name} healthy again after {now - w.started_at:.1f}s")

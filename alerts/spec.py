@@ -1,0 +1,224 @@
+"""What inferwatch alerts on: SLOs, burn-rate tiers and alerts, as data.
+
+Change thresholds, objectives and ``for`` durations here, then ``make alerts`` regenerates
+``alerts/rules/``. Every metric is named through ``inferwatch.catalog.metric``, so a name
+that no component exports fails the generation. Each alert has a runbook in
+``alerts/runbooks/<name>.md``.
+"""
+
+from __future__ import annotations
+
+from prometheus_client.utils import floatToGoString
+
+from alerts.model import SLO, Alert, BurnTier, BurnWindow
+from dashboards import uids
+from inferwatch.catalog import metric as m
+from serving.metrics import REQUEST_DURATION_BUCKETS, TTFT_BUCKETS
+
+RUNBOOK_BASE_URL = "https://github.com/inferwatch/inferwatch/blob/main/alerts/runbooks"
+GRAFANA_URL = "http://localhost:3000"
+
+# Scrape jobs, shared with the Prometheus configuration (deploy/), so rules and targets agree.
+JOB_GATEWAY = "inferwatch-gateway"
+JOB_VLLM = "vllm"
+JOB_EXPORTER = "inferwatch-exporter"
+JOB_DRIFT = "inferwatch-drift"
+JOB_SUPERVISOR = "inferwatch-supervisor"
+JOB_ALERTMANAGER = "alertmanager"
+
+# XIDs that mean the GPU (or its memory/NVLink) is broken and needs a reset, drain or RMA,
+# after NVIDIA's XID catalogue: 48 double-bit ECC, 64 row-remap/page-retirement failure,
+# 74 NVLink error, 79 fallen off the bus, 94/95 contained/uncontained ECC, 119/120 GSP
+# timeout/error. 63 (a row remap or page retirement was *recorded*) is a ticket: the GPU
+# keeps working until its next reset. Application faults (13, 31, 43, 45) page nobody.
+FATAL_XIDS = (48, 64, 74, 79, 94, 95, 119, 120)
+# Clock-event reasons that mean the GPU is slowed by heat or power faults. sw_power_cap
+# under load is normal operation and only informs.
+THROTTLE_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown")
+CORRECTABLE_ECC_PER_HOUR = 100
+KV_CACHE_HIGH = 0.9
+SNAPSHOT_STALE_S = 60
+DRIFT_MIN_WINDOW_RECORDS = 100
+
+# Multi-window, multi-burn-rate tiers (Google SRE workbook, ch. 5): the share of the
+# period's budget that may burn in the long window before someone is told.
+TIERS = (
+    BurnTier("fast", "critical", (BurnWindow("1h", "5m", 0.02, "2m"), BurnWindow("6h", "30m", 0.05, "15m"))),
+    BurnTier("slow", "warning", (BurnWindow("1d", "2h", 0.10, "1h"), BurnWindow("3d", "6h", 0.10, "3h"))),
+)
+
+TTFT_THRESHOLD_S = 1.0
+E2E_THRESHOLD_S = 30.0
+
+
+def _le(threshold: float, buckets: tuple[float, ...]) -> str:
+    """The ``le`` label value of a bucket boundary, as prometheus_client writes it."""
+    if threshold not in buckets:
+        raise ValueError(f"latency SLO threshold {threshold} is not a histogram bucket boundary: {buckets}")
+    return floatToGoString(threshold)
+
+
+_REQUESTS = m("inferwatch_gateway_requests_total")
+_TTFT = "inferwatch_gateway_time_to_first_token_seconds"
+_E2E = "inferwatch_gateway_request_duration_seconds"
+
+SLOS = (
+    SLO("availability", "requests answered without a server error", 0.999,
+        total=_REQUESTS, errors=f'{_REQUESTS}{{status_class="5xx"}}'),
+    SLO("ttft", f"first token within {TTFT_THRESHOLD_S:g}s", 0.99,
+        total=m(f"{_TTFT}_count"), good=f'{m(f"{_TTFT}_bucket")}{{le="{_le(TTFT_THRESHOLD_S, TTFT_BUCKETS)}"}}'),
+    SLO("e2e_latency", f"successful requests complete within {E2E_THRESHOLD_S:g}s", 0.99,
+        total=f'{m(f"{_E2E}_count")}{{status_class="2xx"}}',
+        good=f'{m(f"{_E2E}_bucket")}{{status_class="2xx",le="{_le(E2E_THRESHOLD_S, REQUEST_DURATION_BUCKETS)}"}}'),
+)
+
+_XID = m("inferwatch_gpu_xid_errors_total")
+_ECC = m("inferwatch_gpu_ecc_errors_total")
+
+
+def _increased(selector: str, window: str) -> str:
+    """A counter that rose within ``window``, including a series that first appeared with
+    a non-zero value (``increase`` needs two samples and would miss the first XID)."""
+    return f"(increase({selector}[{window}]) > 0) or ({selector} > 0 unless {selector} offset {window})"
+
+
+GPU = "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.instance }}"
+
+ALERTS = (
+    # -- page: users are hurting now, or the hardware under them is broken -----------------------
+    Alert("VLLMDown", f'up{{job="{JOB_VLLM}"}} == 0', "critical", for_="10s", dashboard=uids.SERVING,
+          summary="vLLM {{ $labels.instance }} is down",
+          description="Prometheus cannot scrape vLLM at {{ $labels.instance }} (model {{ $labels.model }}): "
+                      "every request routed to it fails."),
+    Alert("GatewayDown", f'up{{job="{JOB_GATEWAY}"}} == 0', "critical", for_="1m", dashboard=uids.SERVING,
+          summary="inferwatch gateway {{ $labels.instance }} is down",
+          description="Prometheus cannot scrape the gateway at {{ $labels.instance }}: clients cannot reach "
+                      "the model through it."),
+    Alert("GatewayUpstreamDown", f'{m("inferwatch_gateway_upstream_up")} == 0', "critical", for_="1m",
+          dashboard=uids.SERVING,
+          summary="Gateway {{ $labels.instance }} cannot reach vLLM at {{ $labels.upstream }}",
+          description="The gateway's probe of {{ $labels.upstream }} has failed for 1m: requests through "
+                      "{{ $labels.instance }} are answered 503/504."),
+    Alert("InferwatchCrashLooping", f'increase({m("inferwatch_supervisor_restarts_total")}[15m]) > 2',
+          "critical", dashboard=uids.SERVING,
+          summary="{{ $labels.child }} keeps crashing ({{ $value | humanize }} restarts in 15m)",
+          description="The supervisor on {{ $labels.instance }} restarted {{ $labels.child }} "
+                      "{{ $value | humanize }} times in 15 minutes; it is crashing on start or soon after."),
+    Alert("GPUFatalXID", _increased(f'{_XID}{{xid=~"{"|".join(map(str, FATAL_XIDS))}"}}', "10m"), "critical",
+          dashboard=uids.GPUS,
+          summary=f"Fatal XID {{{{ $labels.xid }}}} on {GPU}",
+          description=f"{GPU} reported XID {{{{ $labels.xid }}}}: the GPU needs a reset or service. "
+                      "Drain the node."),
+    Alert("GPUDeviceFailed", f'{m("inferwatch_gpu_device_failed")} == 1', "critical", for_="1m",
+          dashboard=uids.GPUS,
+          summary=f"{GPU} does not answer NVML",
+          description=f"{GPU} fails NVML queries (lost, fallen off the bus or unknown error) for 1m."),
+    Alert("GPUUncorrectableECC", _increased(f'{_ECC}{{type="uncorrected",scope="volatile"}}', "10m"), "critical",
+          dashboard=uids.GPUS,
+          summary=f"Uncorrectable ECC errors on {GPU}",
+          description=f"{GPU} had uncorrectable memory errors: results may be corrupt. Drain the node."),
+    Alert("GPURowRemapFailure", f'{m("inferwatch_gpu_row_remap_failure")} == 1', "critical",
+          dashboard=uids.GPUS,
+          summary=f"Row remapping failed on {GPU}",
+          description=f"{GPU} could not remap a failing memory row: it needs service (RMA)."),
+    # -- ticket: will hurt soon, or needs a look this week ---------------------------------------
+    Alert("DriftDetected",
+          f'count by (model, variant, feature) ({m("inferwatch_drift_detected")} == 1)'
+          f' and on (model, variant) {m("inferwatch_drift_window_records")} >= {DRIFT_MIN_WINDOW_RECORDS}',
+          "warning", for_="15m", dashboard=uids.DRIFT,
+          summary="Drift in {{ $labels.feature }} of {{ $labels.model }}/{{ $labels.variant }}",
+          description="{{ $value }} drift method(s) have flagged {{ $labels.feature }} of model "
+                      "{{ $labels.model }} variant {{ $labels.variant }} against its baseline for 15m."),
+    Alert("VLLMKVCacheSaturated",
+          f'max by (model, instance) ({m("vllm:kv_cache_usage_perc")}) > {KV_CACHE_HIGH}'
+          f' and on (model, instance) sum by (model, instance) ({m("vllm:num_requests_waiting")}) > 0',
+          "warning", for_="10m", dashboard=uids.SERVING,
+          summary="vLLM {{ $labels.instance }} KV cache is {{ $value | humanizePercentage }} full with requests waiting",
+          description="Model {{ $labels.model }} on {{ $labels.instance }} has used over "
+                      f"{KV_CACHE_HIGH:.0%} of its KV cache for 10m while requests queue: time to first token "
+                      "grows. Add replicas or lower max_num_seqs / max_model_len."),
+    Alert("GPUThrottled",
+          f'max by (instance, gpu, uuid, reason) ({m("inferwatch_gpu_throttle_active")}'
+          f'{{reason=~"{"|".join(THROTTLE_REASONS)}"}}) == 1',
+          "warning", for_="15m", dashboard=uids.GPUS,
+          summary=f"{GPU} throttled: {{{{ $labels.reason }}}}",
+          description=f"{GPU} has had its clocks held down by {{{{ $labels.reason }}}} for 15m."),
+    Alert("GPUCorrectableECCRising", f'increase({_ECC}{{type="corrected",scope="volatile"}}[1h]) > '
+                                     f'{CORRECTABLE_ECC_PER_HOUR}',
+          "warning", dashboard=uids.GPUS,
+          summary=f"Correctable ECC errors rising on {GPU}",
+          description=f"{GPU} corrected {{{{ $value | humanize }}}} memory errors in the last hour "
+                      f"(threshold {CORRECTABLE_ECC_PER_HOUR}): its memory may be degrading."),
+    Alert("GPUXIDError",
+          _increased(f'{_XID}{{xid!~"{"|".join(map(str, FATAL_XIDS))}"}}', "10m"), "warning",
+          dashboard=uids.GPUS,
+          summary=f"XID {{{{ $labels.xid }}}} on {GPU}",
+          description=f"{GPU} reported XID {{{{ $labels.xid }}}} (not in the fatal list): usually an "
+                      "application fault or a recorded row remap."),
+    Alert("GatewayFeatureRecordsDropped",
+          f'sum by (instance) (rate({m("inferwatch_gateway_feature_records_total")}'
+          '{outcome=~"dropped_.*"}[10m])) > 0',
+          "warning", for_="10m", dashboard=uids.DRIFT,
+          summary="Gateway {{ $labels.instance }} drops feature records",
+          description="{{ $value | humanize }} feature records/s are dropped on {{ $labels.instance }} "
+                      "(queue full or drift service failing): drift runs on a partial sample."),
+    Alert("DriftIngestStalled",
+          f'sum(rate({_REQUESTS}[10m])) > 0'
+          f' unless on () sum(rate({m("inferwatch_drift_ingested_records_total")}[10m])) > 0'
+          f' and on () max(up{{job="{JOB_DRIFT}"}}) == 1',
+          "warning", for_="10m", dashboard=uids.DRIFT,
+          summary="The drift service ingests nothing while the gateway serves traffic",
+          description="The gateway answered requests for 10m but the drift service accepted no feature "
+                      "records: drift scores are frozen."),
+    Alert("NVMLDown",
+          f'{m("inferwatch_nvml_up")} == 0'
+          f' and on (instance, job) max_over_time({m("inferwatch_nvml_devices")}[1d]) > 0',
+          "warning", for_="5m", dashboard=uids.GPUS,
+          summary="NVML is down on {{ $labels.instance }}, which had GPUs",
+          description="The exporter on {{ $labels.instance }} cannot talk to the NVIDIA driver although it "
+                      "saw GPUs in the last day: GPU metrics and XID counting have stopped."),
+    Alert("GPUExporterSnapshotStale",
+          f'time() - {m("inferwatch_nvml_snapshot_timestamp_seconds")} > {SNAPSHOT_STALE_S}',
+          "warning", for_="5m", dashboard=uids.GPUS,
+          summary="GPU metrics on {{ $labels.instance }} are {{ $value | humanizeDuration }} old",
+          description="The exporter's NVML sampler on {{ $labels.instance }} has not produced a snapshot "
+                      f"for over {SNAPSHOT_STALE_S}s: it is stuck in a driver call."),
+    Alert("InferwatchTargetDown",
+          f'up{{job=~"{JOB_EXPORTER}|{JOB_DRIFT}|{JOB_SUPERVISOR}|{JOB_ALERTMANAGER}"}} == 0',
+          "warning", for_="5m",
+          summary="{{ $labels.job }} {{ $labels.instance }} is down",
+          description="Prometheus has not scraped {{ $labels.job }} at {{ $labels.instance }} for 5m."),
+    # -- info: context for the other alerts, routed to nobody -----------------------------------
+    Alert("GPUPowerCapped", f'{m("inferwatch_gpu_throttle_active")}{{reason="sw_power_cap"}} == 1', "info",
+          for_="30m", dashboard=uids.GPUS,
+          summary=f"{GPU} runs at its power cap",
+          description=f"{GPU} has been held at its power limit for 30m: expected under full load."),
+    Alert("VLLMPreempting",
+          f'sum by (model, instance) (rate({m("vllm:num_preemptions_total")}[10m])) > 0', "info", for_="15m",
+          dashboard=uids.SERVING,
+          summary="vLLM {{ $labels.instance }} preempts requests",
+          description="vLLM on {{ $labels.instance }} preempts {{ $value | humanize }} requests/s: the KV "
+                      "cache is too small for the batch."),
+    # -- meta -------------------------------------------------------------------------------------
+    Alert("Watchdog", "vector(1)", "none",
+          summary="The alerting pipeline works",
+          description="Always firing. Its absence at the dead man's switch means Prometheus or "
+                      "Alertmanager is down or cannot notify."),
+    Alert("InfoInhibitor",
+          'ALERTS{severity="info"} == 1 unless on (instance) '
+          'ALERTS{alertname!="InfoInhibitor", severity=~"warning|critical", alertstate="firing"} == 1',
+          "none",
+          summary="Info alerts on {{ $labels.instance }} without a warning or page",
+          description="Inhibits info alerts unless a warning or critical alert fires on the same instance."),
+)
+
+# Targets and key series whose disappearance must not look like health.
+ABSENT_GUARDS = (
+    (JOB_GATEWAY, "up", f'up{{job="{JOB_GATEWAY}"}}'),
+    (JOB_VLLM, "up", f'up{{job="{JOB_VLLM}"}}'),
+    (JOB_EXPORTER, "up", f'up{{job="{JOB_EXPORTER}"}}'),
+    (JOB_DRIFT, "up", f'up{{job="{JOB_DRIFT}"}}'),
+    (JOB_GATEWAY, "inferwatch_gateway_upstream_up", m("inferwatch_gateway_upstream_up")),
+    (JOB_EXPORTER, "inferwatch_nvml_up", m("inferwatch_nvml_up")),
+    (JOB_VLLM, "vllm:num_requests_running", m("vllm:num_requests_running")),
+)

@@ -1,0 +1,57 @@
+"""Every series the stack exposes, gathered from each component's own declarations.
+
+Alert rules and dashboards name metrics through :func:`metric`, which fails at generation
+time on a name that no component declares; a test also parses every generated query and
+checks its names here, and checks the vLLM part against a real vLLM server.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+from prometheus_client import CollectorRegistry
+
+# Series Prometheus itself makes: one per target, and the alert state of its rules.
+PROMETHEUS_SERIES = {"up": "prometheus", "ALERTS": "prometheus", "ALERTS_FOR_STATE": "prometheus"}
+
+
+def series_of(name: str, kind: str) -> tuple[str, ...]:
+    """The names a family of ``kind`` is queried by (prometheus_client's naming)."""
+    return {
+        "counter": (f"{name}_total",),
+        "histogram": (f"{name}_bucket", f"{name}_count", f"{name}_sum"),
+        "info": (f"{name}_info",),
+    }.get(kind, (name,))
+
+
+def _registry_series(registry: CollectorRegistry) -> list[str]:
+    return [s for family in registry.collect() for s in series_of(family.name, family.type)]
+
+
+@cache
+def exposed() -> dict[str, str]:
+    """Series name -> the component that exports it."""
+    from drift.metrics import DRIFT_METRICS
+    from exporters.metrics import SPECS
+    from inferwatch.supervise import Supervisor
+    from serving.metrics import create_metrics
+    from serving.vllm_metrics import VLLM_METRICS
+
+    out = dict(PROMETHEUS_SERIES)
+    gateway = CollectorRegistry()
+    create_metrics(gateway)
+    out |= {s: "gateway" for s in _registry_series(gateway)}
+    supervisor = CollectorRegistry()
+    Supervisor(supervisor)
+    out |= {s: "supervisor" for s in _registry_series(supervisor)}
+    out |= {s: "exporter" for spec in SPECS for s in series_of(spec.name, spec.kind)}
+    out |= {s: "drift" for m in DRIFT_METRICS for s in series_of(m.name, m.kind)}
+    out |= {s: "vllm" for name, kind in VLLM_METRICS.items() for s in series_of(name, kind)}
+    return out
+
+
+def metric(name: str) -> str:
+    """``name`` itself, once it is known to be exported by some part of the stack."""
+    if name not in exposed():
+        raise KeyError(f"no component exports {name!r}; declare it where it is exported first")
+    return name
