@@ -1,0 +1,247 @@
+"""Every alert, through promtool: silent when healthy, fires with its labels and annotations,
+resolves; SLO burn rates at their thresholds and the traffic floor."""
+
+from __future__ import annotations
+
+import yaml
+
+from alerts.model import seconds
+from tests.alerts.promtool import BASE, GPU, Scenario, expected, promtool_doc, run_promtool, selector
+
+GW = {"job": "inferwatch-gateway", "instance": "gw:8080"}
+VLLM = {"job": "vllm", "instance": "vllm:8000", "model": "m1"}
+CHAT = {**GW, "model": "m1", "variant": "v1", "route": "/v1/chat/completions"}
+
+
+def req(status_class: str) -> str:
+    return selector("inferwatch_gateway_requests_total", {**CHAT, "status_class": status_class})
+
+
+def gpu(name: str, **labels: str) -> str:
+    return selector(name, {**GPU, **labels})
+
+
+def crit(**labels: str) -> dict[str, str]:
+    return {**labels, "severity": "critical"}
+
+
+def warn(**labels: str) -> dict[str, str]:
+    return {**labels, "severity": "warning"}
+
+
+GPU_ALERT = {k: GPU[k] for k in GPU}
+
+SCENARIOS = [
+    Scenario("vLLM target down, then back", "VLLMDown", {selector("up", VLLM): "1 1 0 0 0 0 0 1 1"},
+             quiet_at=("1m",), fires_at="4m", labels=crit(**VLLM), value="0", resolved_at="8m"),
+    Scenario("gateway target down", "GatewayDown", {selector("up", GW): "1 1 0 0 0 0 1 1"},
+             quiet_at=("1m", "2m"), fires_at="4m", labels=crit(**GW), value="0", resolved_at="7m"),
+    Scenario("gateway cannot reach vLLM", "GatewayUpstreamDown",
+             {selector("inferwatch_gateway_upstream_up", {**GW, "upstream": "http://vllm:8000"}): "1 1 0 0 0 0 1"},
+             quiet_at=("1m", "2m"), fires_at="4m", labels=crit(**GW, upstream="http://vllm:8000"), value="0",
+             resolved_at="6m"),
+    Scenario("a child restarts three times within 15m", "InferwatchCrashLooping",
+             {selector("inferwatch_supervisor_restarts_total", {"job": "inferwatch-supervisor", "instance": "h:9098",
+                                                                "child": "vllm"}): "0 0 1 2 3 3 3 3x20"},
+             quiet_at=("3m",), fires_at="4m",
+             labels=crit(job="inferwatch-supervisor", instance="h:9098", child="vllm"), value="3", resolved_at="25m"),
+    Scenario("fatal XID appears as a new series", "GPUFatalXID",
+             {gpu("inferwatch_gpu_xid_errors_total", xid="79"): "_ _ _ _ _ 1 1x20",
+              gpu("inferwatch_gpu_xid_errors_total", xid="13"): "0 0 0 0 0 5 5x20"},
+             quiet_at=("4m",), fires_at="5m", labels=crit(**GPU, xid="79"), value="1", resolved_at="16m"),
+    Scenario("fatal XID counted again", "GPUFatalXID",
+             {gpu("inferwatch_gpu_xid_errors_total", xid="48"): "1x30 2x20"},
+             quiet_at=("25m",), fires_at="32m", labels=crit(**GPU, xid="48"), value="1", resolved_at="45m"),
+    Scenario("application XID is a ticket", "GPUXIDError",
+             {gpu("inferwatch_gpu_xid_errors_total", xid="13"): "0 0 0 0 0 5 5x20",
+              gpu("inferwatch_gpu_xid_errors_total", xid="79"): "_ _ _ _ _ _ _ _ 1x20"},
+             quiet_at=("4m",), fires_at="6m", labels=warn(**GPU, xid="13"), value="5", resolved_at="17m"),
+    Scenario("GPU stops answering NVML", "GPUDeviceFailed",
+             {gpu("inferwatch_gpu_device_failed"): "0 0 1 1 1 1 0"},
+             quiet_at=("1m", "2m"), fires_at="4m", labels=crit(**GPU), value="1", resolved_at="6m"),
+    Scenario("uncorrectable ECC errors", "GPUUncorrectableECC",
+             {gpu("inferwatch_gpu_ecc_errors_total", type="uncorrected", scope="volatile"): "0 0 2 2x20",
+              gpu("inferwatch_gpu_ecc_errors_total", type="corrected", scope="volatile"): "0+50x22"},
+             quiet_at=("1m",), fires_at="3m", labels=crit(**GPU, type="uncorrected", scope="volatile"), value="2",
+             resolved_at="14m"),
+    Scenario("row remap failed", "GPURowRemapFailure", {gpu("inferwatch_gpu_row_remap_failure"): "0 0 1 1 0"},
+             quiet_at=("1m",), fires_at="2m", labels=crit(**GPU), value="1", resolved_at="4m"),
+    Scenario("two methods flag drift for 15m", "DriftDetected",
+             {selector("inferwatch_drift_detected", {**BASE, "model": "m1", "variant": "v1", "feature": "prompt_tokens",
+                                                     "method": method}): values
+              for method, values in (("psi", "0 1x30 0x10"), ("js", "0 1x30 0x10"), ("ks", "0x40"))}
+             | {selector("inferwatch_drift_window_records", {**BASE, "model": "m1", "variant": "v1"}): "500x40"},
+             quiet_at=("10m",), fires_at="20m", labels=warn(model="m1", variant="v1", feature="prompt_tokens"),
+             value="2", resolved_at="33m"),
+    Scenario("KV cache full with requests waiting", "VLLMKVCacheSaturated",
+             {selector("vllm:kv_cache_usage_perc", {**VLLM, "model_name": "m1", "engine": "0"}): "0.5 0.95x30",
+              selector("vllm:num_requests_waiting", {**VLLM, "model_name": "m1", "engine": "0"}): "0 3x20 0x10"},
+             quiet_at=("8m",), fires_at="15m", labels=warn(model="m1", instance="vllm:8000"), value="95%",
+             resolved_at="23m"),
+    Scenario("thermal throttling for 15m", "GPUThrottled",
+             {gpu("inferwatch_gpu_throttle_active", reason="hw_thermal_slowdown"): "0 1x20 0",
+              gpu("inferwatch_gpu_throttle_active", reason="sw_power_cap"): "1x22"},
+             quiet_at=("10m",), fires_at="17m",
+             labels=warn(**{k: GPU[k] for k in ("instance", "gpu", "uuid")}, reason="hw_thermal_slowdown"),
+             value="1", resolved_at="22m"),
+    Scenario("power cap for 30m informs", "GPUPowerCapped",
+             {gpu("inferwatch_gpu_throttle_active", reason="sw_power_cap"): "1x40 0"},
+             quiet_at=("20m",), fires_at="35m", labels={**GPU, "reason": "sw_power_cap", "severity": "info"},
+             value="1", resolved_at="41m"),
+    Scenario("correctable ECC rising", "GPUCorrectableECCRising",
+             {gpu("inferwatch_gpu_ecc_errors_total", type="corrected", scope="volatile"): "0+1x30 30+5x60 330x70"},
+             quiet_at=("30m",), fires_at="91m", labels=warn(**GPU, type="corrected", scope="volatile"), value="300",
+             resolved_at="160m"),
+    Scenario("feature records dropped", "GatewayFeatureRecordsDropped",
+             {selector("inferwatch_gateway_feature_records_total", {**GW, "outcome": "dropped_full"}): "0+60x30 1800x20",
+              selector("inferwatch_gateway_feature_records_total", {**GW, "outcome": "sent"}): "0+600x50"},
+             quiet_at=("5m",), fires_at="25m", labels=warn(instance="gw:8080"), value="1", resolved_at="45m"),
+    Scenario("drift service ingests nothing", "DriftIngestStalled",
+             {req("2xx"): "0+60x40",
+              selector("inferwatch_drift_ingested_records_total", {"job": "inferwatch-drift", "instance": "d:8090"}):
+                  "0+60x5 300x35",
+              selector("up", {"job": "inferwatch-drift", "instance": "d:8090"}): "1x40"},
+             quiet_at=("5m", "12m"), fires_at="30m", labels=warn(), value="1"),
+    Scenario("NVML down on a GPU host", "NVMLDown",
+             {selector("inferwatch_nvml_up", {"job": "inferwatch-exporter", "instance": "n1"}): "1x5 0x20",
+              selector("inferwatch_nvml_devices", {"job": "inferwatch-exporter", "instance": "n1"}): "8x25",
+              selector("inferwatch_nvml_up", {"job": "inferwatch-exporter", "instance": "cpu-host"}): "0x25",
+              selector("inferwatch_nvml_devices", {"job": "inferwatch-exporter", "instance": "cpu-host"}): "0x25"},
+             quiet_at=("4m", "9m"), fires_at="12m", labels=warn(job="inferwatch-exporter", instance="n1"), value="0"),
+    Scenario("exporter snapshot stuck", "GPUExporterSnapshotStale",
+             {selector("inferwatch_nvml_snapshot_timestamp_seconds", {"job": "inferwatch-exporter", "instance": "n1"}):
+                  "0+60x5 300x15",
+              selector("inferwatch_nvml_snapshot_timestamp_seconds", {"job": "inferwatch-exporter", "instance": "n2"}):
+                  "0+60x20"},
+             quiet_at=("5m", "8m"), fires_at="13m", labels=warn(job="inferwatch-exporter", instance="n1"),
+             value="8m 0s"),
+    Scenario("drift service target down", "InferwatchTargetDown",
+             {selector("up", {"job": "inferwatch-drift", "instance": "d:8090"}): "1 0x10 1",
+              selector("up", {"job": "inferwatch-gateway", "instance": "gw:8080"}): "1x12"},
+             quiet_at=("3m",), fires_at="7m", labels=warn(job="inferwatch-drift", instance="d:8090"), value="0",
+             resolved_at="12m"),
+    Scenario("vLLM preempts requests", "VLLMPreempting",
+             {selector("vllm:num_preemptions_total", {**VLLM, "model_name": "m1", "engine": "0"}): "0+60x30 1800x20"},
+             quiet_at=("10m",), fires_at="27m", labels={"model": "m1", "instance": "vllm:8000", "severity": "info"},
+             value="1", resolved_at="48m"),
+    Scenario("Watchdog always fires", "Watchdog", {selector("up", GW): "1"}, fires_at="0m",
+             labels={"severity": "none"}, value="1"),
+    Scenario("info alert alone is inhibited", "InfoInhibitor",
+             {selector("ALERTS", {"alertname": "GPUPowerCapped", "alertstate": "firing", "severity": "info",
+                                  "instance": "n1"}): "1x10",
+              selector("ALERTS", {"alertname": "GPUThrottled", "alertstate": "firing", "severity": "warning",
+                                  "instance": "n2"}): "1x10"},
+             fires_at="5m", labels={"alertstate": "firing", "instance": "n1", "severity": "none"}, value="1"),
+    Scenario("no vLLM target at all", "InferwatchTargetAbsent", {selector("up", GW): "1x20"},
+             quiet_at=("5m",), fires_at="12m", labels=warn(job="vllm", metric="up"), value="1",
+             extra_firing=[expected("InferwatchTargetAbsent", warn(job=job, metric="up"), "1")
+                           for job in ("inferwatch-exporter", "inferwatch-drift")]),
+    Scenario("gateway answers but exports no upstream_up", "InferwatchMetricAbsent",
+             {selector("up", GW): "1x20", selector("inferwatch_nvml_up", GPU): "1x20",
+              selector("vllm:num_requests_running", VLLM): "0x20"},
+             quiet_at=("5m",), fires_at="12m", labels=warn(job="inferwatch-gateway", metric="inferwatch_gateway_upstream_up"),
+             value="1"),
+]
+
+
+def burn(severity: str, long: str, short: str, slo: str = "availability", model: str = "m1") -> dict[str, str]:
+    return {"model": model, "slo": slo, "severity": severity, "burn": "fast" if severity == "critical" else "slow",
+            "long_window": long, "short_window": short}
+
+
+def availability(error_per_min: float, total_per_min: float, minutes: int) -> dict[str, str]:
+    ok = total_per_min - error_per_min
+    return {req("2xx"): f"0+{ok:g}x{minutes}", req("5xx"): f"0+{error_per_min:g}x{minutes}"}
+
+
+SLO_SCENARIOS = [
+    Scenario("availability: 1h/5m page just above 14.4x", "SLOErrorBudgetBurn", availability(1441, 100_000, 30),
+             fires_at="15m", labels=burn("critical", "1h", "5m"), value="1.441%"),
+    Scenario("availability: 2% errors for 2h: both page windows and the 1d ticket", "SLOErrorBudgetBurn",
+             availability(20, 1000, 130), fires_at="2h", labels=burn("critical", "1h", "5m"), value="2%",
+             extra_firing=[expected("SLOErrorBudgetBurn", burn("critical", "6h", "30m"), "2%"),
+                           expected("SLOErrorBudgetBurn", burn("warning", "1d", "2h"), "2%")]),
+    Scenario("availability: 0.5% errors for 4h is a ticket, not a page", "SLOErrorBudgetBurn",
+             availability(5, 1000, 250), quiet_at=("30m",), fires_at="4h", labels=burn("warning", "1d", "2h"),
+             value="0.5%", extra_firing=[expected("SLOErrorBudgetBurn", burn("warning", "3d", "6h"), "0.5%")]),
+    Scenario("availability: half of 20.4 requests/h fail: above the 1h traffic floor", "SLOErrorBudgetBurn",
+             availability(0.17, 0.34, 90), fires_at="80m", labels=burn("critical", "1h", "5m"), value="50%",
+             extra_firing=[expected("SLOErrorBudgetBurn", burn("critical", "6h", "30m"), "50%"),
+                           expected("SLOErrorBudgetBurn", burn("warning", "1d", "2h"), "50%")]),
+    Scenario("availability: half of 12 requests/h fail: below the 1h floor, above the 6h and 1d floors",
+             "SLOErrorBudgetBurn", availability(0.1, 0.2, 90), fires_at="80m",
+             labels=burn("critical", "6h", "30m"), value="50%",
+             extra_firing=[expected("SLOErrorBudgetBurn", burn("warning", "1d", "2h"), "50%")]),
+    Scenario("ttft: 20% of first tokens later than 1s pages", "SLOErrorBudgetBurn",
+             {selector("inferwatch_gateway_time_to_first_token_seconds_count", CHAT): "0+100x30",
+              selector("inferwatch_gateway_time_to_first_token_seconds_bucket", {**CHAT, "le": "1.0"}): "0+80x30",
+              selector("inferwatch_gateway_time_to_first_token_seconds_bucket", {**CHAT, "le": "+Inf"}): "0+100x30"},
+             quiet_at=("1m",), fires_at="15m", labels=burn("critical", "1h", "5m", slo="ttft"), value="20%"),
+    Scenario("e2e latency: 20% of successful requests over 30s page; 5xx do not count", "SLOErrorBudgetBurn",
+             {selector("inferwatch_gateway_request_duration_seconds_count", {**CHAT, "status_class": "2xx"}): "0+100x30",
+              selector("inferwatch_gateway_request_duration_seconds_bucket",
+                       {**CHAT, "status_class": "2xx", "le": "30.0"}): "0+80x30",
+              selector("inferwatch_gateway_request_duration_seconds_count", {**CHAT, "status_class": "5xx"}): "0+100x30",
+              selector("inferwatch_gateway_request_duration_seconds_bucket",
+                       {**CHAT, "status_class": "5xx", "le": "30.0"}): "0x30"},
+             quiet_at=("1m",), fires_at="15m", labels=burn("critical", "1h", "5m", slo="e2e_latency"), value="20%"),
+]
+
+
+def _quiet(name: str, series: dict[str, str], at: str, alert: str = "SLOErrorBudgetBurn") -> dict:
+    return {"name": name, "interval": "1m", "input_series": [{"series": k, "values": v} for k, v in series.items()],
+            "alert_rule_test": [{"eval_time": at, "alertname": alert, "exp_alerts": []}]}
+
+
+SLO_QUIET = [
+    _quiet("availability: 1h/5m just below 14.4x stays silent", availability(1439, 100_000, 30), "15m"),
+    _quiet("availability: a healthy model pages nobody", availability(0.5, 1000, 130), "2h"),
+    _quiet("4xx are the client's errors, not the SLO's", {req("2xx"): "0+500x60", req("4xx"): "0+500x60"}, "50m"),
+]
+
+
+def test_every_alert_fires_with_its_labels_and_resolves(tmp_path):
+    doc = promtool_doc(SCENARIOS + SLO_SCENARIOS)
+    doc["tests"] += SLO_QUIET
+    result = run_promtool(doc, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_alert_has_a_scenario_that_fires_it():
+    rules = [r for f in ("alerts.yml", "slos.yml")
+             for g in yaml.safe_load((__import__("alerts.generate").generate.RULES_DIR / f).read_text())["groups"]
+             for r in g["rules"] if "alert" in r]
+    assert {r["alert"] for r in rules} == {s.alert for s in SCENARIOS + SLO_SCENARIOS}
+
+
+def test_multiwindow_page_resolves_when_the_burn_stops(tmp_path):
+    """2% errors for 1h, then none: the 5m window clears the 1h/5m page at once although
+    the 1h ratio is still above 14.4x; the 6h/30m page holds until its 30m window clears."""
+    series = {req("2xx"): "0+980x60 59780+1000x60", req("5xx"): "0+20x60 1200x60"}
+    firing = 'ALERTS{{alertname="SLOErrorBudgetBurn", alertstate="firing", long_window="{}"}}'
+
+    def alert_series(long: str, short: str, severity: str = "critical") -> dict:
+        return {"labels": selector("ALERTS", {"alertname": "SLOErrorBudgetBurn", "alertstate": "firing",
+                                              **burn(severity, long, short)}), "value": 1}
+
+    doc = promtool_doc([])
+    doc["tests"] = [{"name": "burn stops", "interval": "1m",
+                     "input_series": [{"series": k, "values": v} for k, v in series.items()],
+                     "alert_rule_test": [
+                         {"eval_time": "58m", "alertname": "SLOErrorBudgetBurn",
+                          "exp_alerts": [expected("SLOErrorBudgetBurn", burn("critical", "1h", "5m"), "2%"),
+                                         expected("SLOErrorBudgetBurn", burn("critical", "6h", "30m"), "2%")]}],
+                     "promql_expr_test": [
+                         {"expr": firing.format("1h"), "eval_time": "70m", "exp_samples": []},
+                         {"expr": firing.format("6h"), "eval_time": "70m", "exp_samples": [alert_series("6h", "30m")]},
+                         {"expr": firing.format("6h"), "eval_time": "100m", "exp_samples": []},
+                     ]}]
+    result = run_promtool(doc, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_burn_factors_follow_the_sre_workbook():
+    from alerts.spec import TIERS
+
+    assert [w.factor("30d") for t in TIERS for w in t.windows] == [14.4, 6.0, 3.0, 1.0]
+    assert seconds("3d") == 3 * 86400
