@@ -19,7 +19,7 @@ ENGINE_STAMP := $(VENV)/.inferwatch-engine-$(subst ==,-,$(VLLM_PACKAGE))
 DEPS_STAMP := $(VENV)/.inferwatch-deps
 SYSTEM_STAMP := $(VENV)/.inferwatch-system
 
-.PHONY: up test install model bench bench-drift clean
+.PHONY: up test install model bench bench-drift clean alerts
 
 up: install
 	$(VENV)/bin/inferwatch up
@@ -82,3 +82,8 @@ bench-drift: install $(EVIDENTLY_VENV)/.installed
 
 clean:
 	rm -rf .run .pytest_cache
+
+# Regenerate the alert rules and the Prometheus/Alertmanager configs under deploy/.
+alerts: install
+	$(PY) -m alerts.generate
+	$(PY) -m inferwatch.monitoring

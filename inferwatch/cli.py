@@ -177,6 +177,20 @@ def drift_report(
 
 
 @app.command()
+def pager(
+    host: str = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Listen port (Alertmanager posts to /hooks/<receiver>).")] = 9097,
+) -> None:
+    """Run the local pager: logs each page, ticket and resolution readably; serves them at /events."""
+    import uvicorn
+
+    from inferwatch.pager import create_app
+
+    logging.basicConfig(level="WARNING", format="%(asctime)s %(message)s")
+    uvicorn.run(create_app(), host=host, port=port, log_level="warning", access_log=False)
+
+
+@app.command()
 def up(
     model: Annotated[str, typer.Option(help="Model folder or id; 'tiny' builds the local tiny model.")] = "tiny",
     served_model_name: Annotated[str, typer.Option("--name", help="Model name clients use.")] = "tiny-llama",
@@ -184,35 +198,48 @@ def up(
     gateway_port: int = 8080,
     exporter_port: Annotated[int, typer.Option(help="NVML GPU exporter port; 0 leaves the exporter out.")] = 9400,
     drift_port: Annotated[int, typer.Option(help="Drift service port; 0 leaves it out.")] = 8090,
+    prometheus_port: Annotated[int, typer.Option(help="Prometheus port; 0 leaves Prometheus, Alertmanager and the "
+                                                      "pager out.")] = 9090,
+    alertmanager_port: int = 9093,
+    pager_port: Annotated[int, typer.Option(help="Local pager (Alertmanager's webhook receiver).")] = 9097,
+    supervisor_port: Annotated[int, typer.Option(help="The supervisor's own /metrics (restarts).")] = 9098,
     host: str = "127.0.0.1",
     dtype: str = "auto",
     max_model_len: int = 512,
     otlp_endpoint: Annotated[Optional[str], typer.Option(help="OTLP endpoint for gateway and vLLM spans.")] = None,
+    pagerduty_routing_key_file: Annotated[Optional[Path], typer.Option(
+        envvar="INFERWATCH_PAGERDUTY_ROUTING_KEY_FILE", help="Also page PagerDuty (Events v2) with this key.")] = None,
+    rules_dir: Annotated[Optional[Path], typer.Option(help="Alert rule files (default: alerts/rules).")] = None,
+    fast_alerting: Annotated[bool, typer.Option(help="For tests and demos: 1s scrape and evaluation, "
+                                                     "short Alertmanager waits.")] = False,
     startup_timeout: float = 300.0,
-    run_dir: Annotated[Path, typer.Option(help="Folder for logs.")] = DEFAULT_RUN_DIR,
+    run_dir: Annotated[Path, typer.Option(help="Folder for logs and Prometheus/Alertmanager data.")] = DEFAULT_RUN_DIR,
 ) -> None:
-    """Run the local stack (vLLM, drift service, gateway, GPU exporter) until Ctrl-C, then stop every child."""
+    """Run the local stack until Ctrl-C: vLLM, drift service, gateway, GPU exporter, then Prometheus,
+    Alertmanager and the local pager. A child that crashes is restarted with backoff."""
     from inferwatch.supervise import ManagedProcess
     from serving.vllm_launcher import VLLMConfig, vllm_process
 
+    run_dir = run_dir.resolve()
     cfg = VLLMConfig(_resolve_model(model), served_model_name, host, vllm_port, max_model_len, dtype,
                      otlp_traces_endpoint=otlp_endpoint, startup_timeout_s=startup_timeout)
-    gw_argv = [sys.executable, "-m", "inferwatch", "gateway", "--host", host, "--port", str(gateway_port),
-               "--upstream-url", cfg.base_url]
+    cli = [sys.executable, "-m", "inferwatch"]
+
+    def child(name: str, key: str, argv: list[str], port: int, health: str = "/health") -> ManagedProcess:
+        return ManagedProcess(f"{name} (:{port})", cli + argv, log_path=run_dir / f"{key}.log",
+                              health_url=f"http://{host}:{port}{health}", key=key)
+
+    gw_argv = ["gateway", "--host", host, "--port", str(gateway_port), "--upstream-url", cfg.base_url]
     if otlp_endpoint:
         gw_argv += ["--otlp-endpoint", otlp_endpoint]
-    drift_children = []
+    children: list[tuple[ManagedProcess, float]] = [(vllm_process(cfg, run_dir / "vllm.log"), startup_timeout)]
     if drift_port:
-        drift_url = f"http://{host}:{drift_port}"
-        gw_argv += ["--drift-url", drift_url]
-        drift_argv = [sys.executable, "-m", "inferwatch", "drift", "serve", "--host", host, "--port", str(drift_port),
-                      "--db-path", str(run_dir / "drift.sqlite3")]
-        drift_children.append((ManagedProcess(f"drift service (:{drift_port})", drift_argv,
-                                              log_path=run_dir / "drift.log", health_url=f"{drift_url}/health"), 30.0))
-    gw = ManagedProcess(f"gateway (:{gateway_port})", gw_argv, log_path=run_dir / "gateway.log",
-                        health_url=f"http://{host}:{gateway_port}/health")
+        gw_argv += ["--drift-url", f"http://{host}:{drift_port}"]
+        children.append((child("drift service", "drift", ["drift", "serve", "--host", host, "--port", str(drift_port),
+                                                           "--db-path", str(run_dir / "drift.sqlite3")], drift_port),
+                         30.0))
+    children.append((child("gateway", "gateway", gw_argv, gateway_port), 30.0))
     gw_url = f"http://{host}:{gateway_port}"
-    children = [(vllm_process(cfg, run_dir / "vllm.log"), startup_timeout), *drift_children, (gw, 30.0)]
     urls = {
         "OpenAI endpoint (gateway)": f"{gw_url}/v1",
         "gateway /metrics": f"{gw_url}/metrics",
@@ -222,21 +249,65 @@ def up(
         urls["drift report"] = f"http://{host}:{drift_port}/report"
         urls["drift /metrics"] = f"http://{host}:{drift_port}/metrics"
     if exporter_port:
-        exp_argv = [sys.executable, "-m", "inferwatch", "exporter", "--host", host, "--port", str(exporter_port)]
-        children.append((ManagedProcess(f"GPU exporter (:{exporter_port})", exp_argv,
-                                        log_path=run_dir / "exporter.log",
-                                        health_url=f"http://{host}:{exporter_port}/health"), 30.0))
+        children.append((child("GPU exporter", "exporter", ["exporter", "--host", host, "--port", str(exporter_port)],
+                               exporter_port), 30.0))
         urls["GPU exporter /metrics"] = f"http://{host}:{exporter_port}/metrics"
-    urls["logs"] = str(run_dir.resolve())
-    _supervise(children, urls)
+    if prometheus_port:
+        children += _monitoring_children(
+            run_dir, host, served_model_name, vllm_port, gateway_port, exporter_port, drift_port, prometheus_port,
+            alertmanager_port, pager_port, supervisor_port, pagerduty_routing_key_file, rules_dir, fast_alerting, child)
+        urls["Prometheus"] = f"http://{host}:{prometheus_port}"
+        urls["Prometheus alerts"] = f"http://{host}:{prometheus_port}/alerts"
+        urls["Alertmanager"] = f"http://{host}:{alertmanager_port}"
+        urls["local pager (pages as JSON)"] = f"http://{host}:{pager_port}/events"
+    urls["supervisor /metrics"] = f"http://{host}:{supervisor_port}/metrics"
+    urls["logs"] = str(run_dir)
+    _supervise(children, urls, (host, supervisor_port))
 
 
-def _supervise(children: list, urls: dict[str, str]) -> None:
-    """Start children in order (each healthy before the next), print URLs, wait, stop all."""
-    from inferwatch.supervise import StartupError
+def _monitoring_children(run_dir: Path, host: str, model: str, vllm_port: int, gateway_port: int, exporter_port: int,
+                         drift_port: int, prometheus_port: int, alertmanager_port: int, pager_port: int,
+                         supervisor_port: int, pagerduty_key: Optional[Path], rules_dir: Optional[Path],
+                         fast: bool, child) -> list:
+    """Pager, Alertmanager and Prometheus, configured from the same functions as deploy/."""
+    from alerts.generate import RULES_DIR
+    from alerts.routing import Receivers, Timing
+    from inferwatch.monitoring import Intervals, Targets, alertmanager_process, prometheus_process, write_local_configs
+
+    at = lambda port: f"{host}:{port}"  # noqa: E731
+    targets = Targets(prometheus=at(prometheus_port), alertmanager=at(alertmanager_port),
+                      gateway=(at(gateway_port),), vllm=((at(vllm_port), model),),
+                      exporter=(at(exporter_port),) if exporter_port else (),
+                      drift=(at(drift_port),) if drift_port else (), supervisor=(at(supervisor_port),))
+    hooks = f"http://{host}:{pager_port}/hooks"
+    receivers = Receivers(f"{hooks}/pager", f"{hooks}/ticket", f"{hooks}/deadman",
+                          str(pagerduty_key.resolve()) if pagerduty_key else None)
+    intervals = Intervals()
+    if fast:
+        quick = Timing("1s", "2s", "1h")
+        intervals = Intervals("1s", "1s", quick, quick, Timing("0s", "5s", "5s"))
+    prom_cfg, am_cfg = write_local_configs(run_dir, targets, receivers, intervals, rules_dir or RULES_DIR)
+    return [
+        (child("local pager", "pager", ["pager", "--host", host, "--port", str(pager_port)], pager_port), 30.0),
+        (alertmanager_process(am_cfg, run_dir / "alertmanager" / "data", host, alertmanager_port,
+                              run_dir / "alertmanager.log"), 60.0),
+        (prometheus_process(prom_cfg, run_dir / "prometheus" / "data", host, prometheus_port,
+                            run_dir / "prometheus.log"), 60.0),
+    ]
+
+
+def _supervise(children: list, urls: dict[str, str], metrics_at: tuple[str, int] | None = None) -> None:
+    """Start children in order (each healthy before the next), print URLs, then keep them
+    running: a child that exits is restarted with backoff while the others carry on.
+    Ctrl-C or SIGTERM stops all, in reverse order."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from inferwatch.supervise import StartupError, Supervisor
 
     started = []
     stopping = False
+    registry = CollectorRegistry()
+    supervisor = Supervisor(registry, say=lambda line: typer.secho(line, err=True, fg=typer.colors.YELLOW))
 
     def on_signal(signum: int, frame: object) -> None:
         nonlocal stopping
@@ -245,6 +316,8 @@ def _supervise(children: list, urls: dict[str, str]) -> None:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
+        if metrics_at:
+            start_http_server(metrics_at[1], addr=metrics_at[0], registry=registry)
         for proc, timeout in children:
             typer.echo(f"starting {proc.name} (log: {proc.log_path}) ...")
             proc.start()
@@ -253,22 +326,20 @@ def _supervise(children: list, urls: dict[str, str]) -> None:
             if took is None:
                 return
             typer.echo(f"  {proc.name} healthy after {took:.1f}s")
+            supervisor.adopt(proc)
         width = max(len(k) for k in urls)
         typer.echo("\ninferwatch is up:")
         for label, url in urls.items():
             typer.echo(f"  {label:<{width}}  {url}")
         typer.echo("\nCtrl-C stops everything.")
         while not stopping:
-            for proc in started:
-                if not proc.alive():
-                    typer.secho(f"{proc.name} exited unexpectedly; last log lines:\n{proc.log_tail()}", err=True,
-                                fg=typer.colors.RED)
-                    raise typer.Exit(1)
+            supervisor.poll()
             time.sleep(0.5)
     except StartupError as exc:
         _fail(str(exc))
+    except OSError as exc:
+        _fail(f"Cannot serve the supervisor's metrics on {metrics_at}: {exc}")
     finally:
         for proc in reversed(started):
             typer.echo(f"stopping {proc.name} ...")
             proc.stop()
-

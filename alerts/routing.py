@@ -1,0 +1,97 @@
+"""Alertmanager routing as data: who hears about which tier, and what silences what.
+
+``critical`` pages (PagerDuty when a routing key file is given, and a webhook), ``warning``
+opens a ticket (webhook), ``info`` goes nowhere, the Watchdog goes to a dead man's switch.
+The same function renders the compose config and the one ``inferwatch up`` writes; only
+receiver URLs and the secret file differ. Secrets are read from files, never inlined.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+GROUP_BY = ["alertname", "model", "cluster"]
+
+
+@dataclass(frozen=True)
+class Timing:
+    group_wait: str
+    group_interval: str
+    repeat_interval: str
+
+
+# Pages go out fast and repeat hourly until acknowledged or resolved; tickets batch.
+PAGE = Timing("10s", "1m", "1h")
+TICKET = Timing("1m", "5m", "24h")
+DEADMAN = Timing("0s", "1m", "1m")  # a heartbeat every minute; its absence is the alarm
+
+# Alerts that a dead vLLM (or gateway) causes: paging for them too is noise.
+CAUSED_BY_VLLM_DOWN = ["SLOErrorBudgetBurn", "VLLMKVCacheSaturated", "VLLMPreempting"]
+
+
+@dataclass(frozen=True)
+class Receivers:
+    pager_webhook: str
+    ticket_webhook: str
+    deadman_webhook: str
+    pagerduty_routing_key_file: str | None = None
+
+
+def _webhook(url: str) -> dict:
+    return {"url": url, "send_resolved": True, "max_alerts": 0}
+
+
+def _route(receiver: str, matcher: str, timing: Timing | None = None) -> dict:
+    route: dict = {"receiver": receiver, "matchers": [matcher]}
+    if timing:
+        route |= {"group_wait": timing.group_wait, "group_interval": timing.group_interval,
+                  "repeat_interval": timing.repeat_interval}
+    return route
+
+
+def alertmanager_config(receivers: Receivers, templates_dir: str | Path, *,
+                        page: Timing = PAGE, ticket: Timing = TICKET, deadman: Timing = DEADMAN) -> dict:
+    pager: dict = {"name": "pager", "webhook_configs": [_webhook(receivers.pager_webhook)]}
+    if receivers.pagerduty_routing_key_file:
+        pager["pagerduty_configs"] = [{
+            "routing_key_file": receivers.pagerduty_routing_key_file,
+            "send_resolved": True,
+            "severity": "critical",
+            "description": '{{ template "inferwatch.title" . }}',
+            "details": {"firing": '{{ template "inferwatch.text" . }}'},
+            "links": [{"href": "{{ (index .Alerts 0).Annotations.runbook_url }}", "text": "runbook"},
+                      {"href": "{{ (index .Alerts 0).Annotations.dashboard_url }}", "text": "dashboard"}],
+        }]
+    return {
+        "route": {
+            "receiver": "ticket",  # anything unrouted (no severity) still reaches a person
+            "group_by": GROUP_BY,
+            "group_wait": ticket.group_wait, "group_interval": ticket.group_interval,
+            "repeat_interval": ticket.repeat_interval,
+            "routes": [
+                _route("deadman", 'alertname="Watchdog"', deadman),
+                _route("null", 'alertname="InfoInhibitor"'),
+                _route("pager", 'severity="critical"', page),
+                _route("ticket", 'severity="warning"', ticket),
+                _route("null", 'severity="info"'),
+            ],
+        },
+        "inhibit_rules": [
+            {"source_matchers": ['severity="critical"'], "target_matchers": ['severity="warning"'],
+             "equal": ["alertname", "model", "slo", "cluster"]},
+            {"source_matchers": ['alertname="VLLMDown"'],
+             "target_matchers": [f'alertname=~"{"|".join(CAUSED_BY_VLLM_DOWN)}"'], "equal": ["model", "cluster"]},
+            {"source_matchers": ['alertname=~"VLLMDown|GatewayDown"'],
+             "target_matchers": ['alertname="GatewayUpstreamDown"'], "equal": ["cluster"]},
+            {"source_matchers": ['alertname="InfoInhibitor"'], "target_matchers": ['severity="info"'],
+             "equal": ["instance"]},
+        ],
+        "receivers": [
+            pager,
+            {"name": "ticket", "webhook_configs": [_webhook(receivers.ticket_webhook)]},
+            {"name": "deadman", "webhook_configs": [_webhook(receivers.deadman_webhook)]},
+            {"name": "null"},
+        ],
+        "templates": [f"{templates_dir}/*.tmpl"],
+    }

@@ -1,0 +1,147 @@
+"""Prometheus and Alertmanager for the stack: their configs and their processes.
+
+One function renders each config; the compose stack's copies under ``deploy/`` are
+rendered with container host names (``make alerts`` writes them, a test checks they are
+current), and ``inferwatch up`` renders the same with loopback addresses into its run
+folder. Scrape jobs are the ones the alert rules name (``alerts.spec.JOB_*``).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from alerts import spec
+from alerts.generate import RULES_DIR, render
+from alerts.routing import Receivers, Timing, alertmanager_config, PAGE, TICKET, DEADMAN
+from inferwatch.supervise import ManagedProcess
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY_DIR = ROOT / "deploy"
+TEMPLATES_DIR = ROOT / "alerts" / "templates"
+SCRAPE_INTERVAL = "10s"
+EVALUATION_INTERVAL = "10s"
+
+
+@dataclass(frozen=True)
+class Targets:
+    """host:port of everything Prometheus scrapes; vLLM servers with the model they serve."""
+
+    prometheus: str
+    alertmanager: str
+    gateway: tuple[str, ...] = ()
+    vllm: tuple[tuple[str, str], ...] = ()  # (host:port, served model name)
+    exporter: tuple[str, ...] = ()
+    drift: tuple[str, ...] = ()
+    supervisor: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Intervals:
+    scrape: str = SCRAPE_INTERVAL
+    evaluation: str = EVALUATION_INTERVAL
+    page: Timing = PAGE
+    ticket: Timing = TICKET
+    deadman: Timing = DEADMAN
+
+
+def _job(name: str, addresses: tuple[str, ...], **extra: object) -> dict:
+    return {"job_name": name, "static_configs": [{"targets": list(addresses)}], **extra}
+
+
+def prometheus_config(targets: Targets, rule_files: list[str], cluster: str, intervals: Intervals = Intervals()) -> dict:
+    jobs = [
+        _job("prometheus", (targets.prometheus,)),
+        _job(spec.JOB_ALERTMANAGER, (targets.alertmanager,)),
+    ]
+    if targets.gateway:
+        jobs.append(_job(spec.JOB_GATEWAY, targets.gateway))
+    if targets.vllm:
+        jobs.append({"job_name": spec.JOB_VLLM, "static_configs": [
+            {"targets": [address], "labels": {"model": model}} for address, model in targets.vllm]})
+    for job, addresses in ((spec.JOB_EXPORTER, targets.exporter), (spec.JOB_DRIFT, targets.drift),
+                           (spec.JOB_SUPERVISOR, targets.supervisor)):
+        if addresses:
+            jobs.append(_job(job, addresses))
+    return {
+        "global": {"scrape_interval": intervals.scrape, "evaluation_interval": intervals.evaluation,
+                   "external_labels": {"cluster": cluster}},
+        "rule_files": rule_files,
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [targets.alertmanager]}]}]},
+        "scrape_configs": jobs,
+    }
+
+
+COMPOSE_TARGETS = Targets(prometheus="localhost:9090", alertmanager="alertmanager:9093", gateway=("gateway:8080",),
+                          vllm=(("vllm:8000", "tiny-llama"),), exporter=("exporter:9400",),
+                          drift=("drift:8090",))
+COMPOSE_RECEIVERS = Receivers(pager_webhook="http://pager:9097/hooks/pager",
+                              ticket_webhook="http://pager:9097/hooks/ticket",
+                              deadman_webhook="http://pager:9097/hooks/deadman",
+                              pagerduty_routing_key_file="/run/secrets/pagerduty_routing_key")
+
+
+def compose_files() -> dict[Path, str]:
+    """The configs the compose stack mounts (rules at /etc/prometheus/rules)."""
+    rules = [f"/etc/prometheus/rules/{f.name}" for f in sorted(RULES_DIR.glob("*.yml"))]
+    return {
+        DEPLOY_DIR / "prometheus" / "prometheus.yml": render(prometheus_config(COMPOSE_TARGETS, rules, "compose")),
+        DEPLOY_DIR / "alertmanager" / "alertmanager.yml": render(
+            alertmanager_config(COMPOSE_RECEIVERS, "/etc/alertmanager/templates")),
+    }
+
+
+def write_local_configs(run_dir: Path, targets: Targets, receivers: Receivers,
+                        intervals: Intervals = Intervals(), rules_dir: Path = RULES_DIR) -> tuple[Path, Path]:
+    """Render both configs for a local stack into ``run_dir``; return their paths."""
+    prom_dir, am_dir = run_dir / "prometheus", run_dir / "alertmanager"
+    for d in (prom_dir, am_dir):
+        d.mkdir(parents=True, exist_ok=True)
+    rules = [str(f) for f in sorted(rules_dir.glob("*.yml"))]
+    prom = prom_dir / "prometheus.yml"
+    prom.write_text(yaml.safe_dump(prometheus_config(targets, rules, "local", intervals), sort_keys=False))
+    am = am_dir / "alertmanager.yml"
+    am.write_text(yaml.safe_dump(alertmanager_config(receivers, TEMPLATES_DIR, page=intervals.page,
+                                                     ticket=intervals.ticket, deadman=intervals.deadman),
+                                 sort_keys=False))
+    return prom, am
+
+
+def prometheus_binary() -> str:
+    return shutil.which("prometheus") or "prometheus"
+
+
+def alertmanager_binary() -> str:
+    return shutil.which("prometheus-alertmanager") or shutil.which("alertmanager") or "alertmanager"
+
+
+def prometheus_process(config: Path, data_dir: Path, host: str, port: int, log_path: Path,
+                       retention: str = "15d") -> ManagedProcess:
+    argv = [prometheus_binary(), f"--config.file={config}", f"--storage.tsdb.path={data_dir}",
+            f"--web.listen-address={host}:{port}", "--enable-feature=exemplar-storage",
+            f"--storage.tsdb.retention.time={retention}", "--web.enable-lifecycle"]
+    return ManagedProcess(f"Prometheus (:{port})", argv, log_path=log_path,
+                          health_url=f"http://{host}:{port}/-/ready", key="prometheus")
+
+
+def alertmanager_process(config: Path, data_dir: Path, host: str, port: int, log_path: Path) -> ManagedProcess:
+    argv = [alertmanager_binary(), f"--config.file={config}", f"--storage.path={data_dir}",
+            f"--web.listen-address={host}:{port}", "--cluster.listen-address=",
+            f"--web.external-url=http://{host}:{port}"]
+    return ManagedProcess(f"Alertmanager (:{port})", argv, log_path=log_path,
+                          health_url=f"http://{host}:{port}/-/ready", key="alertmanager")
+
+
+def main() -> None:
+    for path, text in compose_files().items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        print(path, file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""The generated rule files and configs: current, valid, naming only exported metrics,
+every alert documented; Alertmanager routes each tier where the spec says."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from alerts import generate, spec
+from alerts.generate import RULES_DIR, render, rule_files
+from dashboards import uids
+from inferwatch.catalog import exposed
+from inferwatch.monitoring import DEPLOY_DIR, compose_files
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNBOOKS = ROOT / "alerts" / "runbooks"
+AM_CONFIG = DEPLOY_DIR / "alertmanager" / "alertmanager.yml"
+
+
+def all_rules() -> list[dict]:
+    return [r for doc in rule_files().values() for g in doc["groups"] for r in g["rules"]]
+
+
+def alerting_rules() -> list[dict]:
+    return [r for r in all_rules() if "alert" in r]
+
+
+def test_committed_files_match_the_generators():
+    for name, doc in rule_files().items():
+        assert (RULES_DIR / name).read_text() == render(doc), f"alerts/rules/{name} is stale: run `make alerts`"
+    for path, text in compose_files().items():
+        assert path.read_text() == text, f"{path} is stale: run `make alerts`"
+
+
+_GROUPING = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
+_KEYWORDS = {"and", "or", "unless", "offset", "bool", "by", "without", "on", "ignoring", "inf", "nan"}
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names a PromQL expression selects (label matchers, ranges, strings, grouping
+    clauses and function names removed)."""
+    text = re.sub(r'"[^"]*"', '""', expr)
+    text = re.sub(r"\{[^}]*\}", " ", text)
+    text = re.sub(r"\[[^\]]*\]", " ", text)
+    text = _GROUPING.sub(" ", text)
+    names = set()
+    for match in re.finditer(r"(?<![\w:.])([a-zA-Z_:][\w:]*)(\s*\()?", text):
+        if match[2] is None and match[1] not in _KEYWORDS:
+            names.add(match[1])
+    return names
+
+
+def test_metric_name_parser_sees_through_promql():
+    assert metric_names('sum by (model) (rate(a_total{x="y"}[5m])) / on (model) b > 0.5 unless c offset 10m') \
+        == {"a_total", "b", "c"}
+
+
+def test_every_rule_reads_only_metrics_the_stack_exports_or_records():
+    recorded = {r["record"] for r in all_rules() if "record" in r}
+    known = set(exposed()) | recorded
+    for rule in all_rules():
+        unknown = metric_names(rule["expr"]) - known
+        assert not unknown, f"{rule.get('alert') or rule.get('record')} reads {unknown}, which nothing exports"
+
+
+def test_every_alert_is_documented_and_linked():
+    for rule in alerting_rules():
+        name, notes = rule["alert"], rule["annotations"]
+        assert rule["labels"]["severity"] in ("critical", "warning", "info", "none"), name
+        assert notes["summary"] and notes["description"], name
+        assert notes["runbook_url"] == f"{spec.RUNBOOK_BASE_URL}/{name}.md", name
+        runbook = RUNBOOKS / f"{name}.md"
+        assert runbook.is_file(), f"no runbook for {name}"
+        text = runbook.read_text()
+        for section in ("## Meaning", "## Confirm", "## Mitigate"):
+            assert section in text, f"{runbook.name} lacks {section}"
+        if "dashboard_url" in notes:
+            assert notes["dashboard_url"].rsplit("/", 1)[1] in vars(uids).values(), name
+    assert {p.stem for p in RUNBOOKS.glob("*.md")} - {"README"} == {r["alert"] for r in alerting_rules()}
+
+
+def test_pages_are_what_the_issue_lists():
+    pages = {r["alert"] for r in alerting_rules() if r["labels"]["severity"] == "critical"}
+    assert {"SLOErrorBudgetBurn", "VLLMDown", "GatewayDown", "GatewayUpstreamDown", "GPUFatalXID", "GPUDeviceFailed",
+            "GPUUncorrectableECC", "GPURowRemapFailure", "InferwatchCrashLooping"} == pages
+
+
+def test_cap_for_shortens_only_longer_durations():
+    capped = generate.cap_for(rule_files(), "30s")
+    fors = [r["for"] for doc in capped.values() for g in doc["groups"] for r in g["rules"] if "for" in r]
+    assert set(fors) == {"30s", "10s"}
+
+
+def test_promtool_accepts_rules_and_config(tmp_path):
+    subprocess.run(["promtool", "check", "rules", *map(str, sorted(RULES_DIR.glob("*.yml")))], check=True,
+                   capture_output=True)
+    subprocess.run(["promtool", "check", "config", "--syntax-only", str(DEPLOY_DIR / "prometheus" / "prometheus.yml")],
+                   check=True, capture_output=True)
+
+
+def test_amtool_accepts_the_alertmanager_config():
+    result = subprocess.run(["amtool", "check-config", str(AM_CONFIG)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "4 receivers" in result.stdout
+
+
+@pytest.mark.parametrize(("labels", "receiver"), [
+    ({"alertname": "VLLMDown", "severity": "critical", "model": "m"}, "pager"),
+    ({"alertname": "SLOErrorBudgetBurn", "severity": "critical", "slo": "ttft"}, "pager"),
+    ({"alertname": "DriftDetected", "severity": "warning"}, "ticket"),
+    ({"alertname": "GPUPowerCapped", "severity": "info"}, "null"),
+    ({"alertname": "Watchdog", "severity": "none"}, "deadman"),
+    ({"alertname": "InfoInhibitor", "severity": "none"}, "null"),
+    ({"alertname": "SomethingNew"}, "ticket"),
+])
+def test_amtool_routes_each_tier(labels, receiver):
+    result = subprocess.run(["amtool", "config", "routes", "test", f"--config.file={AM_CONFIG}",
+                             f"--verify.receivers={receiver}", *(f"{k}={v}" for k, v in labels.items())],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_alertmanager_config_never_inlines_a_secret():
+    doc = yaml.safe_load(AM_CONFIG.read_text())
+    pd = doc["receivers"][0]["pagerduty_configs"][0]
+    assert "routing_key" not in pd and pd["routing_key_file"].startswith("/run/secrets/")
