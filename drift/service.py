@@ -18,7 +18,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 
-from drift import metrics, report
+from drift import metrics as drift_metrics
+from drift import report
 from drift.methods import DriftResult
 from drift.prometheus_source import PrometheusSource, SourceError
 from drift.schema import NUMERIC_FEATURES, BatchError
@@ -63,8 +64,8 @@ class DriftCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         score, detected, threshold, records, base = (
             GaugeMetricFamily(m.name, m.doc, labels=list(m.labels))
-            for m in (metrics.SCORE, metrics.DETECTED, metrics.THRESHOLD, metrics.WINDOW_RECORDS,
-                      metrics.BASELINE_RECORDS))
+            for m in (drift_metrics.SCORE, drift_metrics.DETECTED, drift_metrics.THRESHOLD, drift_metrics.WINDOW_RECORDS,
+                      drift_metrics.BASELINE_RECORDS))
         for segment in self.state.segments():
             records.add_metric(list(segment), self.state.window_records(segment))
             baseline = self.state.baselines.get(segment)
@@ -89,7 +90,7 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
                                                     settings.retention_s))
     registry.register(DriftCollector(state))
     ingested, rejected = (Counter(m.name, m.doc, m.labels, registry=registry)
-                          for m in (metrics.INGESTED, metrics.REJECTED))
+                          for m in (drift_metrics.INGESTED, drift_metrics.REJECTED))
     token = settings.token.get_secret_value().encode() if settings.token else None
     source = PrometheusSource(settings.prometheus_url)
 

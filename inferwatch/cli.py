@@ -285,14 +285,14 @@ def _monitoring_children(run_dir: Path, host: str, model: str, vllm_port: int, g
     intervals = Intervals()
     if fast:
         quick = Timing("1s", "2s", "1h")
-        intervals = Intervals("1s", "1s", quick, quick, Timing("0s", "5s", "5s"))
+        intervals = Intervals("1s", "1s", quick, quick, Timing("0s", "5s", "5s"), resend_delay="2s")
     prom_cfg, am_cfg = write_local_configs(run_dir, targets, receivers, intervals, rules_dir or RULES_DIR)
     return [
         (child("local pager", "pager", ["pager", "--host", host, "--port", str(pager_port)], pager_port), 30.0),
         (alertmanager_process(am_cfg, run_dir / "alertmanager" / "data", host, alertmanager_port,
                               run_dir / "alertmanager.log"), 60.0),
         (prometheus_process(prom_cfg, run_dir / "prometheus" / "data", host, prometheus_port,
-                            run_dir / "prometheus.log"), 60.0),
+                            run_dir / "prometheus.log", intervals), 60.0),
     ]
 
 

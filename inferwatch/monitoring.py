@@ -47,6 +47,7 @@ class Intervals:
     page: Timing = PAGE
     ticket: Timing = TICKET
     deadman: Timing = DEADMAN
+    resend_delay: str = "1m"  # how often Prometheus re-sends a firing alert (its own default)
 
 
 def _job(name: str, addresses: tuple[str, ...], **extra: object) -> dict:
@@ -120,8 +121,9 @@ def alertmanager_binary() -> str:
 
 
 def prometheus_process(config: Path, data_dir: Path, host: str, port: int, log_path: Path,
-                       retention: str = "15d") -> ManagedProcess:
+                       intervals: Intervals = Intervals(), retention: str = "15d") -> ManagedProcess:
     argv = [prometheus_binary(), f"--config.file={config}", f"--storage.tsdb.path={data_dir}",
+            f"--rules.alert.resend-delay={intervals.resend_delay}",
             f"--web.listen-address={host}:{port}", "--enable-feature=exemplar-storage",
             f"--storage.tsdb.retention.time={retention}", "--web.enable-lifecycle"]
     return ManagedProcess(f"Prometheus (:{port})", argv, log_path=log_path,

@@ -33,12 +33,13 @@ GPU_ALERT = {k: GPU[k] for k in GPU}
 
 SCENARIOS = [
     Scenario("vLLM target down, then back", "VLLMDown", {selector("up", VLLM): "1 1 0 0 0 0 0 1 1"},
-             quiet_at=("1m",), fires_at="4m", labels=crit(**VLLM), value="0", resolved_at="8m"),
+             quiet_at=("1m",), fires_at="4m", labels=crit(**VLLM, upstream_address="vllm:8000"), value="0",
+             resolved_at="8m"),
     Scenario("gateway target down", "GatewayDown", {selector("up", GW): "1 1 0 0 0 0 1 1"},
              quiet_at=("1m", "2m"), fires_at="4m", labels=crit(**GW), value="0", resolved_at="7m"),
     Scenario("gateway cannot reach vLLM", "GatewayUpstreamDown",
              {selector("inferwatch_gateway_upstream_up", {**GW, "upstream": "http://vllm:8000"}): "1 1 0 0 0 0 1"},
-             quiet_at=("1m", "2m"), fires_at="4m", labels=crit(**GW, upstream="http://vllm:8000"), value="0",
+             quiet_at=("1m", "2m"), fires_at="4m", labels=crit(**GW, upstream="http://vllm:8000", upstream_address="vllm:8000"), value="0",
              resolved_at="6m"),
     Scenario("a child restarts three times within 15m", "InferwatchCrashLooping",
              {selector("inferwatch_supervisor_restarts_total", {"job": "inferwatch-supervisor", "instance": "h:9098",

@@ -1,4 +1,12 @@
-"""`inferwatch up` (what `make up` runs): real vLLM + gateway, URLs printed, Ctrl-C stops all."""
+"""`inferwatch up` (what `make up` runs), end to end with real processes: vLLM (CPU), gateway,
+exporter, drift service, Prometheus, Alertmanager and the local pager.
+
+One stack serves every test in this module, in order. It runs with ``--fast-alerting``
+(1 s scrape and evaluation, 1-2 s Alertmanager waits) and with the generated rules whose
+``for`` durations are capped at 15 s (``alerts.generate.cap_for``): the documented test
+override, since a test cannot wait out a 15 m ``for``. Everything else (expressions,
+labels, annotations, routes, inhibitions) is what ships.
+"""
 
 from __future__ import annotations
 
@@ -9,15 +17,21 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import openai
+import psutil
 import pytest
 import requests
 
+from alerts.generate import cap_for, rule_files, write
 from tests.conftest import TINY_MODEL_NAME
+from tests.drift.records import body, records
 from tests.support.servers import eventually, free_ports
 
 pytestmark = pytest.mark.vllm
+FOR_CAP = "15s"
 
 
 class OutputReader:
@@ -43,6 +57,34 @@ class OutputReader:
         return self.text
 
 
+@dataclass
+class Stack:
+    proc: subprocess.Popen
+    reader: OutputReader
+    ports: dict[str, int]
+    run_dir: Path
+
+    def url(self, what: str) -> str:
+        return f"http://127.0.0.1:{self.ports[what]}"
+
+    def events(self, **query: str) -> list[dict]:
+        return requests.get(f"{self.url('pager')}/events", params=query, timeout=5).json()["events"]
+
+    def firing_in_prometheus(self, alertname: str) -> list[dict]:
+        alerts = requests.get(f"{self.url('prometheus')}/api/v1/alerts", timeout=5).json()["data"]["alerts"]
+        return [a for a in alerts if a["labels"]["alertname"] == alertname and a["state"] == "firing"]
+
+    def chat(self, n: int = 1) -> list[int]:
+        """n small requests through the gateway; their HTTP status codes."""
+        codes = []
+        for _ in range(n):
+            r = requests.post(f"{self.url('gateway')}/v1/chat/completions", timeout=30,
+                              json={"model": TINY_MODEL_NAME, "max_tokens": 4,
+                                    "messages": [{"role": "user", "content": "hi"}]})
+            codes.append(r.status_code)
+        return codes
+
+
 def port_open(port: int) -> bool:
     try:
         requests.get(f"http://127.0.0.1:{port}/health", timeout=1)
@@ -51,46 +93,153 @@ def port_open(port: int) -> bool:
         return False
 
 
-def test_up_serves_through_the_gateway_and_ctrl_c_stops_everything(tiny_model, tmp_path):
-    vllm_port, gw_port, exp_port, drift_port = free_ports(4)
+@pytest.fixture(scope="module")
+def stack(tiny_model, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("up")
+    rules = run_dir / "rules"
+    write(cap_for(rule_files(), FOR_CAP), rules)
+    names = ("vllm", "gateway", "exporter", "drift", "prometheus", "alertmanager", "pager", "supervisor")
+    ports = dict(zip(names, free_ports(len(names))))
     proc = subprocess.Popen(
         [sys.executable, "-m", "inferwatch", "up", "--model", str(tiny_model), "--name", TINY_MODEL_NAME,
-         "--vllm-port", str(vllm_port), "--gateway-port", str(gw_port), "--exporter-port", str(exp_port), "--drift-port", str(drift_port),
-         "--dtype", "bfloat16",
-         "--run-dir", str(tmp_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+         "--dtype", "bfloat16", "--run-dir", str(run_dir), "--rules-dir", str(rules), "--fast-alerting",
+         *(arg for name in names for arg in (f"--{name}-port", str(ports[name])))],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        # the gateway re-probes vLLM faster than the capped `for` of GatewayUpstreamDown, as its
+        # 30 s default is faster than the shipped 1 m: a recovered vLLM resolves it before it pages
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "INFERWATCH_GATEWAY_MODELS_REFRESH_S": "5"},
     )
+    stack = Stack(proc, OutputReader(proc), ports, run_dir)
     try:
-        reader = OutputReader(proc)
-        out = reader.until("Ctrl-C stops everything", 300)
-        assert f"http://127.0.0.1:{gw_port}/v1" in out
-        assert f"http://127.0.0.1:{gw_port}/metrics" in out and f"http://127.0.0.1:{vllm_port}/metrics" in out
-
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{gw_port}/v1", api_key="unused", max_retries=0)
-        reply = client.chat.completions.create(model=TINY_MODEL_NAME, messages=[{"role": "user", "content": "hi"}],
-                                               max_tokens=4)
-        assert reply.usage.completion_tokens == 4
-        assert "inferwatch_gateway_requests_total" in requests.get(f"http://127.0.0.1:{gw_port}/metrics").text
-        # no GPU here: the exporter runs and says so in its metrics
-        assert f"http://127.0.0.1:{exp_port}/metrics" in out
-        assert "inferwatch_nvml_up 0.0" in requests.get(f"http://127.0.0.1:{exp_port}/metrics").text
-
-        # the request's feature record reaches the drift service that up started
-        assert f"http://127.0.0.1:{drift_port}/report" in out
-        segs = eventually(lambda: requests.get(f"http://127.0.0.1:{drift_port}/v1/drift").json()["segments"])
-        assert [(s["model"], s["window_records"]) for s in segs] == [(TINY_MODEL_NAME, 1)]
-
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=90)
-        rest = reader.until("stopping vLLM", 5)
-        assert proc.returncode == 0, rest
-        assert not any(port_open(p) for p in (gw_port, vllm_port, exp_port, drift_port))
-        assert (tmp_path / "vllm.log").stat().st_size > 0 and (tmp_path / "gateway.log").exists()
+        yield stack
     finally:
-        if proc.poll() is None:  # a failed assertion: still stop the stack, children included
+        if proc.poll() is None:  # a failed test: still stop the stack, children included
             proc.send_signal(signal.SIGINT)
             try:
-                proc.wait(timeout=60)
+                proc.wait(timeout=90)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def test_up_prints_every_url_and_serves_through_the_gateway(stack):
+    out = stack.reader.until("Ctrl-C stops everything", 300)
+    for what, path in (("gateway", "/v1"), ("gateway", "/metrics"), ("vllm", "/metrics"), ("exporter", "/metrics"),
+                       ("drift", "/report"), ("prometheus", ""), ("alertmanager", ""), ("pager", "/events"),
+                       ("supervisor", "/metrics")):
+        assert f"{stack.url(what)}{path}" in out, what
+
+    client = openai.OpenAI(base_url=f"{stack.url('gateway')}/v1", api_key="unused", max_retries=0)
+    reply = client.chat.completions.create(model=TINY_MODEL_NAME, messages=[{"role": "user", "content": "hi"}],
+                                           max_tokens=4)
+    assert reply.usage.completion_tokens == 4
+    # no GPU here: the exporter runs and says so in its metrics
+    assert "inferwatch_nvml_up 0.0" in requests.get(f"{stack.url('exporter')}/metrics").text
+    # the request's feature record reaches the drift service that up started
+    segs = eventually(lambda: requests.get(f"{stack.url('drift')}/v1/drift").json()["segments"])
+    assert [(s["model"], s["window_records"]) for s in segs] == [(TINY_MODEL_NAME, 1)]
+
+
+def test_prometheus_scrapes_every_part_of_the_stack(stack):
+    def healthy_jobs():
+        targets = requests.get(f"{stack.url('prometheus')}/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
+        return {t["labels"]["job"] for t in targets if t["health"] == "up"}
+
+    want = {"prometheus", "alertmanager", "inferwatch-gateway", "vllm", "inferwatch-exporter", "inferwatch-drift",
+            "inferwatch-supervisor"}
+    assert eventually(lambda: healthy_jobs() >= want, timeout_s=30), healthy_jobs()
+    rules = requests.get(f"{stack.url('prometheus')}/api/v1/rules", timeout=5).json()["data"]["groups"]
+    assert {g["name"] for g in rules} >= {"inferwatch-page", "inferwatch-ticket", "inferwatch-slo-availability"}
+    assert all(r["health"] == "ok" for g in rules for r in g["rules"]), [
+        (r["name"], r.get("lastError")) for g in rules for r in g["rules"] if r["health"] != "ok"]
+
+
+def test_watchdog_reaches_the_dead_mans_switch_and_nothing_pages_while_healthy(stack):
+    assert eventually(lambda: stack.events(receiver="deadman", alertname="Watchdog"), timeout_s=30)
+    deadline = time.monotonic() + 15  # traffic over several evaluation and `for` periods
+    while time.monotonic() < deadline:
+        assert stack.chat(2) == [200, 200]
+        time.sleep(0.5)
+    assert stack.events(receiver="pager") == []
+    assert stack.events(receiver="ticket") == []
+
+
+def test_shifted_feature_records_open_a_drift_ticket(stack):
+    now = time.time()
+    drift = stack.url("drift")
+    reference = records(400, now - 7200, now - 5400, seed=1, model="drift-probe", variant="v1")
+    assert requests.post(f"{drift}/v1/ingest", data=body(reference), timeout=10).status_code == 200
+    frozen = requests.post(f"{drift}/v1/baselines", timeout=10,
+                           json={"model": "drift-probe", "variant": "v1", "from": now - 7200, "to": now - 5400})
+    assert frozen.status_code == 201, frozen.text
+    shifted = records(400, now - 120, now, seed=2, model="drift-probe", variant="v1", prompt_mu=7.0)
+    assert requests.post(f"{drift}/v1/ingest", data=body(shifted), timeout=10).status_code == 200
+
+    tickets = eventually(lambda: [e for e in stack.events(receiver="ticket", alertname="DriftDetected")
+                                  if e["labels"]["feature"] == "prompt_tokens"], timeout_s=60)
+    assert tickets, stack.events()
+    t = tickets[0]
+    assert t["status"] == "firing"
+    assert {k: t["labels"][k] for k in ("model", "variant", "severity", "cluster")} == {
+        "model": "drift-probe", "variant": "v1", "severity": "warning", "cluster": "local"}
+    assert t["annotations"]["runbook_url"].endswith("/alerts/runbooks/DriftDetected.md")
+    assert t["annotations"]["dashboard_url"].endswith("/d/inferwatch-drift")
+    assert stack.events(receiver="pager") == []
+
+
+def _vllm_leader_pid(port: int) -> int:
+    for conn in psutil.net_connections("tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port and conn.pid:
+            return os.getpgid(conn.pid)
+    raise AssertionError(f"nothing listens on {port}")
+
+
+def test_vllm_killed_pages_and_its_automatic_return_resolves(stack):
+    os.killpg(_vllm_leader_pid(stack.ports["vllm"]), signal.SIGKILL)
+    stack.reader.until("restarting in", 15)
+
+    pages = eventually(lambda: stack.events(receiver="pager", alertname="VLLMDown", status="firing"), timeout_s=60)
+    assert pages, stack.events()
+    page = pages[0]
+    assert page["labels"] == {"alertname": "VLLMDown", "severity": "critical", "job": "vllm", "model": TINY_MODEL_NAME,
+                              "instance": f"127.0.0.1:{stack.ports['vllm']}", "cluster": "local",
+                              "upstream_address": f"127.0.0.1:{stack.ports['vllm']}"}
+    assert page["annotations"]["runbook_url"].endswith("/alerts/runbooks/VLLMDown.md")
+    assert page["annotations"]["dashboard_url"].endswith("/d/inferwatch-serving")
+    assert "every request routed to it fails" in page["annotations"]["description"]
+
+    # users hit the outage: the availability SLO burns, but the page for it is inhibited by VLLMDown
+    codes = []
+    burning = []
+    deadline = time.monotonic() + 40
+    while not burning and time.monotonic() < deadline:
+        codes += stack.chat(5)
+        burning = stack.firing_in_prometheus("SLOErrorBudgetBurn")
+        time.sleep(0.5)
+    assert burning and set(codes) == {503}, (codes, burning)
+    assert {a["labels"]["slo"] for a in burning} == {"availability"}
+
+    # the supervisor brings vLLM back; Prometheus sees it and the page resolves
+    stack.reader.until("healthy again", 240)
+    resolved = eventually(lambda: stack.events(receiver="pager", alertname="VLLMDown", status="resolved"),
+                          timeout_s=60)
+    assert resolved and resolved[0]["labels"]["model"] == TINY_MODEL_NAME
+    slo_pages = stack.events(receiver="pager", alertname="SLOErrorBudgetBurn")
+    assert all(e["received_at"] >= resolved[0]["received_at"] for e in slo_pages), "SLO paged while vLLM was down"
+    assert not stack.events(receiver="pager", alertname="GatewayUpstreamDown")  # inhibited: vLLM is the cause
+    assert stack.chat(1) == [200]
+
+    supervisor = requests.get(f"{stack.url('supervisor')}/metrics", timeout=5).text
+    assert 'inferwatch_supervisor_restarts_total{child="vllm"} 1.0' in supervisor
+    # the monitoring side never stopped
+    assert 'inferwatch_supervisor_restarts_total{child="prometheus"} 0.0' in supervisor
+    assert 'inferwatch_supervisor_restarts_total{child="alertmanager"} 0.0' in supervisor
+
+
+def test_ctrl_c_stops_everything(stack):
+    stack.proc.send_signal(signal.SIGINT)
+    stack.proc.wait(timeout=120)
+    rest = stack.reader.until("stopping vLLM", 5)
+    assert stack.proc.returncode == 0, rest
+    assert not any(port_open(p) for p in stack.ports.values())
+    assert (stack.run_dir / "vllm.log").stat().st_size > 0 and (stack.run_dir / "prometheus.log").exists()

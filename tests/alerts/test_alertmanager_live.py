@@ -1,0 +1,76 @@
+"""Routing and inhibition in a real Alertmanager: alerts posted to its API as Prometheus
+would, notifications read back from the local pager."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+import requests
+
+from alerts.routing import Receivers, Timing
+from inferwatch.monitoring import Intervals, Targets, alertmanager_process, write_local_configs
+from inferwatch.pager import create_app
+from tests.support.servers import AppServer, eventually, free_ports
+
+QUICK = Timing("1s", "1s", "1h")
+
+
+@pytest.fixture
+def alertmanager(tmp_path):
+    am_port, prom_port = free_ports(2)
+    with AppServer(create_app()) as pager:
+        hooks = f"{pager.url}/hooks"
+        _, am_cfg = write_local_configs(
+            tmp_path, Targets(prometheus=f"127.0.0.1:{prom_port}", alertmanager=f"127.0.0.1:{am_port}"),
+            Receivers(f"{hooks}/pager", f"{hooks}/ticket", f"{hooks}/deadman"),
+            Intervals(page=QUICK, ticket=QUICK, deadman=Timing("0s", "1s", "1h")))
+        proc = alertmanager_process(am_cfg, tmp_path / "am-data", "127.0.0.1", am_port, tmp_path / "am.log")
+        proc.start()
+        try:
+            proc.wait_healthy(30, poll_s=0.1)
+            yield f"http://127.0.0.1:{am_port}", pager
+        finally:
+            proc.stop()
+
+
+def post(am_url: str, *alerts: dict[str, str]) -> None:
+    now = datetime.now(timezone.utc)
+    body = [{"labels": {"cluster": "local", **labels}, "annotations": {"summary": labels["alertname"]},
+             "startsAt": now.isoformat(), "endsAt": (now + timedelta(minutes=5)).isoformat()} for labels in alerts]
+    assert requests.post(f"{am_url}/api/v2/alerts", json=body, timeout=5).status_code == 200
+
+
+def received(pager: AppServer) -> set[tuple[str, str, str]]:
+    events = requests.get(f"{pager.url}/events", timeout=5).json()["events"]
+    return {(e["receiver"], e["labels"]["alertname"], e["labels"].get("model") or e["labels"].get("instance", ""))
+            for e in events}
+
+
+def test_tiers_reach_their_receivers_and_causes_silence_their_symptoms(alertmanager):
+    am_url, pager = alertmanager
+    post(am_url,
+         {"alertname": "VLLMDown", "severity": "critical", "model": "m1", "instance": "vllm-a:8000",
+          "upstream_address": "vllm-a:8000"},
+         # caused by the dead vLLM: inhibited
+         {"alertname": "SLOErrorBudgetBurn", "severity": "critical", "model": "m1", "slo": "availability"},
+         {"alertname": "GatewayUpstreamDown", "severity": "critical", "instance": "gw-1:8080",
+          "upstream_address": "vllm-a:8000"},
+         # another model and another vLLM: not inhibited
+         {"alertname": "SLOErrorBudgetBurn", "severity": "critical", "model": "m2", "slo": "availability"},
+         {"alertname": "GatewayUpstreamDown", "severity": "critical", "instance": "gw-2:8080",
+          "upstream_address": "vllm-b:8000"},
+         # the page inhibits the ticket of the same alert, model and SLO, not of another SLO
+         {"alertname": "SLOErrorBudgetBurn", "severity": "warning", "model": "m2", "slo": "availability"},
+         {"alertname": "SLOErrorBudgetBurn", "severity": "warning", "model": "m3", "slo": "ttft"},
+         {"alertname": "DriftDetected", "severity": "warning", "model": "m1", "feature": "prompt_tokens"},
+         {"alertname": "GPUPowerCapped", "severity": "info", "instance": "n1"},
+         {"alertname": "Watchdog", "severity": "none"})
+    want = {
+        ("pager", "VLLMDown", "m1"), ("pager", "SLOErrorBudgetBurn", "m2"), ("pager", "GatewayUpstreamDown", "gw-2:8080"),
+        ("ticket", "SLOErrorBudgetBurn", "m3"), ("ticket", "DriftDetected", "m1"), ("deadman", "Watchdog", ""),
+    }
+    assert eventually(lambda: received(pager) >= want, timeout_s=15), received(pager)
+    time.sleep(3)  # several group intervals: nothing else arrives
+    assert received(pager) == want

@@ -1,0 +1,54 @@
+"""The local pager: Alertmanager's webhook payload in, readable lines and JSON events out."""
+
+from __future__ import annotations
+
+import logging
+
+import requests
+
+from inferwatch.pager import create_app
+from tests.support.servers import AppServer
+
+PAYLOAD = {
+    "version": "4", "status": "firing", "receiver": "pager", "groupLabels": {"alertname": "VLLMDown"},
+    "alerts": [{
+        "status": "firing", "fingerprint": "abc", "startsAt": "2026-11-30T05:00:00Z", "endsAt": "0001-01-01T00:00:00Z",
+        "labels": {"alertname": "VLLMDown", "severity": "critical", "model": "m1", "instance": "vllm:8000"},
+        "annotations": {"summary": "vLLM vllm:8000 is down", "runbook_url": "https://x/VLLMDown.md",
+                        "dashboard_url": "http://g/d/inferwatch-serving"},
+    }],
+}
+
+
+def test_pages_are_logged_readably_and_served_as_json(caplog):
+    with caplog.at_level(logging.WARNING, logger="inferwatch.pager"), AppServer(create_app()) as pager:
+        r = requests.post(f"{pager.url}/hooks/pager", json=PAYLOAD, timeout=5)
+        assert r.status_code == 200 and r.json() == {"received": 1}
+        resolved = {**PAYLOAD, "alerts": [{**PAYLOAD["alerts"][0], "status": "resolved"}]}
+        requests.post(f"{pager.url}/hooks/pager", json=resolved, timeout=5)
+        events = requests.get(f"{pager.url}/events", params={"receiver": "pager"}, timeout=5).json()["events"]
+        assert [e["status"] for e in events] == ["firing", "resolved"]
+        assert events[0]["labels"]["model"] == "m1"
+        assert requests.get(f"{pager.url}/events", params={"status": "resolved"}).json()["events"][0]["fingerprint"] \
+            == "abc"
+        assert requests.get(f"{pager.url}/events", params={"receiver": "ticket"}).json()["events"] == []
+    line = caplog.records[0].getMessage()
+    assert line.startswith("PAGER FIRING VLLMDown [critical] instance=vllm:8000 model=m1")
+    assert "runbook: https://x/VLLMDown.md" in line and "dashboard: http://g/d/inferwatch-serving" in line
+
+
+def test_bad_input_gets_a_clear_4xx_and_stores_nothing():
+    with AppServer(create_app()) as pager:
+        cases = [
+            (b"not json", 400, "not JSON"),
+            (b'{"alerts": "x"}', 400, "'alerts' list"),
+            (b'{"alerts": [{"labels": {}, "status": "maybe"}]}', 400, "alerts[0]"),
+        ]
+        for data, status, message in cases:
+            r = requests.post(f"{pager.url}/hooks/pager", data=data, timeout=5)
+            assert r.status_code == status and message in r.json()["error"], r.text
+        r = requests.post(f"{pager.url}/hooks/bad%20name", json=PAYLOAD, timeout=5)
+        assert r.status_code == 404
+        r = requests.post(f"{pager.url}/hooks/pager", data=b"x" * (5 * 1024 * 1024), timeout=10)
+        assert r.status_code == 413
+        assert requests.get(f"{pager.url}/events").json()["events"] == []
