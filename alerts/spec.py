@@ -82,17 +82,16 @@ def _increased(selector: str, window: str) -> str:
     return f"(increase({selector}[{window}]) > 0) or ({selector} > 0 unless {selector} offset {window})"
 
 
-def _upstream_address(expr: str, source: str, regex: str) -> str:
-    """``upstream_address`` (host:port of a vLLM server) on both sides of the VLLMDown →
-    GatewayUpstreamDown inhibition, so one dead vLLM silences only the gateways that use it."""
-    return f'label_replace({expr}, "upstream_address", "$1", "{source}", "{regex}")'
+def _address(expr: str, source: str, regex: str) -> str:
+    """The same expression with ``address`` (a vLLM server's host:port) taken from ``source``."""
+    return f'label_replace({expr}, "address", "$1", "{source}", "{regex}")'
 
 
 GPU = "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.instance }}"
 
 ALERTS = (
     # -- page: users are hurting now, or the hardware under them is broken -----------------------
-    Alert("VLLMDown", _upstream_address(f'up{{job="{JOB_VLLM}"}} == 0', "instance", "(.+)"), "critical", for_="10s", dashboard=uids.SERVING,
+    Alert("VLLMDown", f'up{{job="{JOB_VLLM}"}} == 0', "critical", for_="10s", dashboard=uids.SERVING,
           summary="vLLM {{ $labels.instance }} is down",
           description="Prometheus cannot scrape vLLM at {{ $labels.instance }} (model {{ $labels.model }}): "
                       "every request routed to it fails."),
@@ -100,15 +99,17 @@ ALERTS = (
           summary="inferwatch gateway {{ $labels.instance }} is down",
           description="Prometheus cannot scrape the gateway at {{ $labels.instance }}: clients cannot reach "
                       "the model through it."),
-    # `for` outlasts the gateway's model-list probe (every 30 s), so a vLLM that came back
-    # resolves this before anyone is paged for a stale probe.
+    # Only while Prometheus reaches that vLLM itself: a dead vLLM is VLLMDown's page, and the
+    # gateway re-probes within seconds once it returns, well inside `for`.
     Alert("GatewayUpstreamDown",
-          _upstream_address(f'{m("inferwatch_gateway_upstream_up")} == 0', "upstream", "https?://([^/]+).*"),
+          _address(f'{m("inferwatch_gateway_upstream_up")} == 0', "upstream", "https?://([^/]+).*")
+          + " unless on (address) " + _address(f'up{{job="{JOB_VLLM}"}} == 0', "instance", "(.+)"),
           "critical", for_="1m",
           dashboard=uids.SERVING,
           summary="Gateway {{ $labels.instance }} cannot reach vLLM at {{ $labels.upstream }}",
-          description="The gateway's probe of {{ $labels.upstream }} has failed for 1m: requests through "
-                      "{{ $labels.instance }} are answered 503/504."),
+          description="The gateway's probe of {{ $labels.upstream }} has failed for 1m while vLLM itself "
+                      "answers Prometheus: the path from {{ $labels.instance }} to it is broken (network, DNS, "
+                      "TLS, API key), and requests through that gateway are answered 503/504."),
     Alert("InferwatchCrashLooping", f'increase({m("inferwatch_supervisor_restarts_total")}[15m]) > 2',
           "critical", dashboard=uids.SERVING,
           summary="{{ $labels.child }} keeps crashing ({{ $value | humanize }} restarts in 15m)",

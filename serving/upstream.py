@@ -25,12 +25,14 @@ class Upstream:
     """
 
     MISS_REFRESH_MIN_S = 1.0
+    DOWN_RETRY_S = 2.0  # while the upstream is down, so its return shows in upstream_up at once
 
     def __init__(self, settings: GatewaySettings, metrics: GatewayMetrics) -> None:
         self.base_url = settings.upstream_url
         self._settings = settings
         self.models: dict[str, ModelInfo] = {}
         self._last_refresh = float("-inf")
+        self.up = True  # as of the last probe
         self._up = metrics.upstream_up.labels(settings.upstream_url)
         self._session: aiohttp.ClientSession | None = None
         self._refresh_task: asyncio.Task | None = None
@@ -77,9 +79,14 @@ class Upstream:
                     for m in data.get("data", []) if isinstance(m, dict) and isinstance(m.get("id"), str)
                 }
             except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError) as exc:
-                log.warning("upstream %s: model list unavailable: %s", self.base_url, exc or type(exc).__name__)
+                if self.up:  # said once per outage, not at every retry
+                    log.warning("upstream %s: model list unavailable: %s", self.base_url, exc or type(exc).__name__)
+                self.up = False
                 self._up.set(0)
                 return False
+            if not self.up:
+                log.warning("upstream %s: model list available again", self.base_url)
+            self.up = True
             self._up.set(1)
             return True
 
@@ -99,5 +106,6 @@ class Upstream:
 
     async def _refresh_forever(self) -> None:
         while True:
-            await asyncio.sleep(self._settings.models_refresh_s)
+            await asyncio.sleep(self._settings.models_refresh_s if self.up else
+                                min(self.DOWN_RETRY_S, self._settings.models_refresh_s))
             await self.refresh_models()

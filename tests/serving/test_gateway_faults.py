@@ -209,3 +209,24 @@ def test_sampling_ratio_zero_records_nothing_but_propagates(stub):
         assert flags & 1 == 0  # the "not sampled" decision travels on
     finally:
         receiver.close()
+
+
+def test_upstream_that_comes_back_is_seen_within_seconds_not_at_the_next_refresh():
+    """While vLLM is down the gateway re-probes every couple of seconds, so upstream_up
+    (and GatewayUpstreamDown) follow its return at once, not after models_refresh_s."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from tests.support.servers import AppServer, eventually
+
+    port = free_port()
+    settings = GatewaySettings(upstream_url=f"http://127.0.0.1:{port}", upstream_connect_timeout_s=0.5,
+                               models_refresh_s=300)
+    models = Starlette(routes=[Route("/v1/models", lambda request: JSONResponse(
+        {"object": "list", "data": [{"id": "ok", "object": "model"}]}))])
+    with GatewayServer(settings) as gw:
+        assert metric_sum(gw.metrics_text(), "inferwatch_gateway_upstream_up") == 0
+        with AppServer(models, port=port):
+            assert eventually(lambda: metric_sum(gw.metrics_text(), "inferwatch_gateway_upstream_up") == 1,
+                              timeout_s=5)
