@@ -147,8 +147,10 @@ def test_prometheus_scrapes_every_part_of_the_stack(stack):
     assert eventually(lambda: healthy_jobs() >= want, timeout_s=30), healthy_jobs()
     rules = requests.get(f"{stack.url('prometheus')}/api/v1/rules", timeout=5).json()["data"]["groups"]
     assert {g["name"] for g in rules} >= {"inferwatch-page", "inferwatch-ticket", "inferwatch-slo-availability"}
-    assert all(r["health"] == "ok" for g in rules for r in g["rules"]), [
+    # every rule evaluated so far is healthy (the 5-minute SLO groups may not have run yet)
+    assert all(r["health"] in ("ok", "unknown") for g in rules for r in g["rules"]), [
         (r["name"], r.get("lastError")) for g in rules for r in g["rules"] if r["health"] != "ok"]
+    assert sum(r["health"] == "ok" for g in rules for r in g["rules"]) > 50
 
 
 def test_watchdog_reaches_the_dead_mans_switch_and_nothing_pages_while_healthy(stack):
