@@ -19,7 +19,7 @@ ENGINE_STAMP := $(VENV)/.inferwatch-engine-$(subst ==,-,$(VLLM_PACKAGE))
 DEPS_STAMP := $(VENV)/.inferwatch-deps
 SYSTEM_STAMP := $(VENV)/.inferwatch-system
 
-.PHONY: up test install model bench bench-drift clean alerts
+.PHONY: up test install model bench bench-drift bench-alerts clean alerts
 
 up: install
 	$(VENV)/bin/inferwatch up
@@ -69,6 +69,11 @@ bench: install
 	$(PY) bench/gateway_overhead.py
 	$(PY) bench/exporter.py
 	$(PY) bench/drift_ingest.py
+
+# Alert rule evaluation with 50 models x 2 variants, and fault-to-page times through `inferwatch up`.
+bench-alerts: install
+	$(PY) bench/rule_eval.py
+	$(PY) bench/alert_latency.py
 
 EVIDENTLY_VENV := bench/.venv-evidently
 $(EVIDENTLY_VENV)/.installed:

@@ -33,14 +33,12 @@ import requests  # noqa: E402
 from alerts import spec  # noqa: E402
 from alerts.generate import cap_for, rule_files, write  # noqa: E402
 from alerts.model import seconds  # noqa: E402
-from alerts.routing import PAGE, TICKET  # noqa: E402
-from inferwatch.monitoring import EVALUATION_INTERVAL, SCRAPE_INTERVAL  # noqa: E402
+from inferwatch.monitoring import FAST_INTERVALS, Intervals  # noqa: E402
 from serving.tiny_model import build_tiny_model  # noqa: E402
 from tests.drift.records import body, records  # noqa: E402
 from tests.support.servers import free_ports  # noqa: E402
 
 FOR_CAP = "15s"
-TEST = {"scrape": 1.0, "eval": 1.0, "group_wait": 1.0, "group_interval": 2.0}
 NAMES = ("vllm", "gateway", "exporter", "drift", "prometheus", "alertmanager", "pager", "supervisor")
 
 
@@ -132,15 +130,12 @@ def _for(name: str) -> float:
     return float(seconds(next(a.for_ for a in spec.ALERTS if a.name == name)))
 
 
-def computed(name: str, timing, capped: bool) -> tuple[float, float, float]:
-    """(target fire, worst fire, worst resolve) in seconds for the given intervals."""
-    if capped:
-        f = min(_for(name), seconds(FOR_CAP))
-        scrape, ev, gw, gi = TEST["scrape"], TEST["eval"], TEST["group_wait"], TEST["group_interval"]
-    else:
-        f = _for(name)
-        scrape, ev = seconds(SCRAPE_INTERVAL), seconds(EVALUATION_INTERVAL)
-        gw, gi = seconds(timing.group_wait), seconds(timing.group_interval)
+def computed(name: str, intervals: Intervals, tier: str, for_cap: str | None) -> tuple[float, float, float]:
+    """(target to fire, worst case to fire, worst case to resolve), in seconds."""
+    f = _for(name) if for_cap is None else min(_for(name), seconds(for_cap))
+    timing = intervals.page if tier == "page" else intervals.ticket
+    scrape, ev = seconds(intervals.scrape), seconds(intervals.evaluation)
+    gw, gi = seconds(timing.group_wait), seconds(timing.group_interval)
     return f + 2 * ev + gw, scrape + ev + f + ev + gw, scrape + ev + gi
 
 
@@ -162,14 +157,16 @@ def main() -> None:
     print("| fault | alert → receiver | intervals | fault → received | target (for + 2 eval + group_wait) | "
           "worst case computed | recovery → resolved | worst case computed |")
     print("|---|---|---|---|---|---|---|---|")
-    for label, name, timing, runs in (("vLLM SIGKILL", "VLLMDown → pager", PAGE, vllm),
-                                      ("drift injected", "DriftDetected → ticket", TICKET, drift)):
+    shipped = Intervals()
+    for label, name, tier, runs in (("vLLM SIGKILL", "VLLMDown → pager", "page", vllm),
+                                    ("drift injected", "DriftDetected → ticket", "ticket", drift)):
         alert = name.split()[0]
-        target, worst, resolve = computed(alert, timing, capped=True)
+        target, worst, resolve = computed(alert, FAST_INTERVALS, tier, FOR_CAP)
         print(f"| {label} | {name} | test (1s, for ≤ {FOR_CAP}) | {stats([r[0] for r in runs])} | {target:.0f} s | "
               f"{worst:.0f} s | {stats([r[1] for r in runs])} | {resolve:.0f} s |")
-        target, worst, resolve = computed(alert, timing, capped=False)
-        print(f"| {label} | {name} | shipped ({SCRAPE_INTERVAL}, for {_for(alert):.0f} s, group_wait "
+        target, worst, resolve = computed(alert, shipped, tier, None)
+        timing = shipped.page if tier == "page" else shipped.ticket
+        print(f"| {label} | {name} | shipped ({shipped.scrape}, for {_for(alert):.0f} s, group_wait "
               f"{timing.group_wait}) | — | {target:.0f} s | {worst:.0f} s | — | {resolve:.0f} s |")
 
 

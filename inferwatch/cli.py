@@ -253,9 +253,15 @@ def up(
                                exporter_port), 30.0))
         urls["GPU exporter /metrics"] = f"http://{host}:{exporter_port}/metrics"
     if prometheus_port:
-        children += _monitoring_children(
-            run_dir, host, served_model_name, vllm_port, gateway_port, exporter_port, drift_port, prometheus_port,
-            alertmanager_port, pager_port, supervisor_port, pagerduty_routing_key_file, rules_dir, fast_alerting, child)
+        from inferwatch.monitoring import Targets
+
+        at = lambda port: f"{host}:{port}"  # noqa: E731
+        targets = Targets(prometheus=at(prometheus_port), alertmanager=at(alertmanager_port),
+                          gateway=(at(gateway_port),), vllm=((at(vllm_port), served_model_name),),
+                          exporter=(at(exporter_port),) if exporter_port else (),
+                          drift=(at(drift_port),) if drift_port else (), supervisor=(at(supervisor_port),))
+        pager = child("local pager", "pager", ["pager", "--host", host, "--port", str(pager_port)], pager_port)
+        children += _monitoring_children(run_dir, targets, pager, pagerduty_routing_key_file, rules_dir, fast_alerting)
         urls["Prometheus"] = f"http://{host}:{prometheus_port}"
         urls["Prometheus alerts"] = f"http://{host}:{prometheus_port}/alerts"
         urls["Alertmanager"] = f"http://{host}:{alertmanager_port}"
@@ -265,33 +271,25 @@ def up(
     _supervise(children, urls, (host, supervisor_port))
 
 
-def _monitoring_children(run_dir: Path, host: str, model: str, vllm_port: int, gateway_port: int, exporter_port: int,
-                         drift_port: int, prometheus_port: int, alertmanager_port: int, pager_port: int,
-                         supervisor_port: int, pagerduty_key: Optional[Path], rules_dir: Optional[Path],
-                         fast: bool, child) -> list:
-    """Pager, Alertmanager and Prometheus, configured from the same functions as deploy/."""
+def _monitoring_children(run_dir: Path, targets, pager, pagerduty_key: Optional[Path], rules_dir: Optional[Path],
+                         fast: bool) -> list:
+    """The local pager, Alertmanager and Prometheus, configured by the same functions as deploy/."""
     from alerts.generate import RULES_DIR
-    from alerts.routing import Receivers, Timing
-    from inferwatch.monitoring import Intervals, Targets, alertmanager_process, prometheus_process, write_local_configs
+    from alerts.routing import Receivers
+    from inferwatch.monitoring import FAST_INTERVALS, Intervals, alertmanager_process, prometheus_process, write_local_configs
 
-    at = lambda port: f"{host}:{port}"  # noqa: E731
-    targets = Targets(prometheus=at(prometheus_port), alertmanager=at(alertmanager_port),
-                      gateway=(at(gateway_port),), vllm=((at(vllm_port), model),),
-                      exporter=(at(exporter_port),) if exporter_port else (),
-                      drift=(at(drift_port),) if drift_port else (), supervisor=(at(supervisor_port),))
-    hooks = f"http://{host}:{pager_port}/hooks"
+    hooks = pager.health_url.removesuffix("/health") + "/hooks"
     receivers = Receivers(f"{hooks}/pager", f"{hooks}/ticket", f"{hooks}/deadman",
                           str(pagerduty_key.resolve()) if pagerduty_key else None)
-    intervals = Intervals()
-    if fast:
-        quick = Timing("1s", "2s", "1h")
-        intervals = Intervals("1s", "1s", quick, quick, Timing("0s", "5s", "5s"), resend_delay="2s")
+    intervals = FAST_INTERVALS if fast else Intervals()
     prom_cfg, am_cfg = write_local_configs(run_dir, targets, receivers, intervals, rules_dir or RULES_DIR)
+    host, _, am_port = targets.alertmanager.rpartition(":")
+    prom_host, _, prom_port = targets.prometheus.rpartition(":")
     return [
-        (child("local pager", "pager", ["pager", "--host", host, "--port", str(pager_port)], pager_port), 30.0),
-        (alertmanager_process(am_cfg, run_dir / "alertmanager" / "data", host, alertmanager_port,
+        (pager, 30.0),
+        (alertmanager_process(am_cfg, run_dir / "alertmanager" / "data", host, int(am_port),
                               run_dir / "alertmanager.log"), 60.0),
-        (prometheus_process(prom_cfg, run_dir / "prometheus" / "data", host, prometheus_port,
+        (prometheus_process(prom_cfg, run_dir / "prometheus" / "data", prom_host, int(prom_port),
                             run_dir / "prometheus.log", intervals), 60.0),
     ]
 

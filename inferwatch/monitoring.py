@@ -50,6 +50,11 @@ class Intervals:
     resend_delay: str = "1m"  # how often Prometheus re-sends a firing alert (its own default)
 
 
+# For tests and demos (`inferwatch up --fast-alerting`): everything in about a second.
+FAST_INTERVALS = Intervals("1s", "1s", Timing("1s", "2s", "1h"), Timing("1s", "2s", "1h"), Timing("0s", "5s", "5s"),
+                           resend_delay="2s")
+
+
 def _job(name: str, addresses: tuple[str, ...], **extra: object) -> dict:
     return {"job_name": name, "static_configs": [{"targets": list(addresses)}], **extra}
 
