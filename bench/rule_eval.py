@@ -2,10 +2,10 @@
 
 A synthetic stack exposes the gateway's real metric families (built with its own
 declarations) for M models x V variants, vLLM's per-model gauges, 100 drift segments and a
-node of 8 GPUs; counters move every second. Thirty days of the SLO recording rules' own
-output are backfilled with ``promtool tsdb create-blocks-from openmetrics`` (the 5m rates at
-a 10s step for 6h, their 5m samples for 30d), so the day and period windows read as much
-history as in production. Prometheus then evaluates the committed rules every 10s.
+node of 8 GPUs; counters move every second. The SLO recording rules' own output is
+backfilled with ``promtool tsdb create-blocks-from openmetrics`` as production would have
+it (the 5m rates at a 10s step for 6h, their 5m samples for 3d, hourly means for 30d), so
+every window reads as much history as in production. Prometheus then evaluates the committed rules every 10s.
 
 Reported per rule group: Prometheus's own ``evaluationTime`` (median of the evaluations
 seen) and, for every group including the 5-minute ones, the sum of its rules' instant
@@ -37,7 +37,8 @@ import yaml  # noqa: E402
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest  # noqa: E402
 
 from alerts import spec  # noqa: E402
-from alerts.generate import EVENTS_5M, EVENTS_5M_SAMPLED, ERRORS_5M, ERRORS_5M_SAMPLED, RULES_DIR  # noqa: E402
+from alerts.generate import (  # noqa: E402
+    ERRORS_1H_SAMPLED, ERRORS_5M, ERRORS_5M_SAMPLED, EVENTS_1H_SAMPLED, EVENTS_5M, EVENTS_5M_SAMPLED, RULES_DIR)
 from bench.procs import running  # noqa: E402
 from serving.metrics import create_metrics  # noqa: E402
 from tests.support.servers import free_ports  # noqa: E402
@@ -167,8 +168,10 @@ def backfill(models: list[str], out: Path, now: float) -> float:
     end = int(now) - 120
     with out.open("w") as f:
         for name, step, span, value in ((ERRORS_5M, 10, 6 * 3600, 0.002), (EVENTS_5M, 10, 6 * 3600, 20.0),
-                                        (ERRORS_5M_SAMPLED, 300, 30 * 86400, 0.002),
-                                        (EVENTS_5M_SAMPLED, 300, 30 * 86400, 20.0)):
+                                        (ERRORS_5M_SAMPLED, 300, 3 * 86400, 0.002),
+                                        (EVENTS_5M_SAMPLED, 300, 3 * 86400, 20.0),
+                                        (ERRORS_1H_SAMPLED, 3600, 30 * 86400, 0.002),
+                                        (EVENTS_1H_SAMPLED, 3600, 30 * 86400, 20.0)):
             f.write(f"# TYPE {name} gauge\n")
             stamps = range(end - span, end, step)
             for model in models:

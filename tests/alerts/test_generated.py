@@ -128,3 +128,17 @@ def test_alertmanager_config_never_inlines_a_secret():
     doc = yaml.safe_load(AM_CONFIG.read_text())
     pd = doc["receivers"][0]["pagerduty_configs"][0]
     assert "routing_key" not in pd and pd["routing_key_file"].startswith("/run/secrets/")
+
+
+def test_message_templates_render_every_alert_with_labels_and_runbook():
+    """amtool renders the templates with its example notification (two alerts)."""
+    result = subprocess.run(
+        ["amtool", "template", "render", f"--template.glob={ROOT / 'alerts' / 'templates'}/*.tmpl",
+         "--template.text", '{{ template "inferwatch.title" . }}\n{{ template "inferwatch.text" . }}'],
+        capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert re.match(r"^\[[A-Z]+(:\d+)?\] ", lines[0]), lines[0]
+    assert sum(line.strip().startswith("labels: ") for line in lines) == 2
+    assert sum(line.strip().startswith("runbook:") for line in lines) == 2
+    assert "instance=foo.bar:1234" in result.stdout

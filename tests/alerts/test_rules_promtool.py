@@ -250,3 +250,19 @@ def test_burn_factors_follow_the_sre_workbook():
 
     assert [w.factor("30d") for t in TIERS for w in t.windows] == [14.4, 6.0, 3.0, 1.0]
     assert seconds("3d") == 3 * 86400
+
+
+def test_error_budget_remaining_over_the_period(tmp_path):
+    """0.05% of requests fail, steadily, against a 0.1% budget: half of it is left (the
+    analytic value), computed from the hourly means of the 5-minute samples."""
+    from alerts.generate import BUDGET_REMAINING
+
+    doc = promtool_doc([])
+    doc["tests"] = [{"name": "budget remaining", "interval": "1m",
+                     "input_series": [{"series": k, "values": v} for k, v in availability(1, 2000, 300).items()],
+                     "promql_expr_test": [{
+                         "expr": f'round(1000 * last_over_time({BUDGET_REMAINING}{{slo="availability"}}[2h])) / 1000',
+                         "eval_time": "4h",
+                         "exp_samples": [{"labels": '{model="m1", slo="availability"}', "value": 0.5}]}]}]
+    result = run_promtool(doc, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
