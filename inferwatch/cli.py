@@ -313,9 +313,13 @@ def _supervise(children: list, urls: dict[str, str], metrics_at: tuple[str, int]
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    try:
-        if metrics_at:
+    if metrics_at:
+        try:
             start_http_server(metrics_at[1], addr=metrics_at[0], registry=registry)
+        except OSError as exc:
+            _fail(f"Cannot serve the supervisor's metrics on {metrics_at[0]}:{metrics_at[1]}: {exc} "
+                  "(is another `inferwatch up` running? --supervisor-port picks another port)")
+    try:
         for proc, timeout in children:
             typer.echo(f"starting {proc.name} (log: {proc.log_path}) ...")
             proc.start()
@@ -335,8 +339,6 @@ def _supervise(children: list, urls: dict[str, str], metrics_at: tuple[str, int]
             time.sleep(0.5)
     except StartupError as exc:
         _fail(str(exc))
-    except OSError as exc:
-        _fail(f"Cannot serve the supervisor's metrics on {metrics_at}: {exc}")
     finally:
         for proc in reversed(started):
             typer.echo(f"stopping {proc.name} ...")

@@ -39,8 +39,12 @@ class ManagedProcess:
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=self.env, start_new_session=True, preexec_fn=_die_with_parent)
+            try:
+                self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                             env=self.env, start_new_session=True, preexec_fn=_die_with_parent)
+            except OSError as exc:
+                raise StartupError(f"cannot run {self.name}: {exc}. Is {self.argv[0]} installed? "
+                                   "`make install` installs what the stack needs.") from None
 
     @property
     def pid(self) -> int:
@@ -196,7 +200,13 @@ class Supervisor:
                 self.say(f"{proc.name} exited with code {code}; restarting in {w.delay:.0f}s. "
                          f"Last log lines:\n{proc.log_tail(5)}")
             elif w.restart_at is not None and now >= w.restart_at:
-                proc.start()
+                try:
+                    proc.start()
+                except StartupError as exc:  # its binary or log folder went away: keep trying
+                    w.delay = self.policy.next_delay(w.delay, 0.0)
+                    w.restart_at = now + w.delay
+                    self.say(f"{exc} Retrying in {w.delay:.0f}s.")
+                    continue
                 w.restart_at, w.started_at, w.awaiting_health = None, now, proc.health_url is not None
                 self.restarts.labels(proc.key).inc()
                 self.up.labels(proc.key).set(1)

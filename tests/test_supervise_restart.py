@@ -75,3 +75,18 @@ def test_other_children_keep_running_while_one_is_down(tmp_path):
     assert registry.get_sample_value("inferwatch_supervisor_child_up", {"child": "steady"}) == 1
     assert registry.get_sample_value("inferwatch_supervisor_child_up", {"child": "crasher"}) == 0
     steady.stop()
+
+
+def test_a_restart_that_cannot_exec_is_retried_not_fatal(tmp_path):
+    registry, clock, said = CollectorRegistry(), Clock(), []
+    supervisor = Supervisor(registry, RestartPolicy(initial_s=1, max_s=8), say=said.append, clock=clock)
+    child = ManagedProcess("vanishing", [sys.executable, "-c", "pass"], log_path=tmp_path / "v.log")
+    child.start()
+    supervisor.adopt(child)
+    assert eventually(lambda: not child.alive(), timeout_s=10)
+    supervisor.poll()
+    child.argv = [str(tmp_path / "no-such-binary")]
+    clock.now += 1
+    supervisor.poll()
+    assert "cannot run vanishing" in said[-1] and "Retrying in 2s" in said[-1]
+    assert registry.get_sample_value("inferwatch_supervisor_restarts_total", {"child": "vanishing"}) == 0
