@@ -126,7 +126,8 @@ def alertmanager_binary() -> str:
 
 
 def prometheus_process(config: Path, data_dir: Path, host: str, port: int, log_path: Path,
-                       intervals: Intervals = Intervals(), retention: str = "15d") -> ManagedProcess:
+                       intervals: Intervals = Intervals(), retention: str = "35d") -> ManagedProcess:
+    """``retention`` must outlast the SLO period (30d) for the error budget to be whole."""
     argv = [prometheus_binary(), f"--config.file={config}", f"--storage.tsdb.path={data_dir}",
             f"--rules.alert.resend-delay={intervals.resend_delay}",
             f"--web.listen-address={host}:{port}", "--enable-feature=exemplar-storage",
