@@ -91,6 +91,8 @@ GPU = "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.instance }}"
 
 ALERTS = (
     # -- page: users are hurting now, or the hardware under them is broken -----------------------
+    # 10s: about two failed scrapes. Every request to that engine fails meanwhile, and the page
+    # must arrive before a supervised restart (~50s even for the tiny CPU model) hides it.
     Alert("VLLMDown", f'up{{job="{JOB_VLLM}"}} == 0', "critical", for_="10s", dashboard=uids.SERVING,
           summary="vLLM {{ $labels.instance }} is down",
           description="Prometheus cannot scrape vLLM at {{ $labels.instance }} (model {{ $labels.model }}): "
