@@ -48,10 +48,12 @@ $(DEPS_STAMP): $(ENGINE_STAMP) pyproject.toml
 	$(PIP) install --quiet -e ".[test]"
 	touch $@
 
-# Prometheus/promtool and Alertmanager/amtool from Debian, when missing.
+# Prometheus/promtool and Alertmanager/amtool from Debian, when missing (`make up` runs the
+# servers, the tests run them and the tools).
 $(SYSTEM_STAMP): $(VENV_STAMP)
-	@if command -v promtool >/dev/null && command -v amtool >/dev/null; then \
-	  echo "promtool and amtool present"; \
+	@if command -v prometheus >/dev/null && command -v promtool >/dev/null && command -v amtool >/dev/null \
+	    && { command -v prometheus-alertmanager >/dev/null || command -v alertmanager >/dev/null; }; then \
+	  echo "prometheus, promtool, alertmanager and amtool present"; \
 	elif command -v apt-get >/dev/null; then \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $(APT_PACKAGES); \
