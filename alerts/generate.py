@@ -154,9 +154,12 @@ def _alert_rule(alert: Alert) -> dict:
     return rule
 
 
-def absent_alerts() -> list[dict]:
+def absent_alerts(jobs: set[str] | None = None) -> list[dict]:
+    """absent() guards for ``jobs`` (all of them when None)."""
     out = []
     for job, metric, selector in spec.ABSENT_GUARDS:
+        if jobs is not None and job not in jobs:
+            continue
         target = metric == "up"
         name = "InferwatchTargetAbsent" if target else "InferwatchMetricAbsent"
         what = f"No {job} target" if target else f"{job} exports no {metric}"
@@ -170,8 +173,8 @@ def absent_alerts() -> list[dict]:
     return out
 
 
-def rule_files() -> dict[str, dict]:
-    """File name -> rule file document."""
+def rule_files(jobs: set[str] | None = None) -> dict[str, dict]:
+    """File name -> rule file document; ``jobs`` limits the absent() guards to those scraped."""
     slo_groups = [g for slo in spec.SLOS for g in slo_recording_groups(slo)]
     slo_groups.append({"name": "inferwatch-slo-alerts", "rules": [
         burn_alert(slo, tier, window) for slo in spec.SLOS for tier in spec.TIERS for window in tier.windows]})
@@ -180,7 +183,7 @@ def rule_files() -> dict[str, dict]:
         by_tier.setdefault(alert.severity, []).append(_alert_rule(alert))
     groups = [{"name": f"inferwatch-{name}", "rules": by_tier[severity]}
               for name, severity in (("page", "critical"), ("ticket", "warning"), ("info", "info"), ("meta", "none"))]
-    groups.append({"name": "inferwatch-absent", "rules": absent_alerts()})
+    groups.append({"name": "inferwatch-absent", "rules": absent_alerts(jobs)})
     return {"slos.yml": {"groups": slo_groups}, "alerts.yml": {"groups": groups}}
 
 

@@ -24,7 +24,11 @@ class Timing:
 # Pages go out fast and repeat hourly until acknowledged or resolved; tickets batch.
 PAGE = Timing("10s", "1m", "1h")
 TICKET = Timing("1m", "5m", "24h")
-DEADMAN = Timing("0s", "1m", "1m")  # a heartbeat every minute; its absence is the alarm
+# A heartbeat every minute; its absence is the alarm. Alertmanager re-sends at a flush only
+# when the last notification is older than repeat_interval, so repeat_interval sits just
+# under group_interval: equal values would skip every other flush.
+DEADMAN = Timing("0s", "1m", "50s")
+MAX_ALERTS_PER_WEBHOOK = 1000  # Alertmanager truncates bigger groups (and says how many)
 
 # Alerts that a dead vLLM (or gateway) causes: paging for them too is noise.
 CAUSED_BY_VLLM_DOWN = ["SLOErrorBudgetBurn", "VLLMKVCacheSaturated", "VLLMPreempting"]
@@ -39,7 +43,7 @@ class Receivers:
 
 
 def _webhook(url: str) -> dict:
-    return {"url": url, "send_resolved": True, "max_alerts": 0}
+    return {"url": url, "send_resolved": True, "max_alerts": MAX_ALERTS_PER_WEBHOOK}
 
 
 def _route(receiver: str, matcher: str, timing: Timing | None = None) -> dict:

@@ -36,6 +36,8 @@ FATAL_XIDS = (48, 64, 74, 79, 94, 95, 119, 120)
 # under load is normal operation and only informs.
 THROTTLE_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown")
 CORRECTABLE_ECC_PER_HOUR = 100
+VLLM_DOWN_WINDOW = "1m"
+VLLM_DOWN_FAILED_SCRAPES = 2
 KV_CACHE_HIGH = 0.9
 SNAPSHOT_STALE_S = 60
 DRIFT_MIN_WINDOW_RECORDS = 100
@@ -73,6 +75,7 @@ SLOS = (
 )
 
 _XID = m("inferwatch_gpu_xid_errors_total")
+_VLLM_UP = f'up{{job="{JOB_VLLM}"}}'
 _ECC = m("inferwatch_gpu_ecc_errors_total")
 
 
@@ -91,12 +94,16 @@ GPU = "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.instance }}"
 
 ALERTS = (
     # -- page: users are hurting now, or the hardware under them is broken -----------------------
-    # 10s: about two failed scrapes. Every request to that engine fails meanwhile, and the page
-    # must arrive before a supervised restart (~50s even for the tiny CPU model) hides it.
-    Alert("VLLMDown", f'up{{job="{JOB_VLLM}"}} == 0', "critical", for_="10s", dashboard=uids.SERVING,
+    # Two failed scrapes within a minute, not `up == 0` for a while: a supervised restart can
+    # bring vLLM back (30 s for the tiny CPU model) before any `for` would have passed, yet every
+    # request failed meanwhile. One failed scrape alone pages nobody; the page resolves once a
+    # minute has passed without a failure.
+    Alert("VLLMDown", f'count_over_time({_VLLM_UP}[{VLLM_DOWN_WINDOW}]) - sum_over_time({_VLLM_UP}[{VLLM_DOWN_WINDOW}])'
+          f' >= {VLLM_DOWN_FAILED_SCRAPES}', "critical", dashboard=uids.SERVING,
           summary="vLLM {{ $labels.instance }} is down",
-          description="Prometheus cannot scrape vLLM at {{ $labels.instance }} (model {{ $labels.model }}): "
-                      "every request routed to it fails."),
+          description="Prometheus failed to scrape vLLM at {{ $labels.instance }} (model {{ $labels.model }}) "
+                      f"{{{{ $value }}}} times in the last {VLLM_DOWN_WINDOW}: every request routed to it fails "
+                      "while it is down."),
     Alert("GatewayDown", f'up{{job="{JOB_GATEWAY}"}} == 0', "critical", for_="1m", dashboard=uids.SERVING,
           summary="inferwatch gateway {{ $labels.instance }} is down",
           description="Prometheus cannot scrape the gateway at {{ $labels.instance }}: clients cannot reach "
@@ -112,11 +119,13 @@ ALERTS = (
           description="The gateway's probe of {{ $labels.upstream }} has failed for 1m while vLLM itself "
                       "answers Prometheus: the path from {{ $labels.instance }} to it is broken (network, DNS, "
                       "TLS, API key), and requests through that gateway are answered 503/504."),
-    Alert("InferwatchCrashLooping", f'increase({m("inferwatch_supervisor_restarts_total")}[15m]) > 2',
+    # changes(), not increase(): a restart count is small and exact, and extrapolation would
+    # turn 2 restarts into 2.01.
+    Alert("InferwatchCrashLooping", f'changes({m("inferwatch_supervisor_restarts_total")}[15m]) >= 3',
           "critical", dashboard=uids.SERVING,
-          summary="{{ $labels.child }} keeps crashing ({{ $value | humanize }} restarts in 15m)",
+          summary="{{ $labels.child }} keeps crashing ({{ $value }} restarts in 15m)",
           description="The supervisor on {{ $labels.instance }} restarted {{ $labels.child }} "
-                      "{{ $value | humanize }} times in 15 minutes; it is crashing on start or soon after."),
+                      "{{ $value }} times in 15 minutes; it is crashing on start or soon after."),
     Alert("GPUFatalXID", _increased(f'{_XID}{{xid=~"{"|".join(map(str, FATAL_XIDS))}"}}', "10m"), "critical",
           dashboard=uids.GPUS,
           summary=f"Fatal XID {{{{ $labels.xid }}}} on {GPU}",
@@ -176,13 +185,13 @@ ALERTS = (
           description="{{ $value | humanize }} feature records/s are dropped on {{ $labels.instance }} "
                       "(queue full or drift service failing): drift runs on a partial sample."),
     Alert("DriftIngestStalled",
-          f'sum(rate({_REQUESTS}[10m])) > 0'
+          f'sum(rate({m("inferwatch_gateway_feature_records_total")}{{outcome="queued"}}[10m])) > 0'
           f' unless on () sum(rate({m("inferwatch_drift_ingested_records_total")}[10m])) > 0'
           f' and on () max(up{{job="{JOB_DRIFT}"}}) == 1',
           "warning", for_="10m", dashboard=uids.DRIFT,
-          summary="The drift service ingests nothing while the gateway serves traffic",
-          description="The gateway answered requests for 10m but the drift service accepted no feature "
-                      "records: drift scores are frozen."),
+          summary="The drift service ingests nothing while gateways queue feature records",
+          description="Gateways queued feature records for 10m but the drift service accepted none: "
+                      "drift scores are frozen."),
     Alert("NVMLDown",
           f'{m("inferwatch_nvml_up")} == 0'
           f' and on (instance, job) max_over_time({m("inferwatch_nvml_devices")}[1d]) > 0',

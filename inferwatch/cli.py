@@ -220,6 +220,14 @@ def up(
     from inferwatch.supervise import ManagedProcess
     from serving.vllm_launcher import VLLMConfig, vllm_process
 
+    if pagerduty_routing_key_file is not None:
+        try:
+            key = pagerduty_routing_key_file.read_text().strip()
+        except OSError as exc:
+            _fail(f"Cannot read the PagerDuty routing key file: {exc}")
+        if not key:
+            _fail(f"The PagerDuty routing key file {pagerduty_routing_key_file} is empty.")
+
     run_dir = run_dir.resolve()
     cfg = VLLMConfig(_resolve_model(model), served_model_name, host, vllm_port, max_model_len, dtype,
                      otlp_traces_endpoint=otlp_endpoint, startup_timeout_s=startup_timeout)
@@ -263,7 +271,7 @@ def up(
         pager = child("local pager", "pager", ["pager", "--host", host, "--port", str(pager_port)], pager_port)
         children += _monitoring_children(run_dir, targets, pager, pagerduty_routing_key_file, rules_dir, fast_alerting)
         urls["Prometheus"] = f"http://{host}:{prometheus_port}"
-        urls["Prometheus alerts"] = f"http://{host}:{prometheus_port}/alerts"
+        urls["Prometheus alerts"] = lambda: _alerts_page(f"http://{host}:{prometheus_port}")
         urls["Alertmanager"] = f"http://{host}:{alertmanager_port}"
         urls["local pager (pages as JSON)"] = f"http://{host}:{pager_port}/events"
     urls["supervisor /metrics"] = f"http://{host}:{supervisor_port}/metrics"
@@ -271,10 +279,19 @@ def up(
     _supervise(children, urls, (host, supervisor_port))
 
 
+def _alerts_page(prometheus_url: str) -> str:
+    """Prometheus's alerts page: /alerts, or /classic/alerts in builds without the new UI
+    (Debian's package)."""
+    from inferwatch.supervise import http_ok
+
+    return next((f"{prometheus_url}{p}" for p in ("/alerts", "/classic/alerts") if http_ok(f"{prometheus_url}{p}")),
+                f"{prometheus_url}/alerts")
+
+
 def _monitoring_children(run_dir: Path, targets, pager, pagerduty_key: Optional[Path], rules_dir: Optional[Path],
                          fast: bool) -> list:
     """The local pager, Alertmanager and Prometheus, configured by the same functions as deploy/."""
-    from alerts.generate import RULES_DIR
+    from alerts.generate import rule_files, write
     from alerts.routing import Receivers
     from inferwatch.monitoring import FAST_INTERVALS, Intervals, alertmanager_process, prometheus_process, write_local_configs
 
@@ -282,7 +299,10 @@ def _monitoring_children(run_dir: Path, targets, pager, pagerduty_key: Optional[
     receivers = Receivers(f"{hooks}/pager", f"{hooks}/ticket", f"{hooks}/deadman",
                           str(pagerduty_key.resolve()) if pagerduty_key else None)
     intervals = FAST_INTERVALS if fast else Intervals()
-    prom_cfg, am_cfg = write_local_configs(run_dir, targets, receivers, intervals, rules_dir or RULES_DIR)
+    if rules_dir is None:  # the shipped rules, without absent() guards for parts left out
+        rules_dir = run_dir / "rules"
+        write(rule_files(jobs=targets.jobs()), rules_dir)
+    prom_cfg, am_cfg = write_local_configs(run_dir, targets, receivers, intervals, rules_dir)
     host, _, am_port = targets.alertmanager.rpartition(":")
     prom_host, _, prom_port = targets.prometheus.rpartition(":")
     return [
@@ -294,14 +314,18 @@ def _monitoring_children(run_dir: Path, targets, pager, pagerduty_key: Optional[
     ]
 
 
-def _supervise(children: list, urls: dict[str, str], metrics_at: tuple[str, int] | None = None) -> None:
+def _supervise(children: list, urls: dict, metrics_at: tuple[str, int] | None = None) -> None:
     """Start children in order (each healthy before the next), print URLs, then keep them
     running: a child that exits is restarted with backoff while the others carry on.
     Ctrl-C or SIGTERM stops all, in reverse order."""
     from prometheus_client import CollectorRegistry, start_http_server
 
-    from inferwatch.supervise import StartupError, Supervisor
+    from inferwatch.supervise import StartupError, Supervisor, port_taken
 
+    taken = [f"{proc.name}: {proc.health_url}" for proc, _ in children if proc.health_url and port_taken(proc.health_url)]
+    if taken:
+        _fail("These ports are in use (another `inferwatch up`?); stop it or choose other ports:\n  "
+              + "\n  ".join(taken))
     started = []
     stopping = False
     registry = CollectorRegistry()
@@ -332,7 +356,7 @@ def _supervise(children: list, urls: dict[str, str], metrics_at: tuple[str, int]
         width = max(len(k) for k in urls)
         typer.echo("\ninferwatch is up:")
         for label, url in urls.items():
-            typer.echo(f"  {label:<{width}}  {url}")
+            typer.echo(f"  {label:<{width}}  {url() if callable(url) else url}")
         typer.echo("\nCtrl-C stops everything.")
         while not stopping:
             supervisor.poll()

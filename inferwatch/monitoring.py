@@ -39,6 +39,12 @@ class Targets:
     drift: tuple[str, ...] = ()
     supervisor: tuple[str, ...] = ()
 
+    def jobs(self) -> set[str]:
+        """The scrape jobs these targets make (the ones absent() guards may expect)."""
+        named = {spec.JOB_GATEWAY: self.gateway, spec.JOB_VLLM: self.vllm, spec.JOB_EXPORTER: self.exporter,
+                 spec.JOB_DRIFT: self.drift, spec.JOB_SUPERVISOR: self.supervisor}
+        return {"prometheus", spec.JOB_ALERTMANAGER} | {job for job, targets in named.items() if targets}
+
 
 @dataclass(frozen=True)
 class Intervals:
@@ -51,7 +57,7 @@ class Intervals:
 
 
 # For tests and demos (`inferwatch up --fast-alerting`): everything in about a second.
-FAST_INTERVALS = Intervals("1s", "1s", Timing("1s", "2s", "1h"), Timing("1s", "2s", "1h"), Timing("0s", "5s", "5s"),
+FAST_INTERVALS = Intervals("1s", "1s", Timing("1s", "2s", "1h"), Timing("1s", "2s", "1h"), Timing("0s", "5s", "4s"),
                            resend_delay="2s")
 
 

@@ -18,13 +18,20 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from alerts.routing import MAX_ALERTS_PER_WEBHOOK
+
 log = logging.getLogger("inferwatch.pager")
 RECEIVER = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_BODY = 4 * 1024 * 1024
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def _bad(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
+
+
+def _strings(value: object) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
 
 
 def parse_notification(body: bytes) -> list[dict]:
@@ -35,28 +42,51 @@ def parse_notification(body: bytes) -> list[dict]:
         raise ValueError(f"body is not JSON: {exc}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("alerts"), list):
         raise ValueError("expected Alertmanager's webhook payload: an object with an 'alerts' list")
+    if len(doc["alerts"]) > MAX_ALERTS_PER_WEBHOOK:
+        raise ValueError(f"{len(doc['alerts'])} alerts in one notification; at most {MAX_ALERTS_PER_WEBHOOK} "
+                         "(set max_alerts on the webhook)")
     events = []
     for i, alert in enumerate(doc["alerts"]):
-        if not isinstance(alert, dict) or not isinstance(alert.get("labels"), dict) \
-                or alert.get("status") not in ("firing", "resolved"):
-            raise ValueError(f"alerts[{i}] needs 'labels' (object) and 'status' firing|resolved")
-        events.append({"status": alert["status"], "labels": alert["labels"],
-                       "annotations": alert.get("annotations") or {}, "startsAt": alert.get("startsAt"),
-                       "endsAt": alert.get("endsAt"), "fingerprint": alert.get("fingerprint")})
+        if not isinstance(alert, dict) or alert.get("status") not in ("firing", "resolved"):
+            raise ValueError(f"alerts[{i}] needs 'status' firing|resolved")
+        annotations = alert.get("annotations") or {}
+        if not _strings(alert.get("labels")) or not _strings(annotations):
+            raise ValueError(f"alerts[{i}]: 'labels' and 'annotations' must be objects of strings")
+        events.append({"status": alert["status"], "labels": alert["labels"], "annotations": annotations,
+                       "startsAt": alert.get("startsAt"), "endsAt": alert.get("endsAt"),
+                       "fingerprint": alert.get("fingerprint")})
     return events
 
 
+def _clean(text: str) -> str:
+    """No control characters in the log: a label value cannot forge a line of its own."""
+    return _CONTROL.sub(lambda m: repr(m[0])[1:-1], text)
+
+
 def describe(receiver: str, event: dict) -> str:
+    """One headline per alert, then its summary and links, each on an indented line."""
     labels, notes = event["labels"], event["annotations"]
     shown = " ".join(f"{k}={v}" for k, v in sorted(labels.items()) if k not in ("alertname", "severity"))
-    line = (f"{receiver.upper()} {event['status'].upper()} {labels.get('alertname', '?')} "
-            f"[{labels.get('severity', '-')}] {shown}")
+    parts = [f"{receiver.upper()} {event['status'].upper()} {labels.get('alertname', '?')} "
+             f"[{labels.get('severity', '-')}] {shown}"]
     if notes.get("summary"):
-        line += f"\n    {notes['summary']}"
-    for key in ("runbook_url", "dashboard_url"):
-        if notes.get(key):
-            line += f"\n    {key.split('_')[0]}: {notes[key]}"
-    return line
+        parts.append(notes["summary"])
+    parts += [f"{key.split('_')[0]}: {notes[key]}" for key in ("runbook_url", "dashboard_url") if notes.get(key)]
+    return "\n    ".join(_clean(p) for p in parts)
+
+
+async def _read_limited(request: Request) -> bytes | None:
+    """The body, or None once it passes MAX_BODY (never buffered beyond that)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY:
+        return None
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def create_app(max_events: int = 10_000) -> Starlette:
@@ -66,8 +96,8 @@ def create_app(max_events: int = 10_000) -> Starlette:
         receiver = request.path_params["receiver"]
         if not RECEIVER.match(receiver):
             return _bad(404, "receiver names are 1-64 letters, digits, '-' or '_'")
-        body = await request.body()
-        if len(body) > MAX_BODY:
+        body = await _read_limited(request)
+        if body is None:
             return _bad(413, f"body over {MAX_BODY} bytes")
         try:
             parsed = parse_notification(body)

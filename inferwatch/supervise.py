@@ -10,9 +10,11 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -130,6 +132,19 @@ def _group_alive(pgid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def port_taken(url: str) -> bool:
+    """Whether something already listens where ``url`` points (a second stack, say): its
+    health check would answer for it, and the child would only fail to bind later."""
+    parts = urllib.parse.urlsplit(url)
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((parts.hostname or "127.0.0.1", parts.port or 80))
+        except OSError:
+            return True
+    return False
 
 
 def http_ok(url: str, timeout_s: float = 2.0) -> bool:

@@ -48,3 +48,28 @@ def test_gateway_reads_environment_errors_too():
     result = subprocess.run([sys.executable, "-m", "inferwatch", "gateway"], capture_output=True, text=True,
                             timeout=60, env={**__import__("os").environ, "INFERWATCH_GATEWAY_OTLP_PROTOCOL": "udp"})
     assert result.returncode == 2 and "otlp_protocol" in result.stderr
+
+
+def test_up_refuses_ports_in_use_before_starting_anything(tmp_path):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = subprocess.run([sys.executable, "-m", "inferwatch", "up", "--model", str(tmp_path / "none"),
+                                 "--vllm-port", str(port), "--run-dir", str(tmp_path)],
+                                capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "ports are in use" in result.stderr and f"127.0.0.1:{port}/health" in result.stderr
+    assert not (tmp_path / "vllm.log").exists()
+
+
+def test_up_refuses_an_unreadable_or_empty_pagerduty_key_file(tmp_path):
+    empty = tmp_path / "key"
+    empty.write_text("\n")
+    for path, message in ((tmp_path / "missing", "Cannot read the PagerDuty routing key file"), (empty, "is empty")):
+        result = subprocess.run([sys.executable, "-m", "inferwatch", "up", "--model", str(tmp_path / "none"),
+                                 "--pagerduty-routing-key-file", str(path), "--run-dir", str(tmp_path)],
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2 and message in result.stderr, result.stderr

@@ -52,3 +52,26 @@ def test_bad_input_gets_a_clear_4xx_and_stores_nothing():
         r = requests.post(f"{pager.url}/hooks/pager", data=b"x" * (5 * 1024 * 1024), timeout=10)
         assert r.status_code == 413
         assert requests.get(f"{pager.url}/events").json()["events"] == []
+
+
+def test_odd_payloads_are_refused_whole_and_cannot_forge_log_lines(caplog):
+    with caplog.at_level(logging.WARNING, logger="inferwatch.pager"), AppServer(create_app()) as pager:
+        alert = PAYLOAD["alerts"][0]
+        for bad in ({**alert, "annotations": "abc"}, {**alert, "labels": {"a": 1}}, {**alert, "annotations": ["x"]}):
+            r = requests.post(f"{pager.url}/hooks/pager", json={"alerts": [alert, bad]}, timeout=5)
+            assert r.status_code == 400 and "alerts[1]" in r.json()["error"], r.text
+        r = requests.post(f"{pager.url}/hooks/pager", json={"alerts": [alert] * 1001}, timeout=10)
+        assert r.status_code == 400 and "at most 1000" in r.json()["error"]
+
+        def chunks():  # no Content-Length: the limit must hold while streaming
+            for _ in range(64):
+                yield b" " * (128 * 1024)
+        r = requests.post(f"{pager.url}/hooks/pager", data=chunks(), timeout=10)
+        assert r.status_code == 413
+        assert requests.get(f"{pager.url}/events").json()["events"] == []
+
+        forged = {**alert, "labels": {**alert["labels"], "x": "\n2026-01-01 PAGER FIRING Forged [critical]"}}
+        assert requests.post(f"{pager.url}/hooks/pager", json={"alerts": [forged]}, timeout=5).status_code == 200
+    message = caplog.records[-1].getMessage()
+    assert not any(line.startswith("2026-01-01") for line in message.splitlines())
+    assert "\\n2026-01-01 PAGER FIRING Forged" in message

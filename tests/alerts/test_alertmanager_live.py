@@ -15,6 +15,8 @@ from inferwatch.pager import create_app
 from tests.support.servers import AppServer, eventually, free_ports
 
 QUICK = Timing("1s", "1s", "1h")
+# the shipped dead man's switch timing (1m / 50s) at a sixtieth of the scale
+HEARTBEAT = Timing("0s", "1s", "833ms")
 
 
 @pytest.fixture
@@ -25,7 +27,7 @@ def alertmanager(tmp_path):
         _, am_cfg = write_local_configs(
             tmp_path, Targets(prometheus=f"127.0.0.1:{prom_port}", alertmanager=f"127.0.0.1:{am_port}"),
             Receivers(f"{hooks}/pager", f"{hooks}/ticket", f"{hooks}/deadman"),
-            Intervals(page=QUICK, ticket=QUICK, deadman=Timing("0s", "1s", "1h")))
+            Intervals(page=QUICK, ticket=QUICK, deadman=HEARTBEAT))
         proc = alertmanager_process(am_cfg, tmp_path / "am-data", "127.0.0.1", am_port, tmp_path / "am.log")
         proc.start()
         try:
@@ -70,3 +72,13 @@ def test_tiers_reach_their_receivers_and_causes_silence_their_symptoms(alertmana
     assert eventually(lambda: received(pager) >= want, timeout_s=15), received(pager)
     time.sleep(3)  # several group intervals: nothing else arrives
     assert received(pager) == want
+
+
+def test_the_watchdog_heartbeat_goes_out_at_every_group_interval(alertmanager):
+    am_url, pager = alertmanager
+    post(am_url, {"alertname": "Watchdog", "severity": "none"})
+    time.sleep(6.5)
+    beats = [e["received_at"] for e in requests.get(f"{pager.url}/events", params={"receiver": "deadman"},
+                                                     timeout=5).json()["events"]]
+    gaps = [b - a for a, b in zip(beats, beats[1:])]
+    assert len(beats) >= 6 and max(gaps) < 1.6, gaps  # not every other interval

@@ -90,9 +90,9 @@ def test_pages_are_what_the_issue_lists():
 
 
 def test_cap_for_shortens_only_longer_durations():
-    capped = generate.cap_for(rule_files(), "30s")
+    capped = generate.cap_for(rule_files(), "2m")
     fors = [r["for"] for doc in capped.values() for g in doc["groups"] for r in g["rules"] if "for" in r]
-    assert set(fors) == {"30s", "10s"}
+    assert set(fors) == {"1m", "2m"}
 
 
 def test_promtool_accepts_rules_and_config(tmp_path):
@@ -142,3 +142,12 @@ def test_message_templates_render_every_alert_with_labels_and_runbook():
     assert sum(line.strip().startswith("labels: ") for line in lines) == 2
     assert sum(line.strip().startswith("runbook:") for line in lines) == 2
     assert "instance=foo.bar:1234" in result.stdout
+
+
+def test_absent_guards_only_for_the_jobs_that_are_scraped():
+    def guarded(files: dict) -> set[str]:
+        return {r["labels"]["job"] for g in files["alerts.yml"]["groups"] if g["name"] == "inferwatch-absent"
+                for r in g["rules"]}
+
+    assert guarded(rule_files()) == {job for job, _, _ in spec.ABSENT_GUARDS}
+    assert guarded(rule_files(jobs={spec.JOB_GATEWAY, spec.JOB_VLLM})) == {spec.JOB_GATEWAY, spec.JOB_VLLM}

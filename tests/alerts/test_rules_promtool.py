@@ -32,8 +32,11 @@ def warn(**labels: str) -> dict[str, str]:
 GPU_ALERT = {k: GPU[k] for k in GPU}
 
 SCENARIOS = [
-    Scenario("vLLM target down, then back", "VLLMDown", {selector("up", VLLM): "1 1 0 0 0 0 0 1 1"},
-             quiet_at=("1m",), fires_at="4m", labels=crit(**VLLM), value="0", resolved_at="8m"),
+    Scenario("vLLM misses two scrapes, then is back", "VLLMDown", {selector("up", VLLM): "1 1 0 0 0 0 0 1 1"},
+             quiet_at=("1m", "2m"), fires_at="3m", labels=crit(**VLLM), value="2", resolved_at="7m"),
+    Scenario("vLLM restarted within 30s still pages, then resolves a clean minute later", "VLLMDown",
+             {selector("up", VLLM): "1x6 0x1 1x13"}, interval="10s",
+             quiet_at=("1m",), fires_at="2m", labels=crit(**VLLM), value="2", resolved_at="3m"),
     Scenario("gateway target down", "GatewayDown", {selector("up", GW): "1 1 0 0 0 0 1 1"},
              quiet_at=("1m", "2m"), fires_at="4m", labels=crit(**GW), value="0", resolved_at="7m"),
     Scenario("gateway cannot reach a vLLM that Prometheus reaches", "GatewayUpstreamDown",
@@ -49,7 +52,7 @@ SCENARIOS = [
              {selector("inferwatch_supervisor_restarts_total", {"job": "inferwatch-supervisor", "instance": "h:9098",
                                                                 "child": "vllm"}): "0 0 1 2 3 3 3 3x20"},
              quiet_at=("3m",), fires_at="4m",
-             labels=crit(job="inferwatch-supervisor", instance="h:9098", child="vllm"), value="3", resolved_at="25m"),
+             labels=crit(job="inferwatch-supervisor", instance="h:9098", child="vllm"), value="3", resolved_at="20m"),
     Scenario("fatal XID appears as a new series", "GPUFatalXID",
              {gpu("inferwatch_gpu_xid_errors_total", xid="79"): "_ _ _ _ _ 1 1x20",
               gpu("inferwatch_gpu_xid_errors_total", xid="13"): "0 0 0 0 0 5 5x20"},
@@ -102,7 +105,7 @@ SCENARIOS = [
               selector("inferwatch_gateway_feature_records_total", {**GW, "outcome": "sent"}): "0+600x50"},
              quiet_at=("5m",), fires_at="25m", labels=warn(instance="gw:8080"), value="1", resolved_at="45m"),
     Scenario("drift service ingests nothing", "DriftIngestStalled",
-             {req("2xx"): "0+60x40",
+             {selector("inferwatch_gateway_feature_records_total", {**GW, "outcome": "queued"}): "0+60x40",
               selector("inferwatch_drift_ingested_records_total", {"job": "inferwatch-drift", "instance": "d:8090"}):
                   "0+60x5 300x35",
               selector("up", {"job": "inferwatch-drift", "instance": "d:8090"}): "1x40"},
@@ -193,8 +196,9 @@ SLO_SCENARIOS = [
 ]
 
 
-def _quiet(name: str, series: dict[str, str], at: str, alert: str = "SLOErrorBudgetBurn") -> dict:
-    return {"name": name, "interval": "1m", "input_series": [{"series": k, "values": v} for k, v in series.items()],
+def _quiet(name: str, series: dict[str, str], at: str, alert: str = "SLOErrorBudgetBurn",
+           interval: str = "1m") -> dict:
+    return {"name": name, "interval": interval, "input_series": [{"series": k, "values": v} for k, v in series.items()],
             "alert_rule_test": [{"eval_time": at, "alertname": alert, "exp_alerts": []}]}
 
 
@@ -204,10 +208,24 @@ SLO_QUIET = [
     _quiet("4xx are the client's errors, not the SLO's", {req("2xx"): "0+500x60", req("4xx"): "0+500x60"}, "50m"),
 ]
 
+OTHER_QUIET = [
+    _quiet("one failed vLLM scrape pages nobody", {selector("up", VLLM): "1x6 0 1x12"}, "2m", "VLLMDown",
+           interval="10s"),
+    _quiet("two restarts are not a crash loop, however the samples fall",
+           {selector("inferwatch_supervisor_restarts_total", {"job": "inferwatch-supervisor", "instance": "h:9098",
+                                                              "child": "vllm"}): "0x180 1x12 2x200"},
+           "35m5s", "InferwatchCrashLooping", interval="10s"),
+    _quiet("a gateway answering only 4xx queues no records: no stalled-ingest ticket",
+           {req("4xx"): "0+60x40", selector("up", {"job": "inferwatch-drift", "instance": "d:8090"}): "1x40",
+            selector("inferwatch_drift_ingested_records_total", {"job": "inferwatch-drift", "instance": "d:8090"}):
+                "0x40"},
+           "30m", "DriftIngestStalled"),
+]
+
 
 def test_every_alert_fires_with_its_labels_and_resolves(tmp_path):
     doc = promtool_doc(SCENARIOS + SLO_SCENARIOS)
-    doc["tests"] += SLO_QUIET
+    doc["tests"] += SLO_QUIET + OTHER_QUIET
     result = run_promtool(doc, tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
 

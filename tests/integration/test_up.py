@@ -125,6 +125,8 @@ def test_up_prints_every_url_and_serves_through_the_gateway(stack):
                        ("drift", "/report"), ("prometheus", ""), ("alertmanager", ""), ("pager", "/events"),
                        ("supervisor", "/metrics")):
         assert f"{stack.url(what)}{path}" in out, what
+    alerts_page = next(line.split()[-1] for line in out.splitlines() if "Prometheus alerts" in line)
+    assert requests.get(alerts_page, timeout=5).status_code == 200
 
     client = openai.OpenAI(base_url=f"{stack.url('gateway')}/v1", api_key="unused", max_retries=0)
     reply = client.chat.completions.create(model=TINY_MODEL_NAME, messages=[{"role": "user", "content": "hi"}],
@@ -219,8 +221,9 @@ def test_vllm_killed_pages_and_its_automatic_return_resolves(stack):
 
     # the supervisor brings vLLM back; Prometheus sees it and the page resolves
     stack.reader.until("healthy again", 240)
+    # VLLMDown resolves once a minute has passed without a failed scrape
     resolved = eventually(lambda: stack.events(receiver="pager", alertname="VLLMDown", status="resolved"),
-                          timeout_s=60)
+                          timeout_s=120)
     assert resolved and resolved[0]["labels"]["model"] == TINY_MODEL_NAME
     slo_pages = stack.events(receiver="pager", alertname="SLOErrorBudgetBurn")
     assert all(e["received_at"] >= resolved[0]["received_at"] for e in slo_pages), "SLO paged while vLLM was down"
