@@ -131,11 +131,17 @@ def _for(name: str) -> float:
 
 
 def computed(name: str, intervals: Intervals, tier: str, for_cap: str | None) -> tuple[float, float, float]:
-    """(target to fire, worst case to fire, worst case to resolve), in seconds."""
-    f = _for(name) if for_cap is None else min(_for(name), seconds(for_cap))
-    timing = intervals.page if tier == "page" else intervals.ticket
+    """(target to fire, worst case to fire, worst case to resolve), in seconds.
+
+    VLLMDown has no ``for``: it needs its second failed scrape, which plays the part of one
+    (one scrape interval), and resolves once its window has passed without a failure."""
     scrape, ev = seconds(intervals.scrape), seconds(intervals.evaluation)
+    timing = intervals.page if tier == "page" else intervals.ticket
     gw, gi = seconds(timing.group_wait), seconds(timing.group_interval)
+    if name == "VLLMDown":
+        wait = (spec.VLLM_DOWN_FAILED_SCRAPES - 1) * scrape
+        return wait + 2 * ev + gw, scrape + wait + ev + gw, seconds(spec.VLLM_DOWN_WINDOW) + scrape + ev + gi
+    f = _for(name) if for_cap is None else min(_for(name), seconds(for_cap))
     return f + 2 * ev + gw, scrape + ev + f + ev + gw, scrape + ev + gi
 
 
@@ -154,9 +160,10 @@ def main() -> None:
         return f"{statistics.median(xs):.1f} s ({min(xs):.1f}–{max(xs):.1f})"
 
     print(f"\n#### Fault to page, recovery to resolved (median of {args.runs} runs, min–max)\n")
-    print("| fault | alert → receiver | intervals | fault → received | target (for + 2 eval + group_wait) | "
+    print("| fault | alert → receiver | intervals | fault → received | target (for + 2 eval + group_wait)¹ | "
           "worst case computed | recovery → resolved | worst case computed |")
     print("|---|---|---|---|---|---|---|---|")
+    print("\n¹ VLLMDown has no `for`; its second failed scrape (one scrape interval) stands in for it.\n")
     shipped = Intervals()
     for label, name, tier, runs in (("vLLM SIGKILL", "VLLMDown → pager", "page", vllm),
                                     ("drift injected", "DriftDetected → ticket", "ticket", drift)):
@@ -166,7 +173,7 @@ def main() -> None:
               f"{worst:.0f} s | {stats([r[1] for r in runs])} | {resolve:.0f} s |")
         target, worst, resolve = computed(alert, shipped, tier, None)
         timing = shipped.page if tier == "page" else shipped.ticket
-        print(f"| {label} | {name} | shipped ({shipped.scrape}, for {_for(alert):.0f} s, group_wait "
+        print(f"| {label} | {name} | shipped ({shipped.scrape} scrape and evaluation, group_wait "
               f"{timing.group_wait}) | — | {target:.0f} s | {worst:.0f} s | — | {resolve:.0f} s |")
 
 
