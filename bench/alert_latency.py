@@ -163,7 +163,6 @@ def main() -> None:
     print("| fault | alert → receiver | intervals | fault → received | target (for + 2 eval + group_wait)¹ | "
           "worst case computed | recovery → resolved | worst case computed |")
     print("|---|---|---|---|---|---|---|---|")
-    print("\n¹ VLLMDown has no `for`; its second failed scrape (one scrape interval) stands in for it.\n")
     shipped = Intervals()
     for label, name, tier, runs in (("vLLM SIGKILL", "VLLMDown → pager", "page", vllm),
                                     ("drift injected", "DriftDetected → ticket", "ticket", drift)):
@@ -175,6 +174,8 @@ def main() -> None:
         timing = shipped.page if tier == "page" else shipped.ticket
         print(f"| {label} | {name} | shipped ({shipped.scrape} scrape and evaluation, group_wait "
               f"{timing.group_wait}) | — | {target:.0f} s | {worst:.0f} s | — | {resolve:.0f} s |")
+
+    print("\n¹ VLLMDown has no `for`: its second failed scrape (one scrape interval) stands in for it.")
 
 
 if __name__ == "__main__":
