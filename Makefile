@@ -19,7 +19,7 @@ ENGINE_STAMP := $(VENV)/.inferwatch-engine-$(subst ==,-,$(VLLM_PACKAGE))
 DEPS_STAMP := $(VENV)/.inferwatch-deps
 SYSTEM_STAMP := $(VENV)/.inferwatch-system
 
-.PHONY: up test install model bench bench-drift bench-alerts clean alerts
+.PHONY: up test install model bench bench-drift bench-alerts clean alerts dashboards
 
 up: install
 	$(VENV)/bin/inferwatch up
@@ -71,6 +71,10 @@ bench: install
 	$(PY) bench/gateway_overhead.py
 	$(PY) bench/exporter.py
 	$(PY) bench/drift_ingest.py
+
+# Regenerate the Grafana dashboards (dashboards/json) from dashboards/*.py.
+dashboards: install
+	$(PY) -m dashboards.generate
 
 # Alert rule evaluation with 50 models x 2 variants, and fault-to-page times through `inferwatch up`.
 bench-alerts: install

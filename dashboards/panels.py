@@ -1,0 +1,118 @@
+"""Small factories for the panel kinds the dashboards repeat.
+
+Every panel gets the ``$datasource`` variable, a unit, a title and explicit query ref ids;
+metric names go through ``inferwatch.catalog.metric`` so a rename fails the generator.
+Panel ids and positions come from ``dashboard()``, so the JSON is stable.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from grafana_foundation_sdk.builders import common as common_b
+from grafana_foundation_sdk.builders import dashboard as dash_b
+from grafana_foundation_sdk.builders import heatmap, prometheus, stat, timeseries
+from grafana_foundation_sdk.models import common
+from grafana_foundation_sdk.models import dashboard as dash
+from grafana_foundation_sdk.models import prometheus as prom_m
+
+warnings.filterwarnings("ignore", category=DeprecationWarning, module="grafana_foundation_sdk")
+
+DATASOURCE = dash.DataSourceRef(type_val="prometheus", uid="${datasource}")
+RATE = "$__rate_interval"
+TAG = "inferwatch"
+
+
+def q(expr: str, legend: str = "", ref: str = "A", exemplar: bool = False, heat: bool = False) -> prometheus.Dataquery:
+    query = prometheus.Dataquery().expr(expr).ref_id(ref).legend_format(legend or "__auto")
+    if exemplar:
+        query = query.exemplar(True)
+    if heat:
+        query = query.format(prom_m.PromQueryFormat.HEATMAP)
+    return query
+
+
+def _refs(queries: tuple[prometheus.Dataquery, ...]) -> list[prometheus.Dataquery]:
+    """Ref ids A, B, C... in order, so the JSON does not depend on call sites."""
+    return [query.ref_id(chr(ord("A") + i)) for i, query in enumerate(queries)]
+
+
+def _thresholds(steps: list[tuple[float | None, str]]) -> dash_b.ThresholdsConfig:
+    return dash_b.ThresholdsConfig().mode(dash.ThresholdsMode.ABSOLUTE).steps(
+        [dash.Threshold(value=v, color=c) for v, c in steps])
+
+
+OK = [(None, "green")]
+
+
+def timeseries_panel(title: str, unit: str, *queries: prometheus.Dataquery, description: str = "",
+                     thresholds: list[tuple[float | None, str]] = OK, width: int = 8, height: int = 8,
+                     stacked: bool = False) -> timeseries.Panel:
+    panel = (timeseries.Panel().title(title).description(description).unit(unit).datasource(DATASOURCE)
+             .span(width).height(height).thresholds(_thresholds(thresholds)).fill_opacity(10).line_width(1)
+             .legend(common_b.VizLegendOptions().show_legend(True).display_mode(common.LegendDisplayMode.LIST)
+                     .placement(common.LegendPlacement.BOTTOM)))
+    if stacked:
+        panel = panel.stacking(common_b.StackingConfig().mode(common.StackingMode.NORMAL))
+    for query in _refs(queries):
+        panel = panel.with_target(query)
+    return panel
+
+
+def stat_panel(title: str, unit: str, *queries: prometheus.Dataquery, description: str = "",
+               thresholds: list[tuple[float | None, str]] = OK, width: int = 4, height: int = 4) -> stat.Panel:
+    panel = (stat.Panel().title(title).description(description).unit(unit).datasource(DATASOURCE)
+             .span(width).height(height).thresholds(_thresholds(thresholds))
+             .reduce_options(common_b.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+             .color_mode(common.BigValueColorMode.VALUE).graph_mode(common.BigValueGraphMode.AREA))
+    for query in _refs(queries):
+        panel = panel.with_target(query)
+    return panel
+
+
+def heatmap_panel(title: str, bucket_expr: str, description: str = "", width: int = 8,
+                  height: int = 8) -> heatmap.Panel:
+    """``bucket_expr`` is a ``sum by (le) (increase(..._bucket[...]))``: one row per bucket."""
+    return (heatmap.Panel().title(title).description(description).unit("s").datasource(DATASOURCE)
+            .span(width).height(height).with_target(q(bucket_expr, "{{le}}", heat=True)))
+
+
+def quantiles(metric: str, selector: str, by: str = "", qs: tuple[float, ...] = (0.5, 0.95, 0.99),
+              exemplar: bool = True) -> list[prometheus.Dataquery]:
+    """p50/p95/p99 of a histogram, ``sum by (le, ...)`` first so replicas add up."""
+    group = ", ".join(["le", *filter(None, [by])])
+    legend = "p{q}" + (f" {{{{{by}}}}}" if by else "")
+    return [q(f"histogram_quantile({x}, sum by ({group}) (rate({metric}{{{selector}}}[{RATE}])))",
+              legend.format(q=round(x * 100)), exemplar=exemplar) for x in qs]
+
+
+def query_variable(name: str, label: str, query: str, multi: bool = True) -> dash_b.QueryVariable:
+    var = (dash_b.QueryVariable(name).label(label).query(query).datasource(DATASOURCE)
+           .refresh(dash.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dash.VariableSort.ALPHABETICAL_ASC))
+    if multi:
+        var = var.multi(True).include_all(True).all_value(".*")
+    return var
+
+
+def datasource_variable() -> dash_b.DatasourceVariable:
+    return dash_b.DatasourceVariable("datasource").label("Data source").type("prometheus")
+
+
+def dashboard(uid: str, title: str, description: str, variables: list,
+              rows: list[tuple[str, list]]) -> dash_b.Dashboard:
+    """A dashboard of titled rows; panel ids are assigned in order, links go to the others."""
+    board = (dash_b.Dashboard(title).uid(uid).description(description).tags([TAG]).time("now-1h", "now")
+             .refresh("30s").timezone("browser").tooltip(dash.DashboardCursorSync.CROSSHAIR)
+             .link(dash_b.DashboardLink("inferwatch").type(dash.DashboardLinkType.DASHBOARDS).tags([TAG])
+                   .as_dropdown(True).include_vars(True).keep_time(True)))
+    board = board.with_variable(datasource_variable())
+    for var in variables:
+        board = board.with_variable(var)
+    panel_id = 0
+    for row_title, panels in rows:
+        panel_id += 1
+        board = board.with_row(dash_b.Row(row_title).id(panel_id))
+        for panel in panels:
+            panel_id += 1
+            board = board.with_panel(panel.id(panel_id))
+    return board

@@ -1,0 +1,90 @@
+"""LLM serving overview: are users hurting (RED, tokens, TTFT), is the engine saturated."""
+
+from __future__ import annotations
+
+from dashboards import uids
+from dashboards.panels import RATE, dashboard, heatmap_panel, q, quantiles, query_variable, stat_panel, timeseries_panel
+from inferwatch.catalog import metric as m
+
+SEL = 'model=~"$model", variant=~"$variant"'
+REQ = m("inferwatch_gateway_requests_total")
+VLLM_SEL = 'model=~"$model"'
+
+
+def _rate(name: str, by: str, selector: str = SEL) -> str:
+    return f"sum by ({by}) (rate({m(name)}{{{selector}}}[{RATE}]))"
+
+
+def _or_zero(expr: str) -> str:
+    """Error counters have no series until the first error: show 0, not "No data"."""
+    return f"{expr} or on () vector(0)"
+
+
+def users() -> list:
+    errors = (f'(sum by (model) (rate({REQ}{{{SEL}, status_class="5xx"}}[{RATE}])) or 0 * {_rate(REQ, "model")})'
+              f" / {_rate(REQ, 'model')}")
+    return [
+        timeseries_panel("Request rate", "reqps", q(_rate(REQ, "model, status_class"), "{{model}} {{status_class}}"),
+                         description="Requests answered per second, by status class."),
+        timeseries_panel("Error ratio (5xx)", "percentunit", q(errors, "{{model}}"),
+                         thresholds=[(None, "green"), (0.001, "orange"), (0.0144, "red")],
+                         description="Share of requests answered with a server error; the availability SLO allows 0.1%."),
+        stat_panel("Requests in flight", "short",
+                   q(f'sum({m("inferwatch_gateway_requests_in_flight")}{{{SEL}}})', "in flight"), width=4, height=8),
+        stat_panel("Tokens/s out", "short",
+                   q(f'sum(rate({m("inferwatch_gateway_output_tokens_total")}{{{SEL}}}[{RATE}]))', "tokens/s"),
+                   width=4, height=8),
+        timeseries_panel("Request latency", "s",
+                         *quantiles(m("inferwatch_gateway_request_duration_seconds_bucket"), SEL),
+                         description="Request received to last byte sent. Exemplars link to the trace."),
+        heatmap_panel("Request latency heatmap",
+                      f'sum by (le) (increase({m("inferwatch_gateway_request_duration_seconds_bucket")}{{{SEL}}}[{RATE}]))'),
+        timeseries_panel("Time to first token", "s",
+                         *quantiles(m("inferwatch_gateway_time_to_first_token_seconds_bucket"), SEL),
+                         thresholds=[(None, "green"), (1.0, "red")],
+                         description="What a streaming user waits for; the TTFT SLO is 1 s."),
+        timeseries_panel("Inter-token latency", "s",
+                         *quantiles(m("inferwatch_gateway_inter_token_latency_seconds_bucket"), SEL)),
+        timeseries_panel("Time per output token", "s",
+                         *quantiles(m("inferwatch_gateway_time_per_output_token_seconds_bucket"), SEL)),
+        timeseries_panel("Tokens/s in and out", "short",
+                         q(_rate("inferwatch_gateway_input_tokens_total", "model"), "in {{model}}"),
+                         q(_rate("inferwatch_gateway_output_tokens_total", "model"), "out {{model}}")),
+        timeseries_panel("Upstream errors by reason", "reqps",
+                         q(_or_zero(_rate("inferwatch_gateway_upstream_errors_total", "reason", 'model=~"$model"')),
+                           "{{reason}}"),
+                         description="Calls to vLLM that failed: connect, timeout, http_4xx/5xx, stream cut, bad body."),
+        timeseries_panel("Rejected requests by code", "reqps",
+                         q(_or_zero(_rate("inferwatch_gateway_rejected_requests_total", "code", 'code=~".+"')),
+                           "{{code}}"),
+                         description="Refused by the gateway before reaching vLLM (invalid, too large, unauthorised)."),
+    ]
+
+
+def engine() -> list:
+    return [
+        timeseries_panel("Running and waiting requests", "short",
+                         q(f'sum by (model) ({m("vllm:num_requests_running")}{{{VLLM_SEL}}})', "running {{model}}"),
+                         q(f'sum by (model) ({m("vllm:num_requests_waiting")}{{{VLLM_SEL}}})', "waiting {{model}}")),
+        timeseries_panel("KV-cache usage", "percentunit",
+                         q(f'max by (model, instance) ({m("vllm:kv_cache_usage_perc")}{{{VLLM_SEL}}})',
+                           "{{model}} {{instance}}"),
+                         thresholds=[(None, "green"), (0.9, "red")]),
+        timeseries_panel("Preemptions", "ops", q(_rate("vllm:num_preemptions_total", "model", VLLM_SEL), "{{model}}")),
+        timeseries_panel("Prefix-cache hit rate", "percentunit",
+                         q(f'{_rate("vllm:prefix_cache_hits_total", "model", VLLM_SEL)} / '
+                           f'{_rate("vllm:prefix_cache_queries_total", "model", VLLM_SEL)}', "{{model}}")),
+        timeseries_panel("vLLM queue time", "s",
+                         *quantiles(m("vllm:request_queue_time_seconds_bucket"), VLLM_SEL, exemplar=False)),
+        timeseries_panel("vLLM time to first token", "s",
+                         *quantiles(m("vllm:time_to_first_token_seconds_bucket"), VLLM_SEL, exemplar=False),
+                         description="The engine's own view; the gateway's TTFT adds the network and the relay."),
+    ]
+
+
+def build():
+    return dashboard(
+        uids.SERVING, "inferwatch / LLM serving", "RED and token-level metrics at the gateway; vLLM's engine.",
+        [query_variable("model", "Model", f"label_values({REQ}, model)"),
+         query_variable("variant", "Variant", f'label_values({REQ}{{model=~"$model"}}, variant)')],
+        [("Users (gateway)", users()), ("Engine (vLLM)", engine())])

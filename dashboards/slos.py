@@ -1,0 +1,52 @@
+"""SLOs and alerts: objective, SLI, error budget, burn rates per window, what fires now."""
+
+from __future__ import annotations
+
+from alerts.generate import BUDGET_REMAINING, PERIOD_INTERVAL, error_ratio, fresh, interval_of
+from alerts.spec import TIERS
+from dashboards import uids
+from dashboards.panels import dashboard, q, query_variable, stat_panel, timeseries_panel
+
+SEL = 'model=~"$model", slo=~"$slo"'
+BUDGET = "inferwatch_slo:error_budget:ratio"
+
+
+def _ratio(window: str) -> str:
+    return fresh(f"{error_ratio(window)}{{{SEL}}}", interval_of(window))
+
+
+def build():
+    windows = sorted({w for tier in TIERS for bw in tier.windows for w in (bw.long, bw.short)},
+                     key=lambda w: {"m": 60, "h": 3600, "d": 86400}[w[-1]] * int(w[:-1]))
+    burn = [q(f'{_ratio(w)} / on (slo) group_left {BUDGET}{{slo=~"$slo"}}', f"{w} {{{{model}}}} {{{{slo}}}}")
+            for w in windows]
+    slo_panels = [
+        stat_panel("Objective", "percentunit", q(f'inferwatch_slo:objective:ratio{{slo=~"$slo"}}', "{{slo}}"),
+                   width=6, height=6),
+        stat_panel("Error budget remaining (30d)", "percentunit",
+                   q(fresh(f"{BUDGET_REMAINING}{{{SEL}}}", PERIOD_INTERVAL), "{{model}} {{slo}}"),
+                   thresholds=[(None, "red"), (0.25, "orange"), (0.5, "green")], width=10, height=6,
+                   description="Share of the period's budget left; recomputed hourly."),
+        stat_panel("Current burn rate", "x",
+                   q(f'inferwatch_slo:current_burn_rate:ratio{{{SEL}}}', "{{model}} {{slo}}"),
+                   thresholds=[(None, "green"), (1, "orange"), (14.4, "red")], width=8, height=6),
+        timeseries_panel("SLI: share of bad events", "percentunit",
+                         *[q(_ratio(w), f"{w} {{{{model}}}} {{{{slo}}}}") for w in ("5m", "1h", "6h", "1d")],
+                         width=12),
+        timeseries_panel("Burn rate per window", "x", *burn, width=12,
+                         thresholds=[(None, "green"), (1, "orange"), (6, "red")],
+                         description="Error ratio divided by the budget: 1x spends the budget exactly over the "
+                                     "period; pages at 14.4x (1h) and 6x (6h)."),
+    ]
+    alert_panels = [
+        timeseries_panel("Alerts firing by severity", "short",
+                         q('sum by (severity) (ALERTS{alertstate="firing"})', "{{severity}}"), width=12),
+        timeseries_panel("Alerts firing", "short",
+                         q('sum by (alertname, severity) (ALERTS{alertstate="firing"})', "{{alertname}} ({{severity}})"),
+                         width=12),
+    ]
+    return dashboard(
+        uids.SLOS, "inferwatch / SLOs and alerts", "Per-model SLOs with multi-window burn rates; alerts firing.",
+        [query_variable("model", "Model", f"label_values({error_ratio('5m')}, model)"),
+         query_variable("slo", "SLO", "label_values(inferwatch_slo:objective:ratio, slo)")],
+        [("SLOs", slo_panels), ("Alerts", alert_panels)])
