@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dashboards import uids
 from dashboards.panels import RATE, dashboard, q, quantiles, query_variable, stat_panel, timeseries_panel
+from alerts.spec import JOB_DRIFT
 from inferwatch.catalog import metric as m
 
-SEG = 'model=~"$model", variant=~"$variant"'
+SEG = 'model=~"$model", variant=~"$variant", instance=~"$instance"'
 RES = f'{SEG}, feature=~"$feature", method=~"$method"'
 
 
@@ -26,8 +27,10 @@ def drift() -> list:
                          q(f'{m("inferwatch_drift_window_records")}{{{SEG}}}', "window {{model}}/{{variant}}"),
                          q(f'{m("inferwatch_drift_baseline_records")}{{{SEG}}}', "baseline {{model}}/{{variant}}")),
         timeseries_panel("Ingest", "short",
-                         q(f'rate({m("inferwatch_drift_ingested_records_total")}[{RATE}])', "records/s accepted"),
-                         q(f'sum by (reason) (rate({m("inferwatch_drift_rejected_batches_total")}[{RATE}]))'
+                         q(f'sum(rate({m("inferwatch_drift_ingested_records_total")}{{instance=~"$instance"}}[{RATE}]))',
+                           "records/s accepted"),
+                         q(f'sum by (reason) (rate({m("inferwatch_drift_rejected_batches_total")}'
+                           f'{{instance=~"$instance"}}[{RATE}]))'
                            " or on () vector(0)", "batches/s rejected {{reason}}")),
         timeseries_panel("Feature records at the gateway", "short",
                          q(f'sum by (outcome) (rate({m("inferwatch_gateway_feature_records_total")}[{RATE}]))',
@@ -65,5 +68,6 @@ def build():
         [query_variable("model", "Model", f"label_values({score}, model)"),
          query_variable("variant", "Variant", f'label_values({score}{{model=~"$model"}}, variant)'),
          query_variable("feature", "Feature", f'label_values({score}{{model=~"$model"}}, feature)'),
-         query_variable("method", "Method", f"label_values({score}, method)")],
+         query_variable("method", "Method", f"label_values({score}, method)"),
+         query_variable("instance", "Drift service", f'label_values(up{{job="{JOB_DRIFT}"}}, instance)')],
         [("Drift", drift()), ("A/B between variants", ab())])

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from dashboards import uids
 from dashboards.panels import RATE, dashboard, heatmap_panel, q, quantiles, query_variable, stat_panel, timeseries_panel
+from alerts.spec import JOB_GATEWAY, JOB_VLLM
 from inferwatch.catalog import metric as m
 
-SEL = 'model=~"$model", variant=~"$variant"'
+SEL = 'model=~"$model", variant=~"$variant", instance=~"$instance"'
 REQ = m("inferwatch_gateway_requests_total")
-VLLM_SEL = 'model=~"$model"'
+VLLM_SEL = 'model=~"$model", instance=~"$instance"'
+JOBS = f'job=~"{JOB_GATEWAY}|{JOB_VLLM}"'
 
 
 def _rate(name: str, by: str, selector: str = SEL) -> str:
@@ -51,11 +53,12 @@ def users() -> list:
                          q(_rate("inferwatch_gateway_input_tokens_total", "model"), "in {{model}}"),
                          q(_rate("inferwatch_gateway_output_tokens_total", "model"), "out {{model}}")),
         timeseries_panel("Upstream errors by reason", "reqps",
-                         q(_or_zero(_rate("inferwatch_gateway_upstream_errors_total", "reason", 'model=~"$model"')),
+                         q(_or_zero(_rate("inferwatch_gateway_upstream_errors_total", "reason",
+                                          'model=~"$model", instance=~"$instance"')),
                            "{{reason}}"),
                          description="Calls to vLLM that failed: connect, timeout, http_4xx/5xx, stream cut, bad body."),
         timeseries_panel("Rejected requests by code", "reqps",
-                         q(_or_zero(_rate("inferwatch_gateway_rejected_requests_total", "code", 'code=~".+"')),
+                         q(_or_zero(_rate("inferwatch_gateway_rejected_requests_total", "code", 'instance=~"$instance"')),
                            "{{code}}"),
                          description="Refused by the gateway before reaching vLLM (invalid, too large, unauthorised)."),
     ]
@@ -86,5 +89,6 @@ def build():
     return dashboard(
         uids.SERVING, "inferwatch / LLM serving", "RED and token-level metrics at the gateway; vLLM's engine.",
         [query_variable("model", "Model", f"label_values({REQ}, model)"),
-         query_variable("variant", "Variant", f'label_values({REQ}{{model=~"$model"}}, variant)')],
+         query_variable("variant", "Variant", f'label_values({REQ}{{model=~"$model"}}, variant)'),
+         query_variable("instance", "Instance", f"label_values(up{{{JOBS}}}, instance)")],
         [("Users (gateway)", users()), ("Engine (vLLM)", engine())])

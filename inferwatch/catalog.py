@@ -12,7 +12,7 @@ from functools import cache
 from prometheus_client import CollectorRegistry
 
 # Series Prometheus itself makes: one per target, and the alert state of its rules.
-PROMETHEUS_SERIES = {"up": "prometheus", "ALERTS": "prometheus", "ALERTS_FOR_STATE": "prometheus"}
+PROMETHEUS_SERIES = ("up", "ALERTS", "ALERTS_FOR_STATE")
 
 
 def series_of(name: str, kind: str) -> tuple[str, ...]:
@@ -24,30 +24,40 @@ def series_of(name: str, kind: str) -> tuple[str, ...]:
     }.get(kind, (name,))
 
 
-def _registry_series(registry: CollectorRegistry) -> list[str]:
-    return [s for family in registry.collect() for s in series_of(family.name, family.type)]
+def _registry_series(registry: CollectorRegistry) -> list[tuple[str, str]]:
+    return [(s, family.type) for family in registry.collect() for s in series_of(family.name, family.type)]
 
 
 @cache
-def exposed() -> dict[str, str]:
-    """Series name -> the component that exports it."""
+def _exposed() -> dict[str, tuple[str, str]]:
+    """Series name -> (component that exports it, family kind)."""
     from drift.metrics import DRIFT_METRICS
     from exporters.metrics import SPECS
     from inferwatch.supervise import Supervisor
     from serving.metrics import create_metrics
     from serving.vllm_metrics import VLLM_METRICS
 
-    out = dict(PROMETHEUS_SERIES)
+    out = {name: ("prometheus", "gauge") for name in PROMETHEUS_SERIES}
     gateway = CollectorRegistry()
     create_metrics(gateway)
-    out |= {s: "gateway" for s in _registry_series(gateway)}
+    out |= {s: ("gateway", kind) for s, kind in _registry_series(gateway)}
     supervisor = CollectorRegistry()
     Supervisor(supervisor)
-    out |= {s: "supervisor" for s in _registry_series(supervisor)}
-    out |= {s: "exporter" for spec in SPECS for s in series_of(spec.name, spec.kind)}
-    out |= {s: "drift" for m in DRIFT_METRICS for s in series_of(m.name, m.kind)}
-    out |= {s: "vllm" for name, kind in VLLM_METRICS.items() for s in series_of(name, kind)}
+    out |= {s: ("supervisor", kind) for s, kind in _registry_series(supervisor)}
+    out |= {s: ("exporter", spec.kind) for spec in SPECS for s in series_of(spec.name, spec.kind)}
+    out |= {s: ("drift", d.kind) for d in DRIFT_METRICS for s in series_of(d.name, d.kind)}
+    out |= {s: ("vllm", kind) for name, kind in VLLM_METRICS.items() for s in series_of(name, kind)}
     return out
+
+
+def exposed() -> dict[str, str]:
+    """Series name -> the component that exports it."""
+    return {name: component for name, (component, _) in _exposed().items()}
+
+
+def kind_of(series: str) -> str:
+    """'counter', 'gauge', 'histogram' or 'info' for an exported series (KeyError if unknown)."""
+    return _exposed()[series][1]
 
 
 def metric(name: str) -> str:

@@ -15,6 +15,7 @@ from alerts.generate import RULES_DIR, render, rule_files
 from dashboards import uids
 from inferwatch.catalog import exposed
 from inferwatch.monitoring import DEPLOY_DIR, compose_files
+from tests.support.promql import metric_names
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNBOOKS = ROOT / "alerts" / "runbooks"
@@ -34,24 +35,6 @@ def test_committed_files_match_the_generators():
         assert (RULES_DIR / name).read_text() == render(doc), f"alerts/rules/{name} is stale: run `make alerts`"
     for path, text in compose_files().items():
         assert path.read_text() == text, f"{path} is stale: run `make alerts`"
-
-
-_GROUPING = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
-_KEYWORDS = {"and", "or", "unless", "offset", "bool", "by", "without", "on", "ignoring", "inf", "nan"}
-
-
-def metric_names(expr: str) -> set[str]:
-    """Metric names a PromQL expression selects (label matchers, ranges, strings, grouping
-    clauses and function names removed)."""
-    text = re.sub(r'"[^"]*"', '""', expr)
-    text = re.sub(r"\{[^}]*\}", " ", text)
-    text = re.sub(r"\[[^\]]*\]", " ", text)
-    text = _GROUPING.sub(" ", text)
-    names = set()
-    for match in re.finditer(r"(?<![\w:.])([a-zA-Z_:][\w:]*)(\s*\()?", text):
-        if match[2] is None and match[1] not in _KEYWORDS:
-            names.add(match[1])
-    return names
 
 
 def test_metric_name_parser_sees_through_promql():
