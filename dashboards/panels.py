@@ -81,9 +81,9 @@ def quantiles(metric: str, selector: str, by: str = "", qs: tuple[float, ...] = 
               exemplar: bool = True) -> list[prometheus.Dataquery]:
     """p50/p95/p99 of a histogram, ``sum by (le, ...)`` first so replicas add up."""
     group = ", ".join(["le", *filter(None, [by])])
-    legend = "p{q}" + (f" {{{{{by}}}}}" if by else "")
+    by_legend = f" {{{{{by}}}}}" if by else ""
     return [q(f"histogram_quantile({x}, sum by ({group}) (rate({metric}{{{selector}}}[{RATE}])))",
-              legend.format(q=round(x * 100)), exemplar=exemplar) for x in qs]
+              f"p{round(x * 100)}{by_legend}", exemplar=exemplar) for x in qs]
 
 
 def query_variable(name: str, label: str, query: str, multi: bool = True) -> dash_b.QueryVariable:

@@ -17,6 +17,8 @@ model_app = typer.Typer(help="The tiny local model used when no real model is gi
 app.add_typer(model_app, name="model")
 drift_app = typer.Typer(help="The drift service and its report.", no_args_is_help=True)
 app.add_typer(drift_app, name="drift")
+dashboards_app = typer.Typer(help="The generated Grafana dashboards.", no_args_is_help=True)
+app.add_typer(dashboards_app, name="dashboards")
 
 DEFAULT_RUN_DIR = Path(".run")
 
@@ -174,6 +176,27 @@ def drift_report(
     except (urllib.error.URLError, OSError) as exc:
         _fail(f"Could not fetch the report from {url}: {exc}")
     typer.echo(out.resolve())
+
+
+@dashboards_app.command("preview")
+def dashboards_preview(
+    prometheus: Annotated[str, typer.Option(help="Prometheus that scrapes the stack.")] = "http://127.0.0.1:9090",
+    out: Annotated[Path, typer.Option(help="Folder for one PNG per dashboard.")] = Path("dashboards/previews"),
+    minutes: Annotated[float, typer.Option(min=1, help="Time range, ending now.")] = 60.0,
+    scrape_interval: Annotated[float, typer.Option(min=0.1, help="Prometheus's scrape interval, seconds.")] = 10.0,
+) -> None:
+    """Draw every dashboard from a live Prometheus into a PNG, laid out as in Grafana."""
+    import requests
+
+    from dashboards.generate import dashboards
+    from dashboards.preview import render_all
+
+    try:
+        paths = render_all(dashboards(), prometheus.rstrip("/"), out, minutes, scrape_interval)
+    except (requests.RequestException, LookupError, ValueError) as exc:
+        _fail(f"Cannot draw the dashboards from {prometheus}: {exc}")
+    for path in paths:
+        typer.echo(path)
 
 
 @app.command()

@@ -102,3 +102,11 @@ def test_latency_panels_carry_exemplars():
     serving = DOCS[uids.SERVING]
     latency = [p for p in panels(serving) if p["title"] in ("Request latency", "Time to first token")]
     assert latency and all(t.get("exemplar") for p in latency for t in p["targets"])
+
+
+def test_legends_name_their_series():
+    for doc in DOCS.values():
+        for p in panels(doc):
+            for t in p["targets"]:
+                legend = t.get("legendFormat", "")
+                assert not re.search(r"(?<!\{)\{\w+\}(?!\})", legend), f"{p['title']}: {legend}"

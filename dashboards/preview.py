@@ -1,0 +1,103 @@
+"""Dashboards drawn from a live Prometheus into one PNG each, laid out as in Grafana.
+
+Not Grafana: a reviewer's view of every panel's shape on real data, with the same queries
+(``dashboards.queries``) and the same grid. Time series are lines, stats their last value,
+heatmaps bucket counts over time.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from dashboards.queries import TimeRange, panel_results, resolve_variables  # noqa: E402
+
+UNIT_SCALE = {"percentunit": (100, "%"), "bytes": (1 / 2**30, "GiB"), "Bps": (1 / 2**20, "MiB/s"),
+              "hertz": (1e-6, "MHz"), "watt": (1, "W"), "joule": (1e-3, "kJ"), "celsius": (1, "°C"),
+              "s": (1, "s"), "reqps": (1, "req/s"), "ops": (1, "/s"), "x": (1, "×"), "short": (1, "")}
+CELL_W, CELL_H = 0.62, 0.32  # inches per grid column and row
+
+
+def _legend(metric: dict, fmt: str) -> str:
+    if fmt and fmt != "__auto":
+        return "".join(metric.get(part, "") if i % 2 else part
+                       for i, part in enumerate(fmt.replace("{{", "\0").replace("}}", "\0").split("\0"))).strip()
+    return ", ".join(f"{k}={v}" for k, v in sorted(metric.items()) if k != "__name__") or "value"
+
+
+def _draw_timeseries(ax, panel: dict, results: list[list[dict]], t_end: float) -> None:
+    scale, suffix = UNIT_SCALE.get(panel["fieldConfig"]["defaults"]["unit"], (1, ""))
+    for target, series in zip(panel["targets"], results):
+        for s in series[:8]:
+            ts = np.array([float(x) for x, _ in s["values"]])
+            ys = np.array([float(y) for _, y in s["values"]]) * scale
+            ax.plot((ts - t_end) / 60, ys, linewidth=1, label=_legend(s["metric"], target.get("legendFormat", "")))
+    ax.set_xlabel("minutes (0 = now)", fontsize=6)
+    ax.set_ylabel(suffix, fontsize=6)
+    if any(not line.get_label().startswith("_") for line in ax.lines):
+        ax.legend(fontsize=5, loc="upper left", frameon=False)
+
+
+def _draw_stat(ax, panel: dict, results: list[list[dict]]) -> None:
+    scale, suffix = UNIT_SCALE.get(panel["fieldConfig"]["defaults"]["unit"], (1, ""))
+    values = [float(s["values"][-1][1]) * scale for series in results for s in series if s["values"]]
+    text = "no data" if not values else ("NaN" if math.isnan(values[0]) else f"{values[0]:.3g} {suffix}")
+    ax.text(0.5, 0.45, text, ha="center", va="center", fontsize=16, transform=ax.transAxes)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _draw_heatmap(ax, results: list[list[dict]], t_end: float) -> None:
+    rows = sorted(results[0], key=lambda s: float(s["metric"].get("le", "inf")))
+    if not rows:
+        return
+    grid = np.array([[float(v) for _, v in s["values"]] for s in rows if len(s["values"]) == len(rows[0]["values"])])
+    counts = np.diff(np.vstack([np.zeros(grid.shape[1]), grid]), axis=0).clip(min=0)  # per bucket, not cumulative
+    ts = [float(x) for x, _ in rows[0]["values"]]
+    ax.imshow(counts, aspect="auto", origin="lower", cmap="inferno",
+              extent=[(ts[0] - t_end) / 60, (ts[-1] - t_end) / 60, 0, len(rows)])
+    ax.set_yticks(np.arange(len(rows)) + 0.5, [s["metric"].get("le", "") for s in rows], fontsize=4)
+    ax.set_xlabel("minutes (0 = now)", fontsize=6)
+
+
+def render(doc: dict, prometheus: str, out: Path, tr: TimeRange) -> Path:
+    variables = resolve_variables(prometheus, doc, tr)
+    height = max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in doc["panels"])
+    fig = plt.figure(figsize=(24 * CELL_W, height * CELL_H + 0.6))
+    fig.suptitle(f"{doc['title']}  (preview from Prometheus, last {(tr.end - tr.start) / 60:.0f} min)", fontsize=10)
+    for panel in doc["panels"]:
+        g = panel["gridPos"]
+        # room inside each grid cell for tick labels on the left and the title on top
+        box = [g["x"] / 24 + 0.03, 1 - (g["y"] + g["h"]) / height * 0.95 - 0.02, g["w"] / 24 - 0.038,
+               g["h"] / height * 0.95 - 0.035]
+        if panel["type"] == "row":
+            fig.text(0.005, box[1] + box[3] + 0.012, panel["title"], fontsize=9, weight="bold")
+            continue
+        ax = fig.add_axes(box)
+        ax.set_title(panel["title"], fontsize=7, loc="left")
+        ax.tick_params(labelsize=5)
+        results = panel_results(prometheus, panel, variables, tr)
+        if panel["type"] == "stat":
+            _draw_stat(ax, panel, results)
+        elif panel["type"] == "heatmap":
+            _draw_heatmap(ax, results, tr.end)
+        else:
+            _draw_timeseries(ax, panel, results, tr.end)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def render_all(docs: dict[str, dict], prometheus: str, out_dir: Path, minutes: float = 60,
+               scrape_s: float = 10) -> list[Path]:
+    now = time.time()
+    tr = TimeRange(now - minutes * 60, now, scrape_s)
+    return [render(doc, prometheus, out_dir / f"{uid}.png", tr) for uid, doc in docs.items()]
