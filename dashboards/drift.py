@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dashboards import uids
-from dashboards.panels import RATE, dashboard, q, quantiles, query_variable, stat_panel, timeseries_panel
+from dashboards.panels import RATE, dashboard, or_zero, q, quantiles, query_variable, stat_panel, timeseries_panel
 from alerts.spec import JOB_DRIFT
 from inferwatch.catalog import metric as m
 
-SEG = 'model=~"$model", variant=~"$variant", instance=~"$instance"'
+SEG = 'model=~"$model", variant=~"$variant", instance=~"$drift"'
 RES = f'{SEG}, feature=~"$feature", method=~"$method"'
 
 
@@ -15,7 +15,8 @@ def drift() -> list:
     return [
         timeseries_panel("Drift score vs threshold", "short",
                          q(f'{m("inferwatch_drift_score")}{{{RES}}}', "{{variant}} {{feature}} {{method}}"),
-                         q(f'{m("inferwatch_drift_threshold")}{{{RES}}}', "threshold {{feature}} {{method}}"),
+                         q(f'{m("inferwatch_drift_threshold")}{{{RES}}}',
+                           "threshold {{variant}} {{feature}} {{method}}"),
                          width=12, height=9,
                          description="Each method's score of the current window against the baseline, with the "
                                      "threshold its verdict used."),
@@ -27,11 +28,10 @@ def drift() -> list:
                          q(f'{m("inferwatch_drift_window_records")}{{{SEG}}}', "window {{model}}/{{variant}}"),
                          q(f'{m("inferwatch_drift_baseline_records")}{{{SEG}}}', "baseline {{model}}/{{variant}}")),
         timeseries_panel("Ingest", "short",
-                         q(f'sum(rate({m("inferwatch_drift_ingested_records_total")}{{instance=~"$instance"}}[{RATE}]))',
+                         q(f'sum(rate({m("inferwatch_drift_ingested_records_total")}{{instance=~"$drift"}}[{RATE}]))',
                            "records/s accepted"),
-                         q(f'sum by (reason) (rate({m("inferwatch_drift_rejected_batches_total")}'
-                           f'{{instance=~"$instance"}}[{RATE}]))'
-                           " or on () vector(0)", "batches/s rejected {{reason}}")),
+                         q(or_zero(f'sum by (reason) (rate({m("inferwatch_drift_rejected_batches_total")}'
+                                   f'{{instance=~"$drift"}}[{RATE}]))', "reason"), "batches/s rejected: {{reason}}")),
         timeseries_panel("Feature records at the gateway", "short",
                          q(f'sum by (outcome) (rate({m("inferwatch_gateway_feature_records_total")}[{RATE}]))',
                            "{{outcome}}"),
@@ -44,17 +44,17 @@ def ab() -> list:
     by_variant = 'model=~"$model"'
     return [
         timeseries_panel("Requests by variant", "reqps",
-                         q(f"sum by (variant) (rate({req}{{{by_variant}}}[{RATE}]))", "{{variant}}")),
+                         q(f"sum by (model, variant) (rate({req}{{{by_variant}}}[{RATE}]))", "{{model}} {{variant}}")),
         timeseries_panel("Error ratio by variant", "percentunit",
-                         q(f'(sum by (variant) (rate({req}{{{by_variant}, status_class="5xx"}}[{RATE}])) or 0 * '
-                           f"sum by (variant) (rate({req}{{{by_variant}}}[{RATE}]))) / "
-                           f"sum by (variant) (rate({req}{{{by_variant}}}[{RATE}]))", "{{variant}}")),
+                         q(f'(sum by (model, variant) (rate({req}{{{by_variant}, status_class="5xx"}}[{RATE}])) or 0 * '
+                           f"sum by (model, variant) (rate({req}{{{by_variant}}}[{RATE}]))) / "
+                           f"sum by (model, variant) (rate({req}{{{by_variant}}}[{RATE}]))", "{{model}} {{variant}}")),
         timeseries_panel("TTFT p95 by variant", "s",
                          *quantiles(m("inferwatch_gateway_time_to_first_token_seconds_bucket"), by_variant,
-                                    by="variant", qs=(0.95,))),
+                                    by="model, variant", qs=(0.95,))),
         timeseries_panel("Completion tokens p50 by variant", "short",
                          *quantiles(m("inferwatch_gateway_request_completion_tokens_bucket"), by_variant,
-                                    by="variant", qs=(0.5,), exemplar=False)),
+                                    by="model, variant", qs=(0.5,), exemplar=False)),
         stat_panel("Variants serving", "short",
                    q(f"count(count by (variant) ({req}{{{by_variant}}}))", "variants"), height=8),
     ]
@@ -69,5 +69,5 @@ def build():
          query_variable("variant", "Variant", f'label_values({score}{{model=~"$model"}}, variant)'),
          query_variable("feature", "Feature", f'label_values({score}{{model=~"$model"}}, feature)'),
          query_variable("method", "Method", f"label_values({score}, method)"),
-         query_variable("instance", "Drift service", f'label_values(up{{job="{JOB_DRIFT}"}}, instance)')],
+         query_variable("drift", "Drift service", f'label_values(up{{job="{JOB_DRIFT}"}}, instance)')],
         [("Drift", drift()), ("A/B between variants", ab())])

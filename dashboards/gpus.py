@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dashboards import uids
-from dashboards.panels import RATE, dashboard, q, query_variable, stat_panel, timeseries_panel
+from dashboards.panels import RATE, dashboard, or_zero, q, query_variable, stat_panel, timeseries_panel
 from inferwatch.catalog import metric as m
 
 SEL = 'instance=~"$host", gpu=~"$gpu"'
@@ -13,10 +13,6 @@ GPU = "{{instance}} gpu{{gpu}}"
 def g(name: str, extra: str = "") -> str:
     """A per-GPU series on the selected hosts and GPUs."""
     return f'{m(name)}{{{SEL}{", " + extra if extra else ""}}}'
-
-
-def _or_zero(expr: str) -> str:
-    return f"{expr} or on () vector(0)"
 
 
 def use() -> list:
@@ -51,7 +47,7 @@ def errors() -> list:
                          q(f'sum({g("inferwatch_gpu_row_remap_pending")})', "pending"),
                          q(f'sum({g("inferwatch_gpu_row_remap_failure")})', "failed")),
         timeseries_panel("XID errors", "short",
-                         q(_or_zero(f'sum by (xid) (increase({g("inferwatch_gpu_xid_errors_total")}[{RATE}]))'),
+                         q(or_zero(f'sum by (xid) (increase({g("inferwatch_gpu_xid_errors_total")}[{RATE}]))', "xid"),
                            "XID {{xid}}"),
                          thresholds=[(None, "green"), (1, "red")]),
         timeseries_panel("PCIe throughput", "Bps", q(g("inferwatch_gpu_pcie_tx_bytes_per_second"), "tx " + GPU),
@@ -84,7 +80,8 @@ def build():
     info = m("inferwatch_gpu_info")
     return dashboard(
         uids.GPUS, "inferwatch / GPUs", "NVML exporter: utilization, saturation and errors per GPU.",
-        [query_variable("host", "Host", f"label_values({info}, instance)"),
+        # hosts from nvml_up, which an exporter serves even when NVML is down or finds no GPU
+        [query_variable("host", "Host", f'label_values({m("inferwatch_nvml_up")}, instance)'),
          query_variable("gpu", "GPU", f'label_values({info}{{instance=~"$host"}}, gpu)')],
         [("Utilization and saturation", use()), ("Errors and links", errors()),
          ("Processes and exporter health", processes_and_health())])

@@ -70,11 +70,14 @@ def stat_panel(title: str, unit: str, *queries: prometheus.Dataquery, descriptio
     return panel
 
 
-def heatmap_panel(title: str, bucket_expr: str, description: str = "", width: int = 8,
+def heatmap_panel(title: str, bucket_expr: str, y_unit: str, description: str = "", width: int = 8,
                   height: int = 8) -> heatmap.Panel:
-    """``bucket_expr`` is a ``sum by (le) (increase(..._bucket[...]))``: one row per bucket."""
-    return (heatmap.Panel().title(title).description(description).unit("s").datasource(DATASOURCE)
-            .span(width).height(height).with_target(q(bucket_expr, "{{le}}", heat=True)))
+    """``bucket_expr`` is a ``sum by (le) (rate(..._bucket[...]))``: one row per bucket, cells in
+    observations per second (a rate does not count overlapping windows twice, an increase would)."""
+    return (heatmap.Panel().title(title).description(description).unit("reqps").datasource(DATASOURCE)
+            .span(width).height(height).calculate(False)
+            .y_axis(heatmap.YAxisConfig().unit(y_unit)).cell_values(heatmap.CellValues().unit("reqps"))
+            .with_target(q(bucket_expr, "{{le}}", heat=True)))
 
 
 def quantiles(metric: str, selector: str, by: str = "", qs: tuple[float, ...] = (0.5, 0.95, 0.99),
@@ -84,6 +87,12 @@ def quantiles(metric: str, selector: str, by: str = "", qs: tuple[float, ...] = 
     by_legend = f" {{{{{by}}}}}" if by else ""
     return [q(f"histogram_quantile({x}, sum by ({group}) (rate({metric}{{{selector}}}[{RATE}])))",
               f"p{round(x * 100)}{by_legend}", exemplar=exemplar) for x in qs]
+
+
+def or_zero(expr: str, label: str) -> str:
+    """An error counter has no series until its first error: show a 0 labelled ``none``
+    instead of "No data"."""
+    return f'{expr} or on () label_replace(vector(0), "{label}", "none", "", "")'
 
 
 def query_variable(name: str, label: str, query: str, multi: bool = True) -> dash_b.QueryVariable:

@@ -46,10 +46,17 @@ def _draw_timeseries(ax, panel: dict, results: list[list[dict]], t_end: float) -
 
 
 def _draw_stat(ax, panel: dict, results: list[list[dict]]) -> None:
+    """Each series' last value, as Grafana's stat panel shows one value per series."""
     scale, suffix = UNIT_SCALE.get(panel["fieldConfig"]["defaults"]["unit"], (1, ""))
-    values = [float(s["values"][-1][1]) * scale for series in results for s in series if s["values"]]
-    text = "no data" if not values else ("NaN" if math.isnan(values[0]) else f"{values[0]:.3g} {suffix}")
-    ax.text(0.5, 0.45, text, ha="center", va="center", fontsize=16, transform=ax.transAxes)
+    shown = [(_legend(s["metric"], t.get("legendFormat", "")), float(s["values"][-1][1]) * scale)
+             for t, series in zip(panel["targets"], results) for s in series if s["values"]][:4]
+    if not shown:
+        ax.text(0.5, 0.45, "no data", ha="center", va="center", fontsize=14, transform=ax.transAxes)
+    for i, (label, value) in enumerate(shown):
+        text = "NaN" if math.isnan(value) else f"{value:.3g} {suffix}"
+        y = 0.5 if len(shown) == 1 else 0.85 - i * 0.75 / max(1, len(shown) - 1)
+        ax.text(0.5, y, text + (f"  {label}" if len(shown) > 1 else ""), ha="center", va="center",
+                fontsize=16 if len(shown) == 1 else 9, transform=ax.transAxes)
     ax.set_xticks([])
     ax.set_yticks([])
 
@@ -71,7 +78,9 @@ def render(doc: dict, prometheus: str, out: Path, tr: TimeRange) -> Path:
     variables = resolve_variables(prometheus, doc, tr)
     height = max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in doc["panels"])
     fig = plt.figure(figsize=(24 * CELL_W, height * CELL_H + 0.6))
-    fig.suptitle(f"{doc['title']}  (preview from Prometheus, last {(tr.end - tr.start) / 60:.0f} min)", fontsize=10)
+    span = tr.end - tr.start
+    shown = f"{span / 60:.0f} min" if span >= 120 else f"{span:.0f} s"
+    fig.suptitle(f"{doc['title']}  (preview from Prometheus, last {shown})", fontsize=10)
     for panel in doc["panels"]:
         g = panel["gridPos"]
         # room inside each grid cell for tick labels on the left and the title on top
@@ -98,6 +107,7 @@ def render(doc: dict, prometheus: str, out: Path, tr: TimeRange) -> Path:
 
 def render_all(docs: dict[str, dict], prometheus: str, out_dir: Path, minutes: float = 60,
                scrape_s: float = 10) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)  # fail before any query if it cannot be written
     now = time.time()
     tr = TimeRange(now - minutes * 60, now, scrape_s)
     return [render(doc, prometheus, out_dir / f"{uid}.png", tr) for uid, doc in docs.items()]

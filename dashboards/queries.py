@@ -59,17 +59,19 @@ def variable_values(prometheus: str, query: str, variables: dict[str, str], tr: 
     return resp.json()["data"]
 
 
-def resolve_variables(prometheus: str, doc: dict, tr: TimeRange) -> dict[str, str]:
+def resolve_variables(prometheus: str, doc: dict, tr: TimeRange, strict: bool = False) -> dict[str, str]:
     """Each query variable's value as Grafana's default would be: "All" (its allValue) for
-    multi-value variables, else the first value. Raises if a variable has no values."""
+    multi-value variables, else the first value. A variable without values is "All" too, as
+    in Grafana (no GPUs yet, no drift baseline yet); ``strict`` raises instead."""
     resolved: dict[str, str] = {}
     for var in doc["templating"]["list"]:
         if var["type"] != "query":
             continue
         values = variable_values(prometheus, var["query"], resolved, tr)
-        if not values:
+        if not values and strict:
             raise LookupError(f"variable {var['name']} ({var['query']}) has no values")
-        resolved[var["name"]] = (var.get("allValue") or ".*") if var.get("includeAll") else values[0]
+        multi = var.get("includeAll") or not values
+        resolved[var["name"]] = (var.get("allValue") or ".*") if multi else values[0]
     return resolved
 
 

@@ -3,23 +3,19 @@
 from __future__ import annotations
 
 from dashboards import uids
-from dashboards.panels import RATE, dashboard, heatmap_panel, q, quantiles, query_variable, stat_panel, timeseries_panel
+from dashboards.panels import (RATE, dashboard, heatmap_panel, or_zero, q, quantiles, query_variable, stat_panel,
+                               timeseries_panel)
 from alerts.spec import JOB_GATEWAY, JOB_VLLM
 from inferwatch.catalog import metric as m
+from serving.gateway import UNKNOWN_MODEL
 
-SEL = 'model=~"$model", variant=~"$variant", instance=~"$instance"'
+SEL = 'model=~"$model", variant=~"$variant", instance=~"$gateway"'
 REQ = m("inferwatch_gateway_requests_total")
-VLLM_SEL = 'model=~"$model", instance=~"$instance"'
-JOBS = f'job=~"{JOB_GATEWAY}|{JOB_VLLM}"'
+VLLM_SEL = 'model=~"$model", instance=~"$vllm"'
 
 
 def _rate(name: str, by: str, selector: str = SEL) -> str:
     return f"sum by ({by}) (rate({m(name)}{{{selector}}}[{RATE}]))"
-
-
-def _or_zero(expr: str) -> str:
-    """Error counters have no series until the first error: show 0, not "No data"."""
-    return f"{expr} or on () vector(0)"
 
 
 def users() -> list:
@@ -40,26 +36,25 @@ def users() -> list:
                          *quantiles(m("inferwatch_gateway_request_duration_seconds_bucket"), SEL),
                          description="Request received to last byte sent. Exemplars link to the trace."),
         heatmap_panel("Request latency heatmap",
-                      f'sum by (le) (increase({m("inferwatch_gateway_request_duration_seconds_bucket")}{{{SEL}}}[{RATE}]))'),
+                      f'sum by (le) (rate({m("inferwatch_gateway_request_duration_seconds_bucket")}{{{SEL}}}[{RATE}]))',
+                      "s", description="Requests per second in each latency bucket."),
         timeseries_panel("Time to first token", "s",
                          *quantiles(m("inferwatch_gateway_time_to_first_token_seconds_bucket"), SEL),
                          thresholds=[(None, "green"), (1.0, "red")],
                          description="What a streaming user waits for; the TTFT SLO is 1 s."),
         timeseries_panel("Inter-token latency", "s",
-                         *quantiles(m("inferwatch_gateway_inter_token_latency_seconds_bucket"), SEL)),
+                         *quantiles(m("inferwatch_gateway_inter_token_latency_seconds_bucket"), SEL, exemplar=False)),
         timeseries_panel("Time per output token", "s",
-                         *quantiles(m("inferwatch_gateway_time_per_output_token_seconds_bucket"), SEL)),
+                         *quantiles(m("inferwatch_gateway_time_per_output_token_seconds_bucket"), SEL, exemplar=False)),
         timeseries_panel("Tokens/s in and out", "short",
                          q(_rate("inferwatch_gateway_input_tokens_total", "model"), "in {{model}}"),
                          q(_rate("inferwatch_gateway_output_tokens_total", "model"), "out {{model}}")),
         timeseries_panel("Upstream errors by reason", "reqps",
-                         q(_or_zero(_rate("inferwatch_gateway_upstream_errors_total", "reason",
-                                          'model=~"$model", instance=~"$instance"')),
-                           "{{reason}}"),
+                         q(or_zero(_rate("inferwatch_gateway_upstream_errors_total", "reason"), "reason"), "{{reason}}"),
                          description="Calls to vLLM that failed: connect, timeout, http_4xx/5xx, stream cut, bad body."),
         timeseries_panel("Rejected requests by code", "reqps",
-                         q(_or_zero(_rate("inferwatch_gateway_rejected_requests_total", "code", 'instance=~"$instance"')),
-                           "{{code}}"),
+                         q(or_zero(_rate("inferwatch_gateway_rejected_requests_total", "code", 'instance=~"$gateway"'),
+                                   "code"), "{{code}}"),
                          description="Refused by the gateway before reaching vLLM (invalid, too large, unauthorised)."),
     ]
 
@@ -77,8 +72,11 @@ def engine() -> list:
         timeseries_panel("Prefix-cache hit rate", "percentunit",
                          q(f'{_rate("vllm:prefix_cache_hits_total", "model", VLLM_SEL)} / '
                            f'{_rate("vllm:prefix_cache_queries_total", "model", VLLM_SEL)}', "{{model}}")),
-        timeseries_panel("vLLM queue time", "s",
-                         *quantiles(m("vllm:request_queue_time_seconds_bucket"), VLLM_SEL, exemplar=False)),
+        timeseries_panel("vLLM queue time (mean)", "s",
+                         q(f'{_rate("vllm:request_queue_time_seconds_sum", "model", VLLM_SEL)} / '
+                           f'{_rate("vllm:request_queue_time_seconds_count", "model", VLLM_SEL)}', "{{model}}"),
+                         description="Mean time waiting for the scheduler. A mean, not quantiles: vLLM's first "
+                                     "bucket ends at 0.3 s, so quantiles below it would be interpolation."),
         timeseries_panel("vLLM time to first token", "s",
                          *quantiles(m("vllm:time_to_first_token_seconds_bucket"), VLLM_SEL, exemplar=False),
                          description="The engine's own view; the gateway's TTFT adds the network and the relay."),
@@ -88,7 +86,8 @@ def engine() -> list:
 def build():
     return dashboard(
         uids.SERVING, "inferwatch / LLM serving", "RED and token-level metrics at the gateway; vLLM's engine.",
-        [query_variable("model", "Model", f"label_values({REQ}, model)"),
+        [query_variable("model", "Model", f'label_values({REQ}{{model!="{UNKNOWN_MODEL}"}}, model)'),
          query_variable("variant", "Variant", f'label_values({REQ}{{model=~"$model"}}, variant)'),
-         query_variable("instance", "Instance", f"label_values(up{{{JOBS}}}, instance)")],
+         query_variable("gateway", "Gateway", f'label_values(up{{job="{JOB_GATEWAY}"}}, instance)'),
+         query_variable("vllm", "vLLM", f'label_values(up{{job="{JOB_VLLM}"}}, instance)')],
         [("Users (gateway)", users()), ("Engine (vLLM)", engine())])

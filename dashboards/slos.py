@@ -5,10 +5,12 @@ from __future__ import annotations
 from alerts.generate import BUDGET_REMAINING, PERIOD_INTERVAL, error_ratio, fresh, interval_of
 from alerts.spec import TIERS
 from dashboards import uids
-from dashboards.panels import dashboard, q, query_variable, stat_panel, timeseries_panel
+from dashboards.panels import dashboard, or_zero, q, query_variable, stat_panel, timeseries_panel
+from serving.gateway import UNKNOWN_MODEL
 
 SEL = 'model=~"$model", slo=~"$slo"'
 BUDGET = "inferwatch_slo:error_budget:ratio"
+FIRING = 'ALERTS{alertstate="firing", alertname!~"Watchdog|InfoInhibitor"}'
 
 
 def _ratio(window: str) -> str:
@@ -40,13 +42,14 @@ def build():
     ]
     alert_panels = [
         timeseries_panel("Alerts firing by severity", "short",
-                         q('sum by (severity) (ALERTS{alertstate="firing"})', "{{severity}}"), width=12),
+                         q(or_zero(f"sum by (severity) ({FIRING})", "severity"), "{{severity}}"), width=12),
         timeseries_panel("Alerts firing", "short",
-                         q('sum by (alertname, severity) (ALERTS{alertstate="firing"})', "{{alertname}} ({{severity}})"),
-                         width=12),
+                         q(or_zero(f"sum by (alertname, severity) ({FIRING})", "alertname"),
+                           "{{alertname}} ({{severity}})"), width=12,
+                         description="Watchdog and InfoInhibitor, which always fire by design, are left out."),
     ]
     return dashboard(
         uids.SLOS, "inferwatch / SLOs and alerts", "Per-model SLOs with multi-window burn rates; alerts firing.",
-        [query_variable("model", "Model", f"label_values({error_ratio('5m')}, model)"),
+        [query_variable("model", "Model", f'label_values({error_ratio("5m")}{{model!="{UNKNOWN_MODEL}"}}, model)'),
          query_variable("slo", "SLO", "label_values(inferwatch_slo:objective:ratio, slo)")],
         [("SLOs", slo_panels), ("Alerts", alert_panels)])

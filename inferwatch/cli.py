@@ -193,8 +193,10 @@ def dashboards_preview(
 
     try:
         paths = render_all(dashboards(), prometheus.rstrip("/"), out, minutes, scrape_interval)
-    except (requests.RequestException, LookupError, ValueError) as exc:
+    except (requests.RequestException, LookupError, ValueError) as exc:  # before OSError: a subclass of it
         _fail(f"Cannot draw the dashboards from {prometheus}: {exc}")
+    except OSError as exc:
+        _fail(f"Cannot write the previews to {out}: {exc}")
     for path in paths:
         typer.echo(path)
 

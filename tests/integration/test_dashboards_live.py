@@ -37,7 +37,7 @@ SCRAPE_S = 1.0
 
 
 @pytest.fixture(scope="module")
-def prometheus(vllm_server, tmp_path_factory):
+def prometheus(vllm_server, otlp_receiver, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dash-live")
     nvml = fleet(4)
     for dev in nvml.devices:
@@ -49,7 +49,7 @@ def prometheus(vllm_server, tmp_path_factory):
     threading.Thread(target=exporter_http.serve_forever, daemon=True).start()
     with AppServer(drift_app(DriftSettings(db_path=":memory:"))) as drift, \
             GatewayServer(GatewaySettings(upstream_url=vllm_server.url, drift_url=drift.url, feature_flush_s=0.2,
-                                          capture_logprobs=True)) as gateway:
+                                          capture_logprobs=True, otlp_endpoint=otlp_receiver.endpoint)) as gateway:
         rules = tmp / "rules"
         write(cap_interval(rule_files(), "5s"), rules)
         target = lambda url: url.removeprefix("http://")  # noqa: E731
@@ -68,7 +68,8 @@ def prometheus(vllm_server, tmp_path_factory):
         port = free_port()
         prom = ManagedProcess("prometheus", ["prometheus", f"--config.file={tmp / 'prometheus.yml'}",
                                              f"--storage.tsdb.path={tmp / 'data'}",
-                                             f"--web.listen-address=127.0.0.1:{port}"],
+                                             f"--web.listen-address=127.0.0.1:{port}",
+                                             "--enable-feature=exemplar-storage"],
                               log_path=tmp / "prometheus.log", health_url=f"http://127.0.0.1:{port}/-/ready")
         prom.start()
         try:
@@ -119,7 +120,7 @@ def test_every_variable_and_panel_query_returns_data(prometheus, uid):
     doc = DOCS[uid]
     now = time.time()
     tr = TimeRange(now - 3600, now, SCRAPE_S)
-    variables = resolve_variables(prometheus, doc, tr)  # raises if a variable has no values
+    variables = resolve_variables(prometheus, doc, tr, strict=True)  # every variable has values here
     empty = []
     for panel in doc["panels"]:
         if panel["type"] == "row":
@@ -129,6 +130,21 @@ def test_every_variable_and_panel_query_returns_data(prometheus, uid):
             if not has_data and panel["title"] not in NO_DATA_HERE:
                 empty.append(f'{panel["title"]}: {substitute(target["expr"], variables, tr)}')
     assert not empty, "panels without data:\n" + "\n".join(empty)
+
+
+def test_exemplar_panels_find_trace_ids(prometheus):
+    """Latency panels that ask for exemplars get trace ids for them from Prometheus."""
+    doc = DOCS["inferwatch-serving"]
+    now = time.time()
+    tr = TimeRange(now - 3600, now, SCRAPE_S)
+    variables = resolve_variables(prometheus, doc, tr, strict=True)
+    targets = [(p["title"], t) for p in doc["panels"] if p["type"] != "row" for t in p["targets"] if t.get("exemplar")]
+    assert targets
+    for title, target in targets:
+        resp = requests.get(f"{prometheus}/api/v1/query_exemplars", timeout=30, params={
+            "query": substitute(target["expr"], variables, tr), "start": tr.start, "end": tr.end})
+        exemplars = [e for series in resp.json()["data"] for e in series["exemplars"]]
+        assert exemplars and all(len(e["labels"]["trace_id"]) == 32 for e in exemplars), title
 
 
 def test_previews_render_from_the_live_prometheus(prometheus, tmp_path):
