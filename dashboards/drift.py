@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dashboards import uids
-from dashboards.panels import RATE, dashboard, or_zero, q, quantiles, query_variable, stat_panel, timeseries_panel
+from dashboards.panels import (RATE, dashboard, or_zero, q, quantiles, query_variable, server_error_ratio, stat_panel,
+                               timeseries_panel)
 from alerts.spec import JOB_DRIFT
 from inferwatch.catalog import metric as m
 
@@ -46,9 +47,7 @@ def ab() -> list:
         timeseries_panel("Requests by variant", "reqps",
                          q(f"sum by (model, variant) (rate({req}{{{by_variant}}}[{RATE}]))", "{{model}} {{variant}}")),
         timeseries_panel("Error ratio by variant", "percentunit",
-                         q(f'(sum by (model, variant) (rate({req}{{{by_variant}, status_class="5xx"}}[{RATE}])) or 0 * '
-                           f"sum by (model, variant) (rate({req}{{{by_variant}}}[{RATE}]))) / "
-                           f"sum by (model, variant) (rate({req}{{{by_variant}}}[{RATE}]))", "{{model}} {{variant}}")),
+                         q(server_error_ratio(req, by_variant, "model, variant"), "{{model}} {{variant}}")),
         timeseries_panel("TTFT p95 by variant", "s",
                          *quantiles(m("inferwatch_gateway_time_to_first_token_seconds_bucket"), by_variant,
                                     by="model, variant", qs=(0.95,))),

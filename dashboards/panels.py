@@ -89,6 +89,13 @@ def quantiles(metric: str, selector: str, by: str = "", qs: tuple[float, ...] = 
               f"p{round(x * 100)}{by_legend}", exemplar=exemplar) for x in qs]
 
 
+def server_error_ratio(requests_total: str, selector: str, by: str) -> str:
+    """Share of requests answered 5xx, per ``by``; 0 (not "No data") before the first error."""
+    total = f"sum by ({by}) (rate({requests_total}{{{selector}}}[{RATE}]))"
+    errors = f'sum by ({by}) (rate({requests_total}{{{selector}, status_class="5xx"}}[{RATE}]))'
+    return f"({errors} or 0 * {total}) / {total}"
+
+
 def or_zero(expr: str, label: str) -> str:
     """An error counter has no series until its first error: show a 0 labelled ``none``
     instead of "No data"."""

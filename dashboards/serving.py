@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from dashboards import uids
-from dashboards.panels import (RATE, dashboard, heatmap_panel, or_zero, q, quantiles, query_variable, stat_panel,
-                               timeseries_panel)
+from dashboards.panels import (RATE, dashboard, heatmap_panel, or_zero, q, quantiles, query_variable,
+                               server_error_ratio, stat_panel, timeseries_panel)
 from alerts.spec import JOB_GATEWAY, JOB_VLLM
 from inferwatch.catalog import metric as m
 from serving.gateway import UNKNOWN_MODEL
@@ -19,12 +19,10 @@ def _rate(name: str, by: str, selector: str = SEL) -> str:
 
 
 def users() -> list:
-    errors = (f'(sum by (model) (rate({REQ}{{{SEL}, status_class="5xx"}}[{RATE}])) or 0 * {_rate(REQ, "model")})'
-              f" / {_rate(REQ, 'model')}")
     return [
         timeseries_panel("Request rate", "reqps", q(_rate(REQ, "model, status_class"), "{{model}} {{status_class}}"),
                          description="Requests answered per second, by status class."),
-        timeseries_panel("Error ratio (5xx)", "percentunit", q(errors, "{{model}}"),
+        timeseries_panel("Error ratio (5xx)", "percentunit", q(server_error_ratio(REQ, SEL, "model"), "{{model}}"),
                          thresholds=[(None, "green"), (0.001, "orange"), (0.0144, "red")],
                          description="Share of requests answered with a server error; the availability SLO allows 0.1%."),
         stat_panel("Requests in flight", "short",
