@@ -34,7 +34,7 @@ class Targets:
     prometheus: str
     alertmanager: str
     gateway: tuple[str, ...] = ()
-    vllm: tuple[tuple[str, str], ...] = ()  # (host:port, served model name)
+    vllm: tuple[tuple[str, str | None], ...] = ()  # (host:port, served model name when known)
     exporter: tuple[str, ...] = ()
     drift: tuple[str, ...] = ()
     supervisor: tuple[str, ...] = ()
@@ -73,8 +73,11 @@ def prometheus_config(targets: Targets, rule_files: list[str], cluster: str, int
     if targets.gateway:
         jobs.append(_job(spec.JOB_GATEWAY, targets.gateway))
     if targets.vllm:
+        # vLLM labels its own series model_name; `model` is what the rules and dashboards group
+        # by. A known model also labels the target, so `up` (VLLMDown) carries it too.
         jobs.append({"job_name": spec.JOB_VLLM, "static_configs": [
-            {"targets": [address], "labels": {"model": model}} for address, model in targets.vllm]})
+            {"targets": [address], **({"labels": {"model": model}} if model else {})} for address, model in targets.vllm],
+            "metric_relabel_configs": [{"source_labels": ["model_name"], "regex": "(.+)", "target_label": "model"}]})
     for job, addresses in ((spec.JOB_EXPORTER, targets.exporter), (spec.JOB_DRIFT, targets.drift),
                            (spec.JOB_SUPERVISOR, targets.supervisor)):
         if addresses:
@@ -89,7 +92,7 @@ def prometheus_config(targets: Targets, rule_files: list[str], cluster: str, int
 
 
 COMPOSE_TARGETS = Targets(prometheus="localhost:9090", alertmanager="alertmanager:9093", gateway=("gateway:8080",),
-                          vllm=(("vllm:8000", "tiny-llama"),), exporter=("exporter:9400",),
+                          vllm=(("vllm:8000", None),), exporter=("exporter:9400",),
                           drift=("drift:8090",))
 COMPOSE_RECEIVERS = Receivers(pager_webhook="http://pager:9097/hooks/pager",
                               ticket_webhook="http://pager:9097/hooks/ticket",
