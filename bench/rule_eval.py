@@ -27,7 +27,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 

@@ -23,7 +23,7 @@ def build():
     burn = [q(f'{_ratio(w)} / on (slo) group_left {BUDGET}{{slo=~"$slo"}}', f"{w} {{{{model}}}} {{{{slo}}}}")
             for w in windows]
     slo_panels = [
-        stat_panel("Objective", "percentunit", q(f'inferwatch_slo:objective:ratio{{slo=~"$slo"}}', "{{slo}}"),
+        stat_panel("Objective", "percentunit", q('inferwatch_slo:objective:ratio{slo=~"$slo"}', "{{slo}}"),
                    width=6, height=6),
         stat_panel("Error budget remaining (30d)", "percentunit",
                    q(fresh(f"{BUDGET_REMAINING}{{{SEL}}}", PERIOD_INTERVAL), "{{model}} {{slo}}"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shutil
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
