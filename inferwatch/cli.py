@@ -80,13 +80,17 @@ def vllm(
     otlp_endpoint: Annotated[Optional[str], typer.Option(help="OTLP traces endpoint for vLLM's llm_request spans.")] = None,
     startup_timeout: Annotated[float, typer.Option(help="Seconds to wait for /health.")] = 300.0,
     run_dir: Annotated[Path, typer.Option(help="Folder for logs.")] = DEFAULT_RUN_DIR,
+    log_file: Annotated[Optional[str], typer.Option(
+        help="vLLM's log; '-' passes its output through to this process's (a container's log). "
+             "Default: <run-dir>/vllm.log.")] = None,
 ) -> None:
     """Run vLLM's OpenAI server (CPU or CUDA build) in the foreground until Ctrl-C."""
     from serving.vllm_launcher import VLLMConfig, vllm_process
 
     cfg = VLLMConfig(_resolve_model(model), served_model_name, host, port, max_model_len, dtype,
                      otlp_traces_endpoint=otlp_endpoint, startup_timeout_s=startup_timeout)
-    _supervise([(vllm_process(cfg, run_dir / "vllm.log"), startup_timeout)], urls={"vLLM": cfg.base_url})
+    log_path = None if log_file == "-" else Path(log_file) if log_file else run_dir / "vllm.log"
+    _supervise([(vllm_process(cfg, log_path), startup_timeout)], urls={"vLLM": cfg.base_url})
 
 
 @app.command()
@@ -125,13 +129,14 @@ def exporter(
     slow_interval: Annotated[Optional[float], typer.Option(help="Seconds between process-list samples, default 10.")] = None,
     processes: Annotated[Optional[bool], typer.Option("--processes/--no-processes",
                                                       help="Export GPU memory per process (pid label).")] = None,
+    gpm: Annotated[Optional[bool], typer.Option("--gpm/--no-gpm", help="GPM metrics on Hopper+, default on.")] = None,
     log_level: str = "info",
 ) -> None:
     """Run the NVML GPU exporter (USE metrics, XID errors). Without a GPU it serves inferwatch_nvml_up 0."""
     from exporters.server import ExporterSettings, serve
 
     settings = _settings(ExporterSettings, "exporter", host=host, port=port, interval_s=interval,
-                         slow_interval_s=slow_interval, processes=processes)
+                         slow_interval_s=slow_interval, processes=processes, gpm=gpm)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     serve(settings)
 
@@ -370,7 +375,7 @@ def _supervise(children: list, urls: dict, metrics_at: tuple[str, int] | None = 
                   "(is another `inferwatch up` running? --supervisor-port picks another port)")
     try:
         for proc, timeout in children:
-            typer.echo(f"starting {proc.name} (log: {proc.log_path}) ...")
+            typer.echo(f"starting {proc.name} (log: {proc.log_path or 'stdout'}) ...")
             proc.start()
             started.append(proc)
             took = proc.wait_healthy(timeout, cancelled=lambda: stopping)

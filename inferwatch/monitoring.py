@@ -4,6 +4,10 @@ One function renders each config; the compose stack's copies under ``deploy/`` a
 rendered with container host names (``make alerts`` writes them, a test checks they are
 current), and ``inferwatch up`` renders the same with loopback addresses into its run
 folder. Scrape jobs are the ones the alert rules name (``alerts.spec.JOB_*``).
+
+What Prometheus scrapes beside itself and Alertmanager comes from file-based discovery
+(one ``targets/<job>.yml`` per job), so the one Prometheus config serves both stacks and a
+fleet is pointed at by editing target files, which Prometheus re-reads while running.
 """
 
 from __future__ import annotations
@@ -61,27 +65,32 @@ FAST_INTERVALS = Intervals("1s", "1s", Timing("1s", "2s", "1h"), Timing("1s", "2
                            resend_delay="2s")
 
 
-def _job(name: str, addresses: tuple[str, ...], **extra: object) -> dict:
-    return {"job_name": name, "static_configs": [{"targets": list(addresses)}], **extra}
+def target_groups(targets: Targets) -> dict[str, list[dict]]:
+    """Prometheus file_sd target groups per scrape job, for the jobs that have targets.
+
+    A vLLM whose served model is known carries it as the target label ``model``, so ``up``
+    (VLLMDown) names the model too."""
+    vllm = [{"targets": [address], **({"labels": {"model": model}} if model else {})} for address, model in targets.vllm]
+    groups = {spec.JOB_GATEWAY: [{"targets": list(targets.gateway)}], spec.JOB_VLLM: vllm,
+              **{job: [{"targets": list(addresses)}] for job, addresses in (
+                  (spec.JOB_EXPORTER, targets.exporter), (spec.JOB_DRIFT, targets.drift),
+                  (spec.JOB_SUPERVISOR, targets.supervisor))}}
+    return {job: group for job, group in groups.items() if any(g["targets"] for g in group)}
 
 
-def prometheus_config(targets: Targets, rule_files: list[str], cluster: str, intervals: Intervals = Intervals()) -> dict:
-    jobs = [
-        _job("prometheus", (targets.prometheus,)),
-        _job(spec.JOB_ALERTMANAGER, (targets.alertmanager,)),
-    ]
-    if targets.gateway:
-        jobs.append(_job(spec.JOB_GATEWAY, targets.gateway))
-    if targets.vllm:
-        # vLLM labels its own series model_name; `model` is what the rules and dashboards group
-        # by. A known model also labels the target, so `up` (VLLMDown) carries it too.
-        jobs.append({"job_name": spec.JOB_VLLM, "static_configs": [
-            {"targets": [address], **({"labels": {"model": model}} if model else {})} for address, model in targets.vllm],
-            "metric_relabel_configs": [{"source_labels": ["model_name"], "regex": "(.+)", "target_label": "model"}]})
-    for job, addresses in ((spec.JOB_EXPORTER, targets.exporter), (spec.JOB_DRIFT, targets.drift),
-                           (spec.JOB_SUPERVISOR, targets.supervisor)):
-        if addresses:
-            jobs.append(_job(job, addresses))
+def _discovered_job(job: str, targets_dir: str) -> dict:
+    sd = {"job_name": job, "file_sd_configs": [{"files": [f"{targets_dir}/{job}.yml"]}]}
+    if job == spec.JOB_VLLM:
+        # vLLM labels its own series model_name; `model` is what the rules and dashboards group by.
+        sd["metric_relabel_configs"] = [{"source_labels": ["model_name"], "regex": "(.+)", "target_label": "model"}]
+    return sd
+
+
+def prometheus_config(targets: Targets, rule_files: list[str], cluster: str, targets_dir: str,
+                      intervals: Intervals = Intervals()) -> dict:
+    static = [{"job_name": job, "static_configs": [{"targets": [address]}]}
+              for job, address in (("prometheus", targets.prometheus), (spec.JOB_ALERTMANAGER, targets.alertmanager))]
+    jobs = static + [_discovered_job(job, targets_dir) for job in target_groups(targets)]
     return {
         "global": {"scrape_interval": intervals.scrape, "evaluation_interval": intervals.evaluation,
                    "external_labels": {"cluster": cluster}},
@@ -100,14 +109,25 @@ COMPOSE_RECEIVERS = Receivers(pager_webhook="http://pager:9097/hooks/pager",
                               pagerduty_routing_key_file="/run/secrets/pagerduty_routing_key")
 
 
+TARGETS_HEADER = ("# The compose stack's default scrape targets (services of the compose project). For a vLLM\n"
+                  "# or exporter elsewhere, copy this folder, edit it and set PROMETHEUS_TARGETS_DIR in .env;\n"
+                  "# Prometheus re-reads it while running. A vLLM target may carry labels: {model: <name>}.\n")
+
+
 def compose_files() -> dict[Path, str]:
-    """The configs the compose stack mounts (rules at /etc/prometheus/rules)."""
+    """The configs the compose stack mounts (rules at /etc/prometheus/rules, targets at
+    /etc/prometheus/targets)."""
     rules = [f"/etc/prometheus/rules/{f.name}" for f in sorted(RULES_DIR.glob("*.yml"))]
-    return {
-        DEPLOY_DIR / "prometheus" / "prometheus.yml": render(prometheus_config(COMPOSE_TARGETS, rules, "compose")),
+    prometheus = prometheus_config(COMPOSE_TARGETS, rules, "compose", "/etc/prometheus/targets")
+    files = {
+        DEPLOY_DIR / "prometheus" / "prometheus.yml": render(prometheus),
         DEPLOY_DIR / "alertmanager" / "alertmanager.yml": render(
             alertmanager_config(COMPOSE_RECEIVERS, "/etc/alertmanager/templates")),
     }
+    for job, groups in target_groups(COMPOSE_TARGETS).items():
+        files[DEPLOY_DIR / "prometheus" / "targets" / f"{job}.yml"] = TARGETS_HEADER + yaml.safe_dump(
+            groups, sort_keys=False)
+    return files
 
 
 def write_local_configs(run_dir: Path, targets: Targets, receivers: Receivers,
@@ -117,8 +137,13 @@ def write_local_configs(run_dir: Path, targets: Targets, receivers: Receivers,
     for d in (prom_dir, am_dir):
         d.mkdir(parents=True, exist_ok=True)
     rules = [str(f) for f in sorted(rules_dir.glob("*.yml"))]
+    targets_dir = prom_dir / "targets"
+    targets_dir.mkdir(exist_ok=True)
+    for job, groups in target_groups(targets).items():
+        (targets_dir / f"{job}.yml").write_text(yaml.safe_dump(groups, sort_keys=False))
     prom = prom_dir / "prometheus.yml"
-    prom.write_text(yaml.safe_dump(prometheus_config(targets, rules, "local", intervals), sort_keys=False))
+    prom.write_text(yaml.safe_dump(prometheus_config(targets, rules, "local", str(targets_dir), intervals),
+                                   sort_keys=False))
     am = am_dir / "alertmanager.yml"
     am.write_text(yaml.safe_dump(alertmanager_config(receivers, TEMPLATES_DIR, page=intervals.page,
                                                      ticket=intervals.ticket, deadman=intervals.deadman),

@@ -19,6 +19,7 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -28,7 +29,7 @@ class StartupError(RuntimeError):
 
 
 class ManagedProcess:
-    def __init__(self, name: str, argv: Sequence[str], *, log_path: Path, env: Mapping[str, str] | None = None,
+    def __init__(self, name: str, argv: Sequence[str], *, log_path: Path | None, env: Mapping[str, str] | None = None,
                  health_url: str | None = None, key: str | None = None) -> None:
         self.name = name
         self.key = key or name.split()[0].lower()  # the `child` label of the supervisor's metrics
@@ -39,14 +40,23 @@ class ManagedProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
+        """Output goes to ``log_path``, or, when that is None, to this process's own stdout and
+        stderr (in a container, where `docker logs` is the log)."""
+        if self.log_path is None:
+            self._spawn(None)
+            return
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
-            try:
-                self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                             env=self.env, start_new_session=True, preexec_fn=_die_with_parent)
-            except OSError as exc:
-                raise StartupError(f"cannot run {self.name}: {exc}. Is {self.argv[0]} installed? "
-                                   "`make install` installs what the stack needs.") from None
+            self._spawn(log)
+
+    def _spawn(self, log: IO[bytes] | None) -> None:
+        try:
+            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT if log else None,
+                                         stdin=subprocess.DEVNULL, env=self.env, start_new_session=True,
+                                         preexec_fn=_die_with_parent)
+        except OSError as exc:
+            raise StartupError(f"cannot run {self.name}: {exc}. Is {self.argv[0]} installed? "
+                               "`make install` installs what the stack needs.") from None
 
     @property
     def pid(self) -> int:
@@ -71,19 +81,22 @@ class ManagedProcess:
             if not self.alive():
                 code = self.proc.returncode if self.proc else None
                 raise StartupError(f"{self.name} exited with code {code} before it became healthy.\n"
-                                   f"Last lines of {self.log_path}:\n{self.log_tail()}")
+                                   f"{self.log_tail()}")
             if http_ok(self.health_url):
                 return time.monotonic() - started
             time.sleep(poll_s)
         raise StartupError(f"{self.name} was not healthy at {self.health_url} after {timeout_s:.0f}s "
-                           f"(raise the timeout if the machine is slow).\nLast lines of {self.log_path}:\n"
-                           f"{self.log_tail()}")
+                           f"(raise the timeout if the machine is slow).\n{self.log_tail()}")
 
     def log_tail(self, lines: int = 20) -> str:
+        """The end of the log, headed by where it is, for error messages."""
+        if self.log_path is None:
+            return "Its output is above."
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+            return f"Last lines of {self.log_path}:\n" + "\n".join(
+                self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
-            return "(no log)"
+            return f"(no log at {self.log_path})"
 
     def stop(self, grace_s: float = 15.0) -> None:
         """SIGTERM the process group, then SIGKILL whatever is left after ``grace_s``."""

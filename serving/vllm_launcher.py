@@ -62,6 +62,6 @@ def environment(cfg: VLLMConfig, base: Mapping[str, str] | None = None) -> dict[
     return env
 
 
-def vllm_process(cfg: VLLMConfig, log_path: Path, base_env: Mapping[str, str] | None = None) -> ManagedProcess:
+def vllm_process(cfg: VLLMConfig, log_path: Path | None, base_env: Mapping[str, str] | None = None) -> ManagedProcess:
     return ManagedProcess(f"vLLM ({cfg.served_model_name} on :{cfg.port})", command(cfg), log_path=log_path,
                           env=environment(cfg, base_env), health_url=f"{cfg.base_url}/health")

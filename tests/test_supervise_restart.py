@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
@@ -90,3 +92,19 @@ def test_a_restart_that_cannot_exec_is_retried_not_fatal(tmp_path):
     supervisor.poll()
     assert "cannot run vanishing" in said[-1] and "Retrying in 2s" in said[-1]
     assert registry.get_sample_value("inferwatch_supervisor_restarts_total", {"child": "vanishing"}) == 0
+
+
+def test_a_child_without_a_log_file_writes_to_our_own_output():
+    """`inferwatch vllm --log-file -` in a container: vLLM's lines must reach `docker logs`,
+    and a failed start must say where they are."""
+    script = ("import sys; from inferwatch.supervise import ManagedProcess, StartupError\n"
+              "p = ManagedProcess('child', [sys.executable, '-c', "
+              "'import sys; print(\"out-marker\"); print(\"err-marker\", file=sys.stderr); sys.exit(3)'], "
+              "log_path=None, health_url='http://127.0.0.1:9/health')\n"
+              "p.start()\n"
+              "try:\n    p.wait_healthy(30)\nexcept StartupError as e:\n    print('ERROR', e)\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                            cwd=Path(__file__).resolve().parent.parent)
+    assert "out-marker" in result.stdout and "err-marker" in result.stderr
+    assert "exited with code 3 before it became healthy" in result.stdout
+    assert "Its output is above." in result.stdout

@@ -33,8 +33,11 @@ def alerting_rules() -> list[dict]:
 def test_committed_files_match_the_generators():
     for name, doc in rule_files().items():
         assert (RULES_DIR / name).read_text() == render(doc), f"alerts/rules/{name} is stale: run `make alerts`"
-    for path, text in compose_files().items():
+    generated = compose_files()
+    for path, text in generated.items():
         assert path.read_text() == text, f"{path} is stale: run `make alerts`"
+    targets = DEPLOY_DIR / "prometheus" / "targets"
+    assert set(targets.glob("*")) == {p for p in generated if p.parent == targets}, "stale target files"
 
 
 def test_metric_name_parser_sees_through_promql():

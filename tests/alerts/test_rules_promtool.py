@@ -37,6 +37,9 @@ SCENARIOS = [
     Scenario("vLLM restarted within 30s still pages, then resolves a clean minute later", "VLLMDown",
              {selector("up", VLLM): "1x6 0x1 1x13"}, interval="10s",
              quiet_at=("1m",), fires_at="2m", labels=crit(**VLLM), value="2", resolved_at="3m"),
+    Scenario("a vLLM that never becomes ready pages once the startup grace has passed", "VLLMDown",
+             {selector("up", VLLM): "0x120"}, interval="10s",
+             quiet_at=("1m", "14m50s"), fires_at="15m", labels=crit(**VLLM), value="0"),
     Scenario("gateway target down", "GatewayDown", {selector("up", GW): "1 1 0 0 0 0 1 1"},
              quiet_at=("1m", "2m"), fires_at="4m", labels=crit(**GW), value="0", resolved_at="7m"),
     Scenario("gateway cannot reach a vLLM that Prometheus reaches", "GatewayUpstreamDown",
@@ -221,6 +224,31 @@ OTHER_QUIET = [
                 "0x40"},
            "30m", "DriftIngestStalled"),
 ]
+
+
+def test_vllm_loading_its_model_pages_nobody_and_a_long_outage_never_lapses(tmp_path):
+    """The startup grace must not open a gap: a crash pages within two scrapes and the page
+    holds past the grace, while a first start that takes 10 minutes pages nobody."""
+    firing = [expected("VLLMDown", crit(**VLLM), "")]
+    loading = {**VLLM, "instance": "vllm-b:8000"}
+    doc = {**promtool_doc([]), "evaluation_interval": "10s"}
+    doc["tests"] = [
+        {"name": "crash, then down for 40m", "interval": "10s",
+         "input_series": [{"series": selector("up", VLLM), "values": "1x30 0x240"}],
+         "alert_rule_test": [{"eval_time": t, "alertname": "VLLMDown", "exp_alerts": firing}
+                             for t in ("5m20s", "6m", "19m50s", "20m", "20m10s", "30m", "45m")]
+         + [{"eval_time": "5m10s", "alertname": "VLLMDown", "exp_alerts": []}]},
+        {"name": "first start loads for 10m, then serves", "interval": "10s",
+         "input_series": [{"series": selector("up", loading), "values": "0x60 1x120"}],
+         "alert_rule_test": [{"eval_time": t, "alertname": "VLLMDown", "exp_alerts": []}
+                             for t in ("2m", "9m50s", "10m10s", "10m30s", "11m", "20m", "29m")]},
+        {"name": "crash 30s after the first start became ready", "interval": "10s",
+         "input_series": [{"series": selector("up", VLLM), "values": "0x60 1x2 0x60"}],
+         "alert_rule_test": [{"eval_time": "11m", "alertname": "VLLMDown", "exp_alerts": []},
+                             {"eval_time": "11m40s", "alertname": "VLLMDown", "exp_alerts": firing}]},
+    ]
+    result = run_promtool(doc, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_every_alert_fires_with_its_labels_and_resolves(tmp_path):

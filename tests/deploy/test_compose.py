@@ -5,6 +5,7 @@ Makefile installs."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -116,6 +117,43 @@ def test_vllm_health_check_path_is_served_by_vllm(vllm_server):
     for name in ("vllm-gpu", "vllm-cpu"):
         _, path = _health_path(DOC["services"][name])
         assert requests.get(f"{vllm_server.url}{path}", timeout=10).status_code == 200
+
+
+def _mounts(service: str) -> dict[str, Path]:
+    """Container path → host path of a service's bind mounts, with .env.example's defaults."""
+    out = {}
+    for volume in DOC["services"][service]["volumes"]:
+        source, target = re.sub(r"\$\{\w+:-([^}]+)}", r"\1", volume).split(":")[:2]
+        if source.startswith("./"):
+            out[target] = ROOT / source
+    return out
+
+
+def test_prometheus_config_passes_promtool_with_what_compose_mounts(tmp_path):
+    """The full check (rule files and file_sd target files read), on the paths the container
+    sees, mapped back through the compose mounts: a config that names a file no mount
+    provides fails here."""
+    mounts = _mounts("prometheus")
+    config = mounts.pop("/etc/prometheus/prometheus.yml").read_text()
+    for target, source in mounts.items():
+        config = config.replace(target + "/", f"{tmp_path / target.strip('/').replace('/', '_')}/")
+        (tmp_path / target.strip("/").replace("/", "_")).symlink_to(source)
+    (tmp_path / "prometheus.yml").write_text(config)
+    result = subprocess.run(["promtool", "check", "config", str(tmp_path / "prometheus.yml")],
+                            capture_output=True, text=True)
+    assert result.returncode == 0 and "WARNING" not in result.stdout + result.stderr, result.stdout + result.stderr
+    assert result.stdout.count("SUCCESS") >= 1 + len(list((ROOT / "alerts/rules").glob("*.yml"))), result.stdout
+    assert "/etc/prometheus" not in config
+
+
+def test_grafana_image_reads_the_dashboards_schema_version():
+    """Dashboards of schemaVersion 42 (grafana-foundation-sdk 0.0.21) need a Grafana that knows it: 12.3 or later."""
+    versions = {json.loads(f.read_text())["schemaVersion"] for f in (ROOT / "dashboards/json").glob("*.json")}
+    assert versions == {42}
+    env = dict(re.findall(r"^(\w+)=(.*)$", (ROOT / ".env.example").read_text(), re.M))
+    for image in (env["GRAFANA_IMAGE"], re.search(r"GRAFANA_IMAGE:-([^}]+)}", COMPOSE.read_text())[1]):
+        major, minor = map(int, re.search(r":(\d+)\.(\d+)\.", image).groups())
+        assert (major, minor) >= (12, 3), image
 
 
 def test_grafana_provisioning_has_the_fields_grafana_documents():
