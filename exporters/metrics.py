@@ -44,20 +44,65 @@ THROTTLE_REASONS = {  # NVML clocks-event bit -> label value
     0x40: "hw_thermal_slowdown",
     0x80: "hw_power_brake_slowdown",
     0x100: "display_clock_setting",
+    0x200: "board_limit",  # newer drivers; exported only where NVML lists the reason as supported
+    0x400: "reliability",
 }
+
+MIB = 1024 * 1024
+
+# GPM (Hopper and later): NVML_GPM_METRIC_* constant -> (metric, factor to base units). Read as
+# the average between two samples one sampler interval apart, so unlike utilization_ratio
+# (any kernel running during a 1/6 s window) they say how much of the GPU did work.
+GPM_METRICS = {
+    "NVML_GPM_METRIC_SM_UTIL": ("inferwatch_gpu_sm_active_ratio", 0.01),
+    "NVML_GPM_METRIC_SM_OCCUPANCY": ("inferwatch_gpu_sm_occupancy_ratio", 0.01),
+    "NVML_GPM_METRIC_ANY_TENSOR_UTIL": ("inferwatch_gpu_tensor_active_ratio", 0.01),
+    "NVML_GPM_METRIC_DRAM_BW_UTIL": ("inferwatch_gpu_dram_active_ratio", 0.01),
+    "NVML_GPM_METRIC_GRAPHICS_UTIL": ("inferwatch_gpu_graphics_active_ratio", 0.01),
+    "NVML_GPM_METRIC_PCIE_TX_PER_SEC": ("inferwatch_gpu_gpm_pcie_tx_bytes_per_second", MIB),
+    "NVML_GPM_METRIC_PCIE_RX_PER_SEC": ("inferwatch_gpu_gpm_pcie_rx_bytes_per_second", MIB),
+    "NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC": ("inferwatch_gpu_gpm_nvlink_tx_bytes_per_second", MIB),
+    "NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC": ("inferwatch_gpu_gpm_nvlink_rx_bytes_per_second", MIB),
+}
+
+TEMPERATURE_THRESHOLDS = {  # NVML_TEMPERATURE_THRESHOLD_* constant -> label value
+    "NVML_TEMPERATURE_THRESHOLD_SLOWDOWN": "slowdown",
+    "NVML_TEMPERATURE_THRESHOLD_SHUTDOWN": "shutdown",
+    "NVML_TEMPERATURE_THRESHOLD_GPU_MAX": "gpu_max",
+    "NVML_TEMPERATURE_THRESHOLD_MEM_MAX": "memory_max",
+}
+
+COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}  # NVML_COMPUTEMODE_*
 
 SPECS: tuple[MetricSpec, ...] = (
     _g("info", "1 for every GPU; its labels identify the device."),
     _g("device_failed", "1 if the last sample of this GPU failed (GPU lost, unknown error); its other series are stale."),
-    _g("utilization_ratio", "Share of the last sample period in which a kernel ran on the GPU."),
+    _g("utilization_ratio", "Share of the last sample period in which a kernel ran on the GPU (1 with a single "
+                            "busy SM: see sm_active_ratio for how busy it is)."),
+    _g("sm_active_ratio", "How busy the GPU is: share of SMs busy over the last sampler interval (GPM, Hopper+)."),
+    _g("sm_occupancy_ratio", "Resident warps as a share of the SMs' maximum over the last interval (GPM)."),
+    _g("tensor_active_ratio", "Share of SM time the tensor cores were busy, any precision, over the last interval "
+                              "(GPM)."),
+    _g("dram_active_ratio", "Device memory bandwidth used as a share of its peak over the last interval (GPM)."),
+    _g("graphics_active_ratio", "Share of the last interval in which the graphics/compute engine was active (GPM)."),
+    _g("gpm_pcie_tx_bytes_per_second", "PCIe transmit rate averaged over the last sampler interval (GPM)."),
+    _g("gpm_pcie_rx_bytes_per_second", "PCIe receive rate averaged over the last sampler interval (GPM)."),
+    _g("gpm_nvlink_tx_bytes_per_second", "NVLink transmit rate over all links, last sampler interval (GPM)."),
+    _g("gpm_nvlink_rx_bytes_per_second", "NVLink receive rate over all links, last sampler interval (GPM)."),
     _g("memory_utilization_ratio", "Share of the last sample period in which device memory was read or written."),
-    _g("memory_used_bytes", "Device memory in use."),
+    _g("memory_used_bytes", "Device memory in use (without the reserved memory where the v2 API exists)."),
     _g("memory_free_bytes", "Device memory free."),
+    _g("memory_reserved_bytes", "Device memory the driver and firmware reserve (v2 API): neither used nor free."),
     _g("memory_total_bytes", "Device memory installed."),
     _g("temperature_celsius", "GPU die temperature."),
     _g("memory_temperature_celsius", "HBM temperature (where the GPU reports it)."),
+    _g("temperature_threshold_celsius", "Temperature at which the GPU slows down, shuts down, or that it must stay "
+                                        "under (gpu_max, memory_max).", "threshold"),
     _g("power_watts", "Power draw."),
     _g("power_limit_watts", "Enforced power limit."),
+    _g("power_limit_default_watts", "Power limit the GPU ships with."),
+    _g("power_limit_min_watts", "Lowest power limit that can be set."),
+    _g("power_limit_max_watts", "Highest power limit that can be set."),
     _c("energy_joules", "Energy used since the driver loaded."),
     _g("sm_clock_hertz", "Streaming multiprocessor clock."),
     _g("memory_clock_hertz", "Memory clock."),
@@ -68,10 +113,20 @@ SPECS: tuple[MetricSpec, ...] = (
     _g("pcie_tx_bytes_per_second", "PCIe transmit throughput over the last 20 ms."),
     _g("pcie_rx_bytes_per_second", "PCIe receive throughput over the last 20 ms."),
     _c("pcie_replays", "PCIe replays (link-level retransmissions): a rising rate means a bad link."),
-    _g("nvlink_up", "1 per active NVLink link.", "link"),
+    _g("pcie_link_generation", "PCIe generation the link runs at now (drops when idle on some GPUs)."),
+    _g("pcie_link_generation_max", "Highest PCIe generation the GPU and its slot support."),
+    _g("pcie_link_width", "PCIe lanes in use now; below the maximum means a degraded link or riser."),
+    _g("pcie_link_width_max", "PCIe lanes the GPU and its slot support."),
+    _g("ecc_enabled", "1 if ECC is on."),
+    _g("ecc_pending_enabled", "1 if ECC will be on after the next reboot."),
+    _g("persistence_mode_enabled", "1 if persistence mode keeps the driver loaded without clients."),
+    _g("compute_mode", "1 for the GPU's compute mode (default, exclusive_process, prohibited).", "mode"),
+    _g("nvlink_up", "1 per active NVLink link, 0 per link NVML reports disabled.", "link"),
     _c("nvlink_tx_bytes", "NVLink data transmitted.", "link"),
     _c("nvlink_rx_bytes", "NVLink data received.", "link"),
     _c("nvlink_errors", "NVLink data-link errors by type (crc_flit, crc_data, replay, recovery).", "link", "type"),
+    _c("nvlink_ecc_data_errors", "NVLink data ECC errors over all links (NVML has per-link counters for links "
+                                 "0-11 only)."),
     _c("ecc_errors", "ECC errors; scope 'volatile' counts since driver load, 'aggregate' over the GPU's life.",
        "type", "scope"),
     _g("retired_pages", "Memory pages retired, by cause (pre-Ampere page retirement).", "cause"),

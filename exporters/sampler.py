@@ -1,11 +1,15 @@
 """Read NVML into an immutable snapshot; the collector serves snapshots, never NVML.
 
-Error policy, per query and device:
-- NotSupported (and NoPermission): the device cannot answer this query. Remembered and
-  never asked again, so the hot loop and the log stay quiet.
+Error policy, per query, arguments and device:
+- NotSupported (and NoPermission, or a driver without the function): the device cannot
+  answer this query with these arguments. Remembered and never asked again, so the hot
+  loop and the log stay quiet; the same query with other arguments (another NVLink error
+  counter, clock type, ECC counter) is still asked, because NVML answers them separately.
 - Anything else (GPU lost, unknown error, ...): the device failed this cycle. It is marked
   ``device_failed``, the failing query is counted, its other series are left out of this
   snapshot, and every other GPU is exported as usual. The device is retried next cycle.
+- A GPU that fails while being discovered (lost at start) is exported as failed under its
+  index and discovered again every cycle; the healthy ones are sampled meanwhile.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from exporters.metrics import THROTTLE_REASONS
+from exporters.gpm import GpmReader, gpm_supported
+from exporters.metrics import COMPUTE_MODES, TEMPERATURE_THRESHOLDS, THROTTLE_REASONS
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +47,9 @@ class Device:
     index: int
     handle: Any
     labels: tuple[str, str, str, str]  # GPU_LABELS values
-    nvlinks: int = 0
+    nvlinks: int = 0  # links NVML reports, up or down
+    fields: tuple[Any, ...] = ()  # nvmlDeviceGetFieldValues ids, built once
+    gpm: GpmReader | None = None
 
 
 class DeviceFailed(Exception):
@@ -55,6 +62,11 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _lost_labels(index: int) -> tuple[str, str, str, str]:
+    """A GPU NVML counts but could not identify: known by its index alone."""
+    return (str(index), "", "", "")
+
+
 def cuda_version(raw: int) -> str:
     """NVML's 12040 -> '12.4'."""
     return f"{raw // 1000}.{(raw % 1000) // 10}"
@@ -63,17 +75,20 @@ def cuda_version(raw: int) -> str:
 class Sampler:
     """Owns the NVML session. Not thread-safe: one sampler thread calls ``sample``."""
 
-    def __init__(self, nvml: Any, *, processes: bool = False, slow_interval_s: float = 10.0,
+    def __init__(self, nvml: Any, *, processes: bool = False, slow_interval_s: float = 10.0, gpm: bool = True,
                  clock: Callable[[], float] = time.time) -> None:
         self.nvml = nvml
         self.processes = processes
+        self.gpm = gpm
         self.slow_interval_s = slow_interval_s
         self.clock = clock
         self.devices: list[Device] = []
+        self.count = 0  # GPUs NVML reports, discovered or not
+        self._lost: dict[int, str] = {}  # index -> the query that failed its discovery
         self.up = False
         self.reason = "not started"
         self.driver = self.cuda = ""
-        self._unsupported: set[tuple[int, str]] = set()
+        self._unsupported: set[tuple[int, str, tuple[Any, ...]]] = set()
         self._errors: dict[tuple[str, ...], int] = {}
         self._seq = 0
         self._slow_at = float("-inf")
@@ -87,17 +102,24 @@ class Sampler:
             nv.nvmlInit()
             self.driver = _text(nv.nvmlSystemGetDriverVersion())
             self.cuda = cuda_version(nv.nvmlSystemGetCudaDriverVersion())
-            self.devices = [self._discover(i) for i in range(nv.nvmlDeviceGetCount())]
+            self.count = nv.nvmlDeviceGetCount()
         except nv.NVMLError as exc:
             self.reason = f"NVML unavailable: {exc}"
             log.log(logging.DEBUG if quiet else logging.ERROR, "%s; serving inferwatch_nvml_up 0", self.reason)
             return False
-        self.up = bool(self.devices)
+        self.devices, self._lost = [], {}
+        for index in range(self.count):
+            self._try_discover(index)
+        self.up = self.count > 0
         self.reason = "" if self.up else "NVML found no GPU"
-        log.info("NVML driver %s (CUDA %s): %d GPU(s)", self.driver, self.cuda, len(self.devices))
+        log.info("NVML driver %s (CUDA %s): %d GPU(s)", self.driver, self.cuda, self.count)
         return self.up
 
     def stop(self) -> None:
+        for dev in self.devices:
+            if dev.gpm is not None:
+                dev.gpm.free()
+                dev.gpm = None
         if self.up:
             try:
                 self.nvml.nvmlShutdown()
@@ -105,18 +127,53 @@ class Sampler:
                 pass
             self.up = False
 
+    def _try_discover(self, index: int) -> bool:
+        """Discover GPU ``index``; on failure remember it as lost (exported as failed)."""
+        try:
+            dev = self._discover(index)
+        except DeviceFailed as exc:
+            if index not in self._lost:
+                log.warning("GPU %d could not be discovered (%s); exporting the others and retrying it", index, exc)
+            self._lost[index] = exc.query
+            self._count_error(_lost_labels(index), exc.query)
+            return False
+        self._lost.pop(index, None)
+        self.devices = sorted([*self.devices, dev], key=lambda d: d.index)
+        return True
+
     def _discover(self, index: int) -> Device:
         nv = self.nvml
-        h = nv.nvmlDeviceGetHandleByIndex(index)
-        labels = (str(index), _text(nv.nvmlDeviceGetUUID(h)), _text(nv.nvmlDeviceGetName(h)),
-                  _text(nv.nvmlDeviceGetPciInfo(h).busId))
+
+        def call(query: str, *args: Any) -> Any:
+            try:
+                return getattr(nv, query)(*args)
+            except nv.NVMLError as exc:
+                raise DeviceFailed(query, exc) from None
+
+        h = call("nvmlDeviceGetHandleByIndex", index)
+        labels = (str(index), _text(call("nvmlDeviceGetUUID", h)), _text(call("nvmlDeviceGetName", h)),
+                  _text(call("nvmlDeviceGetPciInfo", h).busId))
         links = 0
-        try:
-            while links < nv.NVML_NVLINK_MAX_LINKS and nv.nvmlDeviceGetNvLinkState(h, links) is not None:
-                links += 1
-        except nv.NVMLError:
-            pass  # NotSupported: no NVLink; InvalidArgument: past the last link
-        return Device(index, h, labels, links)
+        try:  # the link count NVML reports; a disabled link is still a link (exported as down)
+            count = nv.nvmlDeviceGetFieldValues(h, [nv.NVML_FI_DEV_NVLINK_LINK_COUNT])[0]
+            if count.nvmlReturn == nv.NVML_SUCCESS:
+                links = min(int(count.value.uiVal), nv.NVML_NVLINK_MAX_LINKS)
+        except (nv.NVMLError_NotSupported, nv.NVMLError_NoPermission):
+            pass
+        except nv.NVMLError as exc:
+            raise DeviceFailed("nvmlDeviceGetFieldValues", exc) from None
+        fields: list[Any] = [nv.NVML_FI_DEV_MEMORY_TEMP]
+        for link in range(links):
+            fields += [(nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, link), (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, link)]
+        if links:
+            fields.append(nv.NVML_FI_DEV_NVLINK_ECC_DATA_ERROR_COUNT_TOTAL)
+        gpm = None
+        if self.gpm and gpm_supported(nv, h):
+            try:
+                gpm = GpmReader(nv, h)
+            except nv.NVMLError as exc:
+                log.warning("GPU %d: GPM unavailable: %s", index, exc)
+        return Device(index, h, labels, links, tuple(fields), gpm)
 
     # -- one cycle ----------------------------------------------------------------------------
     def sample(self) -> Snapshot:
@@ -125,6 +182,9 @@ class Sampler:
         if self.up:
             slow_due = self.processes and time.monotonic() - self._slow_at >= self.slow_interval_s
             slow: Samples = {} if slow_due else self._slow
+            for index in sorted(self._lost):
+                if not self._try_discover(index):
+                    samples.setdefault("inferwatch_gpu_device_failed", []).append((_lost_labels(index), 1.0))
             for dev in self.devices:
                 failed = 0.0
                 try:
@@ -133,9 +193,10 @@ class Sampler:
                         self._sample_processes(dev, slow)
                 except DeviceFailed as exc:
                     failed = 1.0
-                    key = dev.labels + (exc.query,)
-                    self._errors[key] = self._errors.get(key, 0) + 1
+                    self._count_error(dev.labels, exc.query)
                     log.warning("GPU %s (%s): %s", dev.index, dev.labels[1], exc)
+                    if dev.gpm is not None:
+                        dev.gpm.reset()  # its next sample does not close one interval
                 samples.setdefault("inferwatch_gpu_device_failed", []).append((dev.labels, failed))
             if slow_due:
                 self._slow, self._slow_at = slow, time.monotonic()
@@ -144,7 +205,7 @@ class Sampler:
             samples["inferwatch_gpu_collection_errors"] = [(k, float(v)) for k, v in self._errors.items()]
             samples["inferwatch_nvml_info"] = [((self.driver, self.cuda), 1.0)]
         samples["inferwatch_nvml_up"] = [((), 1.0 if self.up else 0.0)]
-        samples["inferwatch_nvml_devices"] = [((), float(len(self.devices)))]
+        samples["inferwatch_nvml_devices"] = [((), float(self.count))]
         self._seq += 1
         duration = time.perf_counter() - started
         samples["inferwatch_nvml_sampler_duration_seconds"] = [((), duration)]
@@ -152,15 +213,22 @@ class Sampler:
         samples["inferwatch_nvml_snapshot_timestamp_seconds"] = [((), taken_at)]
         return Snapshot(self._seq, taken_at, duration, self.up, self.reason, self.driver, self.cuda, samples)
 
+    def _count_error(self, labels: tuple[str, ...], query: str) -> None:
+        key = labels + (query,)
+        self._errors[key] = self._errors.get(key, 0) + 1
+
+
     def _q(self, dev: Device, query: str, *args: Any) -> Any:
-        """One NVML call for ``dev``; None when the device cannot answer it."""
-        if (dev.index, query) in self._unsupported:
+        """One NVML call for ``dev``; None when the device cannot answer it with these arguments."""
+        key = (dev.index, query, args)
+        if key in self._unsupported:
             return None
         nv = self.nvml
         try:
             return getattr(nv, query)(dev.handle, *args)
-        except (nv.NVMLError_NotSupported, nv.NVMLError_NoPermission):
-            self._unsupported.add((dev.index, query))
+        except (nv.NVMLError_NotSupported, nv.NVMLError_NoPermission, nv.NVMLError_FunctionNotFound,
+                nv.NVMLError_ArgumentVersionMismatch):
+            self._unsupported.add(key)
             return None
         except nv.NVMLError as exc:
             raise DeviceFailed(query, exc) from None
@@ -177,26 +245,14 @@ class Sampler:
         if util is not None:
             put("inferwatch_gpu_utilization_ratio", util.gpu / 100)
             put("inferwatch_gpu_memory_utilization_ratio", util.memory / 100)
-        mem = q(dev, "nvmlDeviceGetMemoryInfo")
-        if mem is not None:
-            put("inferwatch_gpu_memory_used_bytes", mem.used)
-            put("inferwatch_gpu_memory_free_bytes", mem.free)
-            put("inferwatch_gpu_memory_total_bytes", mem.total)
+        self._sample_gpm(dev, put)
+        self._sample_memory(dev, put)
         put("inferwatch_gpu_temperature_celsius", q(dev, "nvmlDeviceGetTemperature", nv.NVML_TEMPERATURE_GPU))
-        fields = [nv.NVML_FI_DEV_MEMORY_TEMP]
-        for link in range(dev.nvlinks):
-            fields += [(nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, link), (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, link)]
-        values = q(dev, "nvmlDeviceGetFieldValues", fields)
+        values = q(dev, "nvmlDeviceGetFieldValues", dev.fields)
         if values is not None:
             if values[0].nvmlReturn == nv.NVML_SUCCESS:
                 put("inferwatch_gpu_memory_temperature_celsius", values[0].value.uiVal)
-            for link in range(dev.nvlinks):
-                tx, rx = values[1 + 2 * link], values[2 + 2 * link]
-                put("inferwatch_gpu_nvlink_up", 1, str(link))
-                if tx.nvmlReturn == nv.NVML_SUCCESS:
-                    put("inferwatch_gpu_nvlink_tx_bytes", tx.value.ullVal * KIB, str(link))
-                if rx.nvmlReturn == nv.NVML_SUCCESS:
-                    put("inferwatch_gpu_nvlink_rx_bytes", rx.value.ullVal * KIB, str(link))
+            self._sample_nvlinks(dev, values, put)
         power = q(dev, "nvmlDeviceGetPowerUsage")
         put("inferwatch_gpu_power_watts", None if power is None else power / 1000)
         limit = q(dev, "nvmlDeviceGetEnforcedPowerLimit")
@@ -209,19 +265,22 @@ class Sampler:
             top = q(dev, "nvmlDeviceGetMaxClockInfo", clock)
             put(f"inferwatch_gpu_{name}_clock_max_hertz", None if top is None else top * 1e6)
         put("inferwatch_gpu_performance_state", q(dev, "nvmlDeviceGetPerformanceState"))
-        reasons = q(dev, self._reasons_call)
+        reasons = q(dev, self._reasons_call("Current"))
         if reasons is not None:
+            supported = q(dev, self._reasons_call("Supported"))
             for bit, reason in THROTTLE_REASONS.items():
-                put("inferwatch_gpu_throttle_active", 1 if reasons & bit else 0, reason)
+                if supported is None or supported & bit:  # a reason the driver cannot report is unknown, not 0
+                    put("inferwatch_gpu_throttle_active", 1 if reasons & bit else 0, reason)
         tx = q(dev, "nvmlDeviceGetPcieThroughput", nv.NVML_PCIE_UTIL_TX_BYTES)
         put("inferwatch_gpu_pcie_tx_bytes_per_second", None if tx is None else tx * KIB)
         rx = q(dev, "nvmlDeviceGetPcieThroughput", nv.NVML_PCIE_UTIL_RX_BYTES)
         put("inferwatch_gpu_pcie_rx_bytes_per_second", None if rx is None else rx * KIB)
         put("inferwatch_gpu_pcie_replays", q(dev, "nvmlDeviceGetPcieReplayCounter"))
-        for link in range(dev.nvlinks):
-            for kind, counter in NVLINK_ERRORS.items():
-                put("inferwatch_gpu_nvlink_errors", q(dev, "nvmlDeviceGetNvLinkErrorCounter", link, counter),
-                    str(link), kind)
+        for suffix, query in (("generation", "nvmlDeviceGetCurrPcieLinkGeneration"),
+                              ("generation_max", "nvmlDeviceGetMaxPcieLinkGeneration"),
+                              ("width", "nvmlDeviceGetCurrPcieLinkWidth"),
+                              ("width_max", "nvmlDeviceGetMaxPcieLinkWidth")):
+            put(f"inferwatch_gpu_pcie_link_{suffix}", q(dev, query))
         for etype, ename in ((nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, "corrected"),
                              (nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, "uncorrected")):
             for ctype, cname in ((nv.NVML_VOLATILE_ECC, "volatile"), (nv.NVML_AGGREGATE_ECC, "aggregate")):
@@ -237,6 +296,7 @@ class Sampler:
             put("inferwatch_gpu_remapped_rows", rows[1], "uncorrectable")
             put("inferwatch_gpu_row_remap_pending", 1 if rows[2] else 0)
             put("inferwatch_gpu_row_remap_failure", 1 if rows[3] else 0)
+        self._sample_limits_and_modes(dev, put)
         fan = q(dev, "nvmlDeviceGetFanSpeed")
         put("inferwatch_gpu_fan_speed_ratio", None if fan is None else fan / 100)
         enc = q(dev, "nvmlDeviceGetEncoderUtilization")
@@ -250,12 +310,84 @@ class Sampler:
             if enabled:
                 self._sample_mig(dev, put)
 
-    @property
-    def _reasons_call(self) -> str:
-        # renamed in newer drivers' bindings; older nvidia-ml-py only has the throttle name
-        if hasattr(self.nvml, "nvmlDeviceGetCurrentClocksEventReasons"):
-            return "nvmlDeviceGetCurrentClocksEventReasons"
-        return "nvmlDeviceGetCurrentClocksThrottleReasons"
+    def _sample_gpm(self, dev: Device, put: Callable[..., None]) -> None:
+        if dev.gpm is None:
+            return
+        nv = self.nvml
+        try:
+            readings = dev.gpm.read()
+        except (nv.NVMLError_NotSupported, nv.NVMLError_NoPermission) as exc:
+            log.info("GPU %s: GPM unavailable (%s); not asked again", dev.index, exc)
+            dev.gpm.free()
+            dev.gpm = None
+            return
+        except nv.NVMLError as exc:
+            raise DeviceFailed(dev.gpm.call, exc) from None
+        for name, value in readings:
+            put(name, value)
+
+    def _sample_memory(self, dev: Device, put: Callable[..., None]) -> None:
+        """The v2 API where the driver has it: it reports reserved memory apart, and v1's
+        ``used`` includes it (so v1 on an idle GPU shows hundreds of MiB "used")."""
+        mem = self._q(dev, "nvmlDeviceGetMemoryInfo", self.nvml.nvmlMemory_v2)
+        if mem is not None:
+            put("inferwatch_gpu_memory_reserved_bytes", mem.reserved)
+        else:
+            mem = self._q(dev, "nvmlDeviceGetMemoryInfo")
+        if mem is not None:
+            put("inferwatch_gpu_memory_used_bytes", mem.used)
+            put("inferwatch_gpu_memory_free_bytes", mem.free)
+            put("inferwatch_gpu_memory_total_bytes", mem.total)
+
+    def _sample_nvlinks(self, dev: Device, values: Any, put: Callable[..., None]) -> None:
+        """Link state as NVML reports it; throughput and error counters of links that are up."""
+        nv = self.nvml
+        for link in range(dev.nvlinks):
+            state = self._q(dev, "nvmlDeviceGetNvLinkState", link)
+            if state is None:
+                continue
+            up = state == nv.NVML_FEATURE_ENABLED
+            put("inferwatch_gpu_nvlink_up", 1 if up else 0, str(link))
+            if not up:
+                continue
+            tx, rx = values[1 + 2 * link], values[2 + 2 * link]
+            if tx.nvmlReturn == nv.NVML_SUCCESS:
+                put("inferwatch_gpu_nvlink_tx_bytes", tx.value.ullVal * KIB, str(link))
+            if rx.nvmlReturn == nv.NVML_SUCCESS:
+                put("inferwatch_gpu_nvlink_rx_bytes", rx.value.ullVal * KIB, str(link))
+            for kind, counter in NVLINK_ERRORS.items():
+                put("inferwatch_gpu_nvlink_errors", self._q(dev, "nvmlDeviceGetNvLinkErrorCounter", link, counter),
+                    str(link), kind)
+        if dev.nvlinks and values[-1].nvmlReturn == nv.NVML_SUCCESS:
+            put("inferwatch_gpu_nvlink_ecc_data_errors", values[-1].value.ullVal)
+
+    def _sample_limits_and_modes(self, dev: Device, put: Callable[..., None]) -> None:
+        nv, q = self.nvml, self._q
+        default = q(dev, "nvmlDeviceGetPowerManagementDefaultLimit")
+        put("inferwatch_gpu_power_limit_default_watts", None if default is None else default / 1000)
+        bounds = q(dev, "nvmlDeviceGetPowerManagementLimitConstraints")
+        if bounds is not None:
+            put("inferwatch_gpu_power_limit_min_watts", bounds[0] / 1000)
+            put("inferwatch_gpu_power_limit_max_watts", bounds[1] / 1000)
+        for const, label in TEMPERATURE_THRESHOLDS.items():
+            put("inferwatch_gpu_temperature_threshold_celsius",
+                q(dev, "nvmlDeviceGetTemperatureThreshold", getattr(nv, const)), label)
+        ecc = q(dev, "nvmlDeviceGetEccMode")
+        if ecc is not None:
+            put("inferwatch_gpu_ecc_enabled", 1 if ecc[0] == nv.NVML_FEATURE_ENABLED else 0)
+            put("inferwatch_gpu_ecc_pending_enabled", 1 if ecc[1] == nv.NVML_FEATURE_ENABLED else 0)
+        persistence = q(dev, "nvmlDeviceGetPersistenceMode")
+        if persistence is not None:
+            put("inferwatch_gpu_persistence_mode_enabled", 1 if persistence == nv.NVML_FEATURE_ENABLED else 0)
+        mode = q(dev, "nvmlDeviceGetComputeMode")
+        if mode is not None:
+            put("inferwatch_gpu_compute_mode", 1, COMPUTE_MODES.get(mode, str(mode)))
+
+    def _reasons_call(self, which: str) -> str:
+        """``which`` is Current or Supported. Renamed in newer drivers' bindings; older
+        nvidia-ml-py only has the throttle name."""
+        name = f"nvmlDeviceGet{which}ClocksEventReasons"
+        return name if hasattr(self.nvml, name) else name.replace("Event", "Throttle")
 
     def _sample_mig(self, dev: Device, put: Callable[..., None]) -> None:
         nv = self.nvml

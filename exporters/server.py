@@ -30,6 +30,7 @@ class ExporterSettings(BaseSettings):
     interval_s: float = Field(1.0, gt=0, le=300, description="sampling interval")
     slow_interval_s: float = Field(10.0, gt=0, le=3600, description="interval of slow queries (process list)")
     processes: bool = Field(False, description="export GPU memory per process (pid label: opt-in)")
+    gpm: bool = Field(True, description="GPM profiling metrics (SM, tensor, DRAM activity) where the GPU has them")
     xid_events: bool = True
     retry_s: float = Field(30.0, gt=0, description="how often to retry NVML while it is unavailable")
 
@@ -54,7 +55,8 @@ class Exporter:
 
     def __init__(self, settings: ExporterSettings, nvml: Any) -> None:
         self.settings = settings
-        self.sampler = Sampler(nvml, processes=settings.processes, slow_interval_s=settings.slow_interval_s)
+        self.sampler = Sampler(nvml, processes=settings.processes, slow_interval_s=settings.slow_interval_s,
+                               gpm=settings.gpm)
         self.xid: XidWatcher | None = None
         self.store: SnapshotStore | None = None
         self.exposition: CachedExposition | None = None
@@ -92,6 +94,9 @@ class Exporter:
                     log.info("NVML is available now: %d GPU(s)", len(self.sampler.devices))
                     self._start_xid()
             self.store.publish(self.sampler.sample())
+            if self.xid is not None:  # a GPU lost at start and discovered since
+                for dev in self.sampler.devices:
+                    self.xid.add(dev.index, dev.handle, dev.labels)
             self.exposition.warm()
             next_at += interval
             if next_at < time.monotonic():  # a slow cycle: skip ahead instead of bursting

@@ -37,16 +37,28 @@ class XidWatcher:
         except nv.NVMLError as exc:
             log.warning("XID events unavailable: %s", exc)
             return False
-        registered = 0
-        for index, handle in self._handles.items():
-            try:
-                nv.nvmlDeviceRegisterEvents(handle, nv.nvmlEventTypeXidCriticalError, self._event_set)
-                registered += 1
-            except nv.NVMLError as exc:  # NotSupported on some GPUs / vGPU guests
-                log.warning("GPU %s: XID events unavailable: %s", index, exc)
+        registered = sum(self._register(index, handle) for index, handle in self._handles.items())
         self._thread = threading.Thread(target=self._run, name="xid-events", daemon=True)
         self._thread.start()
         return registered > 0
+
+    def _register(self, index: int, handle: Any) -> bool:
+        nv = self.nvml
+        try:
+            nv.nvmlDeviceRegisterEvents(handle, nv.nvmlEventTypeXidCriticalError, self._event_set)
+            return True
+        except nv.NVMLError as exc:  # NotSupported on some GPUs / vGPU guests
+            log.warning("GPU %s: XID events unavailable: %s", index, exc)
+            return False
+
+    def add(self, index: int, handle: Any, labels: tuple[str, ...]) -> None:
+        """Count XIDs of a GPU discovered after start (it was lost then); no-op if known."""
+        if index in self._handles or self._event_set is None:
+            return
+        self._handles[index] = handle
+        with self._lock:
+            self._labels[index] = labels
+        self._register(index, handle)
 
     def stop(self) -> None:
         self._stop.set()

@@ -15,13 +15,17 @@ def h100(index: int, **overrides) -> FakeDevice:
         pstate=0, throttle_reasons=0x4 | 0x40, pcie_tx_kbps=100 * (index + 1), pcie_rx_kbps=200 * (index + 1),
         pcie_replays=index, nvlink_links=2, nvlink_tx_kib=10 * (index + 1), nvlink_rx_kib=20 * (index + 1),
         nvlink_errors={2: 3, 0: 1}, ecc={(0, 0): 5, (1, 1): 2}, retired_pages={}, remapped_rows=(1, 0, 1, 0),
-        fan_speed=None, encoder_util=0, decoder_util=7,
+        fan_speed=None, encoder_util=0, decoder_util=7, memory_reserved=512 * 2**20, nvlink_ecc_data_errors=index,
+        # NVML_GPM_METRIC_*: graphics, SM, occupancy, any tensor, DRAM (%); PCIe tx/rx, NVLink rx/tx (MiB/s)
+        gpm={1: 90.0, 2: 40.0 + index, 3: 25.0, 5: 30.0 + index, 10: 55.0, 20: 100.0, 21: 200.0, 60: 1000.0,
+             61: 2000.0},
     )
     base.update(overrides)
     return FakeDevice(**base)
 
 
 def fleet(n: int = 2, **kwargs) -> FakeNVML:
+    """``n`` H100s with GPM; ``kwargs`` go to FakeNVML (clock, library_missing, ...)."""
     return FakeNVML([h100(i) for i in range(n)], **kwargs)
 
 

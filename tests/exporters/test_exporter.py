@@ -19,6 +19,7 @@ from exporters.metrics import GPU_LABELS, SPECS
 from exporters.sampler import Sampler
 from exporters.server import Exporter, ExporterSettings, make_server
 from exporters.xid import XidWatcher
+from tests.exporters.driver import kernel_gpus
 from tests.exporters.fleet import FakeMig, FakeProcess, fleet, h100
 
 
@@ -44,7 +45,8 @@ def test_every_reading_in_base_units():
         "inferwatch_gpu_utilization_ratio": 0.41,
         "inferwatch_gpu_memory_utilization_ratio": 0.11,
         "inferwatch_gpu_memory_used_bytes": g1.memory_used,
-        "inferwatch_gpu_memory_free_bytes": g1.memory_total - g1.memory_used,
+        "inferwatch_gpu_memory_free_bytes": g1.memory_total - g1.memory_used - g1.memory_reserved,
+        "inferwatch_gpu_memory_reserved_bytes": 512 * 2**20,
         "inferwatch_gpu_memory_total_bytes": g1.memory_total,
         "inferwatch_gpu_temperature_celsius": 51,
         "inferwatch_gpu_memory_temperature_celsius": 61,
@@ -85,7 +87,7 @@ def test_every_reading_in_base_units():
     throttles = {s.labels["reason"]: s.value for s in families["inferwatch_gpu_throttle_active"].samples
                  if s.labels["gpu"] == "1"}
     assert throttles["sw_power_cap"] == 1 and throttles["hw_thermal_slowdown"] == 1
-    assert sum(throttles.values()) == 2 and len(throttles) == 9
+    assert sum(throttles.values()) == 2 and len(throttles) == 11
     assert "inferwatch_gpu_fan_speed_ratio" not in families  # NotSupported: absent, not zero
     assert value(families, "inferwatch_nvml_up", gpu=None) == 1
     assert value(families, "inferwatch_nvml_devices", gpu=None) == 2
@@ -155,7 +157,9 @@ def test_not_supported_queries_are_skipped_quietly_and_not_asked_again(caplog):
         calls_first = nvml.calls - before
         sampler.sample()
         calls_second = nvml.calls - before - calls_first
-    assert calls_second == calls_first - 4  # fan, replay, encoder, MIG mode: asked once, never again
+    # fan, replay, encoder, MIG mode: asked once, never again; GPM's second cycle reads metrics
+    # between two samples where its first only took a sample
+    assert calls_second == calls_first - 4 + 1
     families = {f.name: f for f in text_string_to_metric_families(
         CachedExposition(SnapshotStore(sampler.sample())).render().decode())}
     assert "inferwatch_gpu_pcie_replays" not in families and "inferwatch_gpu_encoder_utilization_ratio" not in families
@@ -189,16 +193,22 @@ def test_one_gpu_lost_mid_run_leaves_the_others_exported():
     assert value(families, "inferwatch_gpu_collection_errors", gpu="1", query="nvmlDeviceGetPowerUsage") == 2
 
 
-def test_nvml_absent_still_serves_up_zero_and_says_why(caplog):
-    """The real nvidia-ml-py on this GPU-less machine: nvmlInit fails, the exporter does not."""
+def test_real_nvml_serves_up_zero_and_says_why_without_a_driver_and_the_gpus_with_one(caplog):
+    """The real nvidia-ml-py: on a host without the driver (this one) nvmlInit fails and the
+    exporter does not; on a GPU host it exports every GPU the kernel driver has bound."""
+    gpus = kernel_gpus()
     exporter = Exporter(ExporterSettings(port=0), pynvml)
     with caplog.at_level(logging.ERROR):
         exporter.start()
     try:
         families = {f.name: f for f in text_string_to_metric_families(exporter.exposition.render().decode())}
-        assert families["inferwatch_nvml_up"].samples[0].value == 0
-        assert families["inferwatch_nvml_devices"].samples[0].value == 0
-        assert any("NVML unavailable" in r.getMessage() for r in caplog.records)
+        assert families["inferwatch_nvml_up"].samples[0].value == (1 if gpus else 0)
+        assert families["inferwatch_nvml_devices"].samples[0].value == (gpus or 0)
+        if gpus is None:
+            assert any("NVML unavailable" in r.getMessage() for r in caplog.records)
+        else:
+            failed = [s.value for s in families["inferwatch_gpu_device_failed"].samples]
+            assert failed == [0.0] * gpus
     finally:
         exporter.stop()
 

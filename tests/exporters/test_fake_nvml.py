@@ -6,18 +6,19 @@ import pynvml
 import pytest
 
 from exporters import fake_nvml
-from exporters.fake_nvml import FakeNVML, NVMLError
+from exporters.fake_nvml import FakeDevice, FakeNVML, NVMLError
+from tests.exporters.driver import kernel_gpus
 
 
 def test_constants_match_pynvml():
     ours = {k: v for k, v in vars(fake_nvml).items()
-            if k.startswith(("NVML_", "nvmlEventType", "nvmlClocksEventReason")) and isinstance(v, int)}
+            if k.startswith(("NVML_", "nvmlEventType", "nvmlClocksEventReason", "nvmlMemory")) and isinstance(v, int)}
     assert len(ours) > 40
     for name, value in ours.items():
         assert getattr(pynvml, name) == value, name
 
 
-@pytest.mark.parametrize("code", [1, 2, 3, 4, 6, 9, 10, 12, 15, 999])
+@pytest.mark.parametrize("code", [1, 2, 3, 4, 6, 9, 10, 12, 13, 15, 25, 999])
 def test_error_classes_behave_like_pynvml(code):
     ours, theirs = NVMLError(code), pynvml.NVMLError(code)
     assert type(ours).__name__ == type(theirs).__name__
@@ -44,8 +45,64 @@ def test_uninitialised_calls_fail_like_the_library():
         fake.nvmlDeviceGetCount()
 
 
-def test_real_pynvml_without_a_driver_raises_library_not_found():
-    """What the exporter sees on this machine, and on any host without the driver."""
-    with pytest.raises(pynvml.NVMLError) as info:
+def test_gpm_structures_have_pynvml_field_names():
+    ours = FakeNVML.c_nvmlGpmMetricsGet_t()
+    assert {name for name, _ in pynvml.c_nvmlGpmMetricsGet_t._fields_} <= set(vars(ours))
+    assert len(ours.metrics) == pynvml.NVML_GPM_METRIC_MAX
+    metric_fields = {name for name, _ in pynvml.c_nvmlGpmMetric_t._fields_} - {"metricInfo"}
+    assert metric_fields <= set(vars(ours.metrics[0]))
+
+
+def test_memory_v2_has_pynvml_field_names_and_v1_counts_reserved_as_used():
+    fake = FakeNVML([FakeDevice(memory_total=1000, memory_used=300, memory_reserved=100)])
+    fake.nvmlInit()
+    h = fake.nvmlDeviceGetHandleByIndex(0)
+    v2 = fake.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
+    assert {name for name, _ in pynvml.c_nvmlMemory_v2_t._fields_} == set(vars(v2))
+    v1 = fake.nvmlDeviceGetMemoryInfo(h)
+    assert (v2.used, v2.reserved, v2.free, v1.used, v1.free) == (300, 100, 600, 400, 600)
+
+
+def test_gpm_metrics_need_two_samples_of_one_gpu_in_order():
+    """As NVML: a metric is defined between an earlier and a later sample of the same GPU."""
+    now = [0.0]
+    fake = FakeNVML([FakeDevice(gpm={2: 50.0}), FakeDevice(gpm={2: 10.0}), FakeDevice(gpm=None)],
+                    clock=lambda: now[0])
+    fake.nvmlInit()
+    h0, h1, h2 = (fake.nvmlDeviceGetHandleByIndex(i) for i in range(3))
+    assert [fake.nvmlGpmQueryDeviceSupport(h).isSupportedDevice for h in (h0, h1, h2)] == [1, 1, 0]
+    with pytest.raises(fake.NVMLError_NotSupported):
+        fake.nvmlGpmSampleGet(h2, fake.nvmlGpmSampleAlloc())
+    a, b, other = fake.nvmlGpmSampleAlloc(), fake.nvmlGpmSampleAlloc(), fake.nvmlGpmSampleAlloc()
+
+    def metrics(one, two):
+        request = fake.c_nvmlGpmMetricsGet_t()
+        request.version, request.numMetrics, request.sample1, request.sample2 = 1, 2, one, two
+        request.metrics[0].metricId, request.metrics[1].metricId = 2, 5
+        return fake.nvmlGpmMetricsGet(request).metrics[:2]
+
+    fake.nvmlGpmSampleGet(h0, a)
+    fake.nvmlGpmSampleGet(h1, other)
+    now[0] = 2.0
+    fake.nvmlGpmSampleGet(h0, b)
+    sm, tensor = metrics(a, b)
+    assert (sm.nvmlReturn, sm.value, tensor.nvmlReturn) == (0, 50.0, pynvml.NVML_ERROR_NOT_SUPPORTED)
+    for one, two in ((b, a), (a, a), (a, other)):
+        with pytest.raises(fake.NVMLError_InvalidArgument):
+            metrics(one, two)
+
+
+def test_real_pynvml_fails_cleanly_without_a_driver_and_counts_gpus_with_one():
+    """What the exporter sees from the real bindings: LibraryNotFound or DriverNotLoaded on a
+    host without the kernel driver (this one), every bound GPU on a host with it."""
+    gpus = kernel_gpus()
+    try:
         pynvml.nvmlInit()
-    assert info.value.value in (pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+    except pynvml.NVMLError as error:
+        assert gpus is None, f"the NVIDIA driver has {gpus} GPU(s) bound, yet NVML failed: {error}"
+        assert error.value in (pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+        return
+    try:
+        assert gpus is not None and pynvml.nvmlDeviceGetCount() == gpus
+    finally:
+        pynvml.nvmlShutdown()

@@ -30,6 +30,7 @@ from alerts.model import seconds
 from inferwatch.monitoring import FAST_INTERVALS
 from tests.conftest import TINY_MODEL_NAME
 from tests.drift.records import body, records
+from tests.exporters.driver import kernel_gpus
 from tests.support.servers import eventually, free_ports
 
 pytestmark = pytest.mark.vllm
@@ -134,8 +135,9 @@ def test_up_prints_every_url_and_serves_through_the_gateway(stack):
     reply = client.chat.completions.create(model=TINY_MODEL_NAME, messages=[{"role": "user", "content": "hi"}],
                                            max_tokens=4)
     assert reply.usage.completion_tokens == 4
-    # no GPU here: the exporter runs and says so in its metrics
-    assert "inferwatch_nvml_up 0.0" in requests.get(f"{stack.url('exporter')}/metrics").text
+    # the exporter runs with or without a GPU and says which in its metrics
+    nvml_up = "1.0" if kernel_gpus() else "0.0"
+    assert f"inferwatch_nvml_up {nvml_up}" in requests.get(f"{stack.url('exporter')}/metrics").text
     # the request's feature record reaches the drift service that up started
     segs = eventually(lambda: requests.get(f"{stack.url('drift')}/v1/drift").json()["segments"])
     assert [(s["model"], s["window_records"]) for s in segs] == [(TINY_MODEL_NAME, 1)]

@@ -1,0 +1,83 @@
+"""GPM (GPU Performance Monitoring, Hopper and later) for one GPU, by NVML's two-sample method.
+
+A GPM sample is a snapshot of hardware counters; a metric is only defined between two
+samples of the same GPU. Each sampler cycle takes one new sample and asks NVML for the
+metrics between it and the previous cycle's, so every value is an average over exactly one
+sampler interval (NVML wants at least 100 ms between the two). Two buffers are allocated
+once per GPU and swapped, never reallocated in the hot loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from exporters.metrics import GPM_METRICS
+
+log = logging.getLogger(__name__)
+
+
+def gpm_supported(nvml: Any, handle: Any) -> bool:
+    """What ``nvmlGpmQueryDeviceSupport`` says; False with bindings or a driver without GPM."""
+    if not hasattr(nvml, "nvmlGpmQueryDeviceSupport"):
+        return False
+    try:
+        return bool(nvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice)
+    except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound, nvml.NVMLError_NoPermission):
+        return False
+
+
+class GpmReader:
+    """Not thread-safe: owned by the sampler thread, like the rest of the NVML session."""
+
+    def __init__(self, nvml: Any, handle: Any) -> None:
+        self.nvml = nvml
+        self.handle = handle
+        # metric id -> (metric name, factor); ids come from the bindings, not retyped numbers
+        self.metrics = {getattr(nvml, const): spec for const, spec in GPM_METRICS.items() if hasattr(nvml, const)}
+        self._ids = list(self.metrics)
+        self._previous = nvml.nvmlGpmSampleAlloc()
+        self._current = nvml.nvmlGpmSampleAlloc()
+        self._have_previous = False
+        self.call = ""  # the NVML call in progress, for error counts
+
+    def read(self) -> list[tuple[str, float]]:
+        """Take a sample; the metrics since the previous one ([] on the first call and after
+        ``reset``). NVMLError propagates: the caller decides whether the device failed."""
+        nv = self.nvml
+        self.call = "nvmlGpmSampleGet"
+        nv.nvmlGpmSampleGet(self.handle, self._current)
+        if not self._have_previous:
+            self._swap()
+            return []
+        request = nv.c_nvmlGpmMetricsGet_t()
+        request.version = nv.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(self._ids)
+        request.sample1, request.sample2 = self._previous, self._current
+        for slot, metric_id in enumerate(self._ids):
+            request.metrics[slot].metricId = metric_id
+        self.call = "nvmlGpmMetricsGet"
+        nv.nvmlGpmMetricsGet(request)
+        self._swap()
+        out = []
+        for slot, metric_id in enumerate(self._ids):
+            metric = request.metrics[slot]
+            if metric.nvmlReturn == nv.NVML_SUCCESS:  # per metric: NVLink rates on a PCIe card are NotSupported
+                name, factor = self.metrics[metric_id]
+                out.append((name, metric.value * factor))
+        return out
+
+    def _swap(self) -> None:
+        self._previous, self._current = self._current, self._previous
+        self._have_previous = True
+
+    def reset(self) -> None:
+        """Forget the previous sample (the device failed in between: the interval is not one)."""
+        self._have_previous = False
+
+    def free(self) -> None:
+        for sample in (self._previous, self._current):
+            try:
+                self.nvml.nvmlGpmSampleFree(sample)
+            except self.nvml.NVMLError as exc:
+                log.debug("freeing a GPM sample: %s", exc)
