@@ -99,4 +99,5 @@ clean:
 # Regenerate the alert rules and the Prometheus/Alertmanager configs under deploy/.
 alerts: install
 	$(PY) -m alerts.generate
+	$(PY) -m alerts.dcgm
 	$(PY) -m inferwatch.monitoring

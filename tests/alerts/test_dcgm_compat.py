@@ -1,0 +1,187 @@
+"""dcgm-exporter compatibility rules: current, valid, and through promtool on series shaped
+like dcgm-exporter's default counters (names, labels, units), the same values read back in
+inferwatch's names and units, and inferwatch's GPU alerts firing on them unchanged."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from alerts import dcgm
+from exporters.metrics import SPECS
+from inferwatch.catalog import series_of
+from tests.alerts.promtool import RULE_FILES, Scenario, promtool_doc, run_promtool, selector
+from tests.support.promql import metric_names
+
+ROOT = Path(__file__).resolve().parents[2]
+MIB = 1024 * 1024
+
+# dcgm-exporter's default counters (etc/default-counters.csv): name -> (type, unit)
+DEFAULT_COUNTERS = {
+    "DCGM_FI_DEV_SM_CLOCK": ("gauge", "MHz"), "DCGM_FI_DEV_MEM_CLOCK": ("gauge", "MHz"),
+    "DCGM_FI_DEV_MEMORY_TEMP": ("gauge", "C"), "DCGM_FI_DEV_GPU_TEMP": ("gauge", "C"),
+    "DCGM_FI_DEV_POWER_USAGE": ("gauge", "W"), "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": ("counter", "mJ"),
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": ("counter", ""), "DCGM_FI_DEV_GPU_UTIL": ("gauge", "%"),
+    "DCGM_FI_DEV_MEM_COPY_UTIL": ("gauge", "%"), "DCGM_FI_DEV_ENC_UTIL": ("gauge", "%"),
+    "DCGM_FI_DEV_DEC_UTIL": ("gauge", "%"), "DCGM_FI_DEV_XID_ERRORS": ("gauge", "last XID"),
+    "DCGM_FI_DEV_FB_FREE": ("gauge", "MiB"), "DCGM_FI_DEV_FB_USED": ("gauge", "MiB"),
+    "DCGM_FI_DEV_FB_RESERVED": ("gauge", "MiB"), "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": ("counter", ""),
+    "DCGM_FI_DEV_VGPU_LICENSE_STATUS": ("gauge", ""), "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": ("counter", ""),
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": ("counter", ""), "DCGM_FI_DEV_ROW_REMAP_FAILURE": ("gauge", ""),
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": ("gauge", "ratio"), "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": ("gauge", "ratio"),
+    "DCGM_FI_PROF_DRAM_ACTIVE": ("gauge", "ratio"), "DCGM_FI_PROF_PCIE_TX_BYTES": ("gauge", "B/s"),
+    "DCGM_FI_PROF_PCIE_RX_BYTES": ("gauge", "B/s"),
+}
+# default counters with no inferwatch counterpart: a vGPU licence, and NVLink bandwidth
+# summed over links and directions (inferwatch counts per link and direction)
+UNMAPPED = {"DCGM_FI_DEV_VGPU_LICENSE_STATUS", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"}
+
+
+def dcgm_gpu(index: int, **extra: str) -> dict[str, str]:
+    """The labels dcgm-exporter puts on a GPU's series (DCGM_FI_DRIVER_VERSION as a label)."""
+    return {"job": "dcgm-exporter", "instance": "10.0.0.7:9400", "gpu": str(index),
+            "UUID": f"GPU-{index}a2b3c4d-0000-1111-2222-333344445555", "pci_bus_id": f"00000000:{index + 1:02X}:00.0",
+            "device": f"nvidia{index}", "modelName": "NVIDIA H100 80GB HBM3", "Hostname": "node-a",
+            "DCGM_FI_DRIVER_VERSION": "550.54.15", **extra}
+
+
+def ours(index: int) -> dict[str, str]:
+    """The same GPU under inferwatch's labels."""
+    d = dcgm_gpu(index)
+    return {"job": d["job"], "instance": d["instance"], "gpu": d["gpu"], "uuid": d["UUID"],
+            "name": d["modelName"], "pci_bus_id": d["pci_bus_id"]}
+
+
+def compat_doc(tests: list[dict], with_alerts: bool = False) -> dict:
+    files = [str(dcgm.OUT)] + ([str(f) for f in RULE_FILES] if with_alerts else [])
+    return {"rule_files": files, "evaluation_interval": "1m", "tests": tests}
+
+
+def test_committed_file_matches_the_generator():
+    assert dcgm.OUT.read_text() == dcgm.render(dcgm.rule_file()), "alerts/compat is stale: run `make alerts`"
+
+
+def test_promtool_accepts_the_rules():
+    result = subprocess.run(["promtool", "check", "rules", str(dcgm.OUT)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_default_counter_is_mapped_or_said_not_to_be_and_records_only_exported_names():
+    sources = {n for r in dcgm.rules() for n in metric_names(r["expr"])}
+    assert set(DEFAULT_COUNTERS) - sources == UNMAPPED
+    exported = {s for spec in SPECS for s in series_of(spec.name, spec.kind)}
+    assert {r["record"] for r in dcgm.rules()} <= exported
+
+
+def test_default_counters_read_back_in_inferwatch_names_units_and_labels(tmp_path):
+    g0, g1 = dcgm_gpu(0), dcgm_gpu(1)
+    pod_a, pod_b = ({"pod": p, "namespace": "llm", "container": "vllm"} for p in ("vllm-a", "vllm-b"))
+    values = {  # dcgm-exporter's units
+        "DCGM_FI_DEV_SM_CLOCK": 1755, "DCGM_FI_DEV_MEM_CLOCK": 2619, "DCGM_FI_DEV_MEMORY_TEMP": 61,
+        "DCGM_FI_DEV_GPU_TEMP": 52, "DCGM_FI_DEV_POWER_USAGE": 250.5, "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": 3,
+        "DCGM_FI_DEV_GPU_UTIL": 87, "DCGM_FI_DEV_MEM_COPY_UTIL": 40, "DCGM_FI_DEV_ENC_UTIL": 0,
+        "DCGM_FI_DEV_DEC_UTIL": 5, "DCGM_FI_DEV_FB_FREE": 80000, "DCGM_FI_DEV_FB_USED": 1000,
+        "DCGM_FI_DEV_FB_RESERVED": 500, "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": 0,
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": 2, "DCGM_FI_DEV_ROW_REMAP_FAILURE": 0,
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.9, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": 0.3,
+        "DCGM_FI_PROF_DRAM_ACTIVE": 0.55, "DCGM_FI_PROF_PCIE_TX_BYTES": 1.5e8, "DCGM_FI_PROF_PCIE_RX_BYTES": 2.5e8,
+        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": 0x44, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": 123,
+        "DCGM_FI_DEV_VGPU_LICENSE_STATUS": 0,
+    }
+    series = {selector(name, g0): f"{v}x10" for name, v in values.items()}
+    series[selector("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", g0)] = "1000000+60000x10"  # mJ, 1 kW
+    series[selector("DCGM_FI_DEV_XID_ERRORS", g0)] = "0 0 79x10"
+    # GPU 1: the pod using it changes at 3m; its series must stay one series
+    series[selector("DCGM_FI_DEV_POWER_USAGE", {**g1, **pod_a})] = "100 100 100 _x8"
+    series[selector("DCGM_FI_DEV_POWER_USAGE", {**g1, **pod_b})] = "_ _ _ 120x8"
+    series[selector("DCGM_FI_DEV_GPU_TEMP", g1)] = "40x10"
+    series[selector("DCGM_FI_DEV_FB_USED", g1)] = "2000x10"  # an older dcgm-exporter: no FB_RESERVED
+    series[selector("DCGM_FI_DEV_FB_FREE", g1)] = "79000x10"
+    series[selector("DCGM_FI_DEV_XID_ERRORS", g1)] = "0x10"
+    # a MIG instance of GPU 0: not the GPU, left out
+    series[selector("DCGM_FI_DEV_POWER_USAGE", {**g0, "GPU_I_PROFILE": "1g.10gb", "GPU_I_ID": "1"})] = "5x10"
+
+    def at(expr: str, *samples: tuple[dict[str, str], float]) -> dict:
+        return {"expr": expr, "eval_time": "5m", "exp_samples": [
+            {"labels": selector(expr.split("{")[0], labels), "value": value} for labels, value in samples]}
+
+    g0_ours, g1_ours = ours(0), ours(1)
+    expectations = [
+        at("inferwatch_gpu_sm_clock_hertz", (g0_ours, 1755e6)),
+        at("inferwatch_gpu_memory_clock_hertz", (g0_ours, 2619e6)),
+        at("inferwatch_gpu_memory_temperature_celsius", (g0_ours, 61)),
+        at("inferwatch_gpu_temperature_celsius", (g0_ours, 52), (g1_ours, 40)),
+        at("inferwatch_gpu_power_watts", (g0_ours, 250.5), (g1_ours, 120)),
+        at("inferwatch_gpu_energy_joules_total", (g0_ours, 1000 + 5 * 60)),
+        at("inferwatch_gpu_pcie_replays_total", (g0_ours, 3)),
+        at("inferwatch_gpu_utilization_ratio", (g0_ours, 0.87)),
+        at("inferwatch_gpu_memory_utilization_ratio", (g0_ours, 0.40)),
+        at("inferwatch_gpu_encoder_utilization_ratio", (g0_ours, 0)),
+        at("inferwatch_gpu_decoder_utilization_ratio", (g0_ours, 0.05)),
+        at("inferwatch_gpu_memory_used_bytes", (g0_ours, 1000 * MIB), (g1_ours, 2000 * MIB)),
+        at("inferwatch_gpu_memory_free_bytes", (g0_ours, 80000 * MIB), (g1_ours, 79000 * MIB)),
+        at("inferwatch_gpu_memory_reserved_bytes", (g0_ours, 500 * MIB)),
+        at("inferwatch_gpu_memory_total_bytes", (g0_ours, 81500 * MIB), (g1_ours, 81000 * MIB)),
+        at("inferwatch_gpu_remapped_rows", ({**g0_ours, "type": "correctable"}, 2),
+           ({**g0_ours, "type": "uncorrectable"}, 0)),
+        at("inferwatch_gpu_row_remap_failure", (g0_ours, 0)),
+        at("inferwatch_gpu_graphics_active_ratio", (g0_ours, 0.9)),
+        at("inferwatch_gpu_tensor_active_ratio", (g0_ours, 0.3)),
+        at("inferwatch_gpu_dram_active_ratio", (g0_ours, 0.55)),
+        at("inferwatch_gpu_gpm_pcie_tx_bytes_per_second", (g0_ours, 1.5e8)),
+        at("inferwatch_gpu_gpm_pcie_rx_bytes_per_second", (g0_ours, 2.5e8)),
+        at("inferwatch_gpu_pcie_tx_bytes_per_second", (g0_ours, 1.5e8)),
+        at('inferwatch_gpu_throttle_active{reason=~"sw_power_cap|hw_thermal_slowdown|hw_slowdown|gpu_idle"}',
+           ({**g0_ours, "reason": "gpu_idle"}, 0), ({**g0_ours, "reason": "sw_power_cap"}, 1),
+           ({**g0_ours, "reason": "hw_slowdown"}, 0), ({**g0_ours, "reason": "hw_thermal_slowdown"}, 1)),
+        at("inferwatch_gpu_xid_errors_total", ({**g0_ours, "xid": "79"}, 1)),
+        at("inferwatch_gpu_info", (g0_ours, 1), (g1_ours, 1)),
+        at("inferwatch_nvml_up", ({"job": "dcgm-exporter", "instance": "10.0.0.7:9400"}, 1)),
+    ]
+    test = {"name": "dcgm-exporter default counters", "interval": "1m",
+            "input_series": [{"series": k, "values": v} for k, v in series.items()],
+            "promql_expr_test": expectations}
+    result = run_promtool(compat_doc([test]), tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_inferwatch_gpu_alerts_fire_unchanged_on_dcgm_exporter_series(tmp_path):
+    g0 = dcgm_gpu(0)
+
+    def crit(**labels: str) -> dict[str, str]:
+        return {**ours(0), **labels, "severity": "critical"}
+
+    scenarios = [
+        Scenario("XID 79 as dcgm-exporter's last-XID gauge", "GPUFatalXID",
+                 {selector("DCGM_FI_DEV_XID_ERRORS", {**g0, "err_code": "79", "err_msg": "GPU has fallen off the bus"}):
+                  "_ _ _ _ _ 79x20", selector("DCGM_FI_DEV_GPU_TEMP", g0): "50x25"},
+                 # one evaluation later than on inferwatch's own counter: the alert reads a recorded series
+                 quiet_at=("4m",), fires_at="6m", labels=crit(xid="79"), value="1", resolved_at="17m"),
+        Scenario("row remap failure", "GPURowRemapFailure",
+                 {selector("DCGM_FI_DEV_ROW_REMAP_FAILURE", g0): "0 0 1 1 0"},
+                 quiet_at=("1m",), fires_at="2m", labels=crit(), value="1", resolved_at="4m"),
+        Scenario("uncorrectable ECC (a counter enabled in dcgm-exporter's file)", "GPUUncorrectableECC",
+                 {selector("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", g0): "0 0 2 2x20"},
+                 quiet_at=("1m",), fires_at="3m", labels=crit(type="uncorrected", scope="volatile"), value="2",
+                 resolved_at="14m"),
+        Scenario("thermal slowdown in the clock-event bitmask", "GPUThrottled",
+                 {selector("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", g0): "4 68x20 4"},
+                 quiet_at=("10m",), fires_at="17m",
+                 labels={**{k: ours(0)[k] for k in ("instance", "gpu", "uuid")}, "reason": "hw_thermal_slowdown",
+                         "severity": "warning"},
+                 value="1", resolved_at="22m"),
+    ]
+    doc = promtool_doc(scenarios)
+    result = run_promtool(compat_doc(doc["tests"], with_alerts=True), tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_gpu_dashboard_reads_what_the_rules_record_except_what_dcgm_exporter_lacks():
+    dashboard = json.loads((ROOT / "dashboards" / "json" / "inferwatch-gpus.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    exprs += [v["query"]["query"] if isinstance(v["query"], dict) else v["query"]
+              for v in dashboard["templating"]["list"] if v.get("type") == "query"]
+    read = {n for e in exprs for n in metric_names(e) if n.startswith("inferwatch_")}
+    recorded = {r["record"] for r in dcgm.rules()}
+    assert read - recorded == dcgm.NOT_FROM_DCGM
