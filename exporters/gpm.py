@@ -3,8 +3,8 @@
 A GPM sample is a snapshot of hardware counters; a metric is only defined between two
 samples of the same GPU. Each sampler cycle takes one new sample and asks NVML for the
 metrics between it and the previous cycle's, so every value is an average over exactly one
-sampler interval (NVML wants at least 100 ms between the two). Two buffers are allocated
-once per GPU and swapped, never reallocated in the hot loop.
+sampler interval (NVML wants at least 100 ms between the two). Two sample buffers and the
+request structure are allocated once per GPU and reused, never reallocated in the hot loop.
 """
 
 from __future__ import annotations
@@ -40,6 +40,11 @@ class GpmReader:
         self._current = nvml.nvmlGpmSampleAlloc()
         self._have_previous = False
         self.call = ""  # the NVML call in progress, for error counts
+        self._request = nvml.c_nvmlGpmMetricsGet_t()
+        self._request.version = nvml.NVML_GPM_METRICS_GET_VERSION
+        self._request.numMetrics = len(self._ids)
+        for slot, metric_id in enumerate(self._ids):
+            self._request.metrics[slot].metricId = metric_id
 
     def read(self) -> list[tuple[str, float]]:
         """Take a sample; the metrics since the previous one ([] on the first call and after
@@ -50,12 +55,8 @@ class GpmReader:
         if not self._have_previous:
             self._swap()
             return []
-        request = nv.c_nvmlGpmMetricsGet_t()
-        request.version = nv.NVML_GPM_METRICS_GET_VERSION
-        request.numMetrics = len(self._ids)
+        request = self._request
         request.sample1, request.sample2 = self._previous, self._current
-        for slot, metric_id in enumerate(self._ids):
-            request.metrics[slot].metricId = metric_id
         self.call = "nvmlGpmMetricsGet"
         nv.nvmlGpmMetricsGet(request)
         self._swap()
