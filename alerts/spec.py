@@ -99,13 +99,15 @@ ALERTS = (
     # bring vLLM back (30 s for the tiny CPU model) before any `for` would have passed, yet every
     # request failed meanwhile. One failed scrape alone pages nobody; the page resolves once a
     # minute has passed without a failure. The failures count only after vLLM has served (in the
-    # startup grace before that minute): a vLLM loading its model (minutes for a large one) pages
+    # startup grace before that minute, or within it while it is down now, for a Prometheus
+    # younger than a minute): a vLLM loading its model (minutes for a large one) pages
     # only once it has answered no scrape for the whole grace, as a target Prometheus has known
     # that long. Past the grace that second branch carries a long outage on without a gap.
     Alert("VLLMDown",
           f'(count_over_time({_VLLM_UP}[{VLLM_DOWN_WINDOW}]) - sum_over_time({_VLLM_UP}[{VLLM_DOWN_WINDOW}])'
           f' >= {VLLM_DOWN_FAILED_SCRAPES}'
-          f' and max_over_time({_VLLM_UP}[{VLLM_STARTUP_GRACE}] offset {VLLM_DOWN_WINDOW}) == 1)'
+          f' and (max_over_time({_VLLM_UP}[{VLLM_STARTUP_GRACE}] offset {VLLM_DOWN_WINDOW}) == 1'
+          f' or {_VLLM_UP} == 0 and max_over_time({_VLLM_UP}[{VLLM_DOWN_WINDOW}]) == 1))'
           f' or (max_over_time({_VLLM_UP}[{VLLM_STARTUP_GRACE}]) == 0 and {_VLLM_UP} offset {VLLM_STARTUP_GRACE})',
           "critical", dashboard=uids.SERVING,
           summary="vLLM {{ $labels.instance }} is down",

@@ -242,10 +242,15 @@ def test_vllm_loading_its_model_pages_nobody_and_a_long_outage_never_lapses(tmp_
          "input_series": [{"series": selector("up", loading), "values": "0x60 1x120"}],
          "alert_rule_test": [{"eval_time": t, "alertname": "VLLMDown", "exp_alerts": []}
                              for t in ("2m", "9m50s", "10m10s", "10m30s", "11m", "20m", "29m")]},
+        {"name": "crash within Prometheus's first minute", "interval": "10s",
+         "input_series": [{"series": selector("up", VLLM), "values": "1x3 0x60"}],
+         "alert_rule_test": [{"eval_time": "40s", "alertname": "VLLMDown", "exp_alerts": []},
+                             {"eval_time": "50s", "alertname": "VLLMDown", "exp_alerts": firing},
+                             {"eval_time": "3m", "alertname": "VLLMDown", "exp_alerts": firing}]},
         {"name": "crash 30s after the first start became ready", "interval": "10s",
          "input_series": [{"series": selector("up", VLLM), "values": "0x60 1x2 0x60"}],
-         "alert_rule_test": [{"eval_time": "11m", "alertname": "VLLMDown", "exp_alerts": []},
-                             {"eval_time": "11m40s", "alertname": "VLLMDown", "exp_alerts": firing}]},
+         "alert_rule_test": [{"eval_time": "10m20s", "alertname": "VLLMDown", "exp_alerts": []}]
+         + [{"eval_time": t, "alertname": "VLLMDown", "exp_alerts": firing} for t in ("10m40s", "11m40s", "20m")]},
     ]
     result = run_promtool(doc, tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
