@@ -38,6 +38,7 @@ THROTTLE_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown",
 CORRECTABLE_ECC_PER_HOUR = 100
 VLLM_DOWN_WINDOW = "1m"
 VLLM_DOWN_FAILED_SCRAPES = 2
+VLLM_MODEL_LOOKBACK, VLLM_MODEL_STEP = "1h", "30s"  # how long a down vLLM is still known by its model
 VLLM_STARTUP_GRACE = "15m"  # model load time that pages nobody; raise it for very large models
 KV_CACHE_HIGH = 0.9
 SNAPSHOT_STALE_S = 60
@@ -91,6 +92,17 @@ def _address(expr: str, source: str, regex: str) -> str:
     return f'label_replace({expr}, "address", "$1", "{source}", "{regex}")'
 
 
+def _with_served_model(down: str) -> str:
+    """``down`` (per vLLM target) labelled with the model that target served last, from vLLM's
+    own series: a target discovered without a ``model`` label (compose, Kubernetes) still
+    names its model, which VLLMDown's inhibition of that model's SLO pages matches on. The
+    most recently seen model wins, so a target that changed models maps to one; a target
+    that never served keeps its own labels."""
+    served = (f'group by (job, instance, model) (topk by (job, instance) (1, last_over_time('
+              f'timestamp({m("vllm:num_requests_running")})[{VLLM_MODEL_LOOKBACK}:{VLLM_MODEL_STEP}])))')
+    return f"({down}) * on (job, instance) group_left (model) {served} or (({down}) unless on (job, instance) {served})"
+
+
 GPU = "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.instance }}"
 
 ALERTS = (
@@ -103,12 +115,12 @@ ALERTS = (
     # younger than a minute): a vLLM loading its model (minutes for a large one) pages
     # only once it has answered no scrape for the whole grace, as a target Prometheus has known
     # that long. Past the grace that second branch carries a long outage on without a gap.
-    Alert("VLLMDown",
+    Alert("VLLMDown", _with_served_model(
           f'(count_over_time({_VLLM_UP}[{VLLM_DOWN_WINDOW}]) - sum_over_time({_VLLM_UP}[{VLLM_DOWN_WINDOW}])'
           f' >= {VLLM_DOWN_FAILED_SCRAPES}'
           f' and (max_over_time({_VLLM_UP}[{VLLM_STARTUP_GRACE}] offset {VLLM_DOWN_WINDOW}) == 1'
           f' or {_VLLM_UP} == 0 and max_over_time({_VLLM_UP}[{VLLM_DOWN_WINDOW}]) == 1))'
-          f' or (max_over_time({_VLLM_UP}[{VLLM_STARTUP_GRACE}]) == 0 and {_VLLM_UP} offset {VLLM_STARTUP_GRACE})',
+          f' or (max_over_time({_VLLM_UP}[{VLLM_STARTUP_GRACE}]) == 0 and {_VLLM_UP} offset {VLLM_STARTUP_GRACE})'),
           "critical", dashboard=uids.SERVING,
           summary="vLLM {{ $labels.instance }} is down",
           description="Prometheus cannot scrape vLLM at {{ $labels.instance }} (model {{ $labels.model }}): "

@@ -11,8 +11,9 @@ from functools import cache
 
 from prometheus_client import CollectorRegistry
 
-# Series Prometheus itself makes: one per target, and the alert state of its rules.
-PROMETHEUS_SERIES = ("up", "ALERTS", "ALERTS_FOR_STATE")
+# Series Prometheus itself makes: one per target, the alert state of its rules, and (from
+# its self-scrape) how many targets each scrape job's discovery found.
+PROMETHEUS_SERIES = ("up", "ALERTS", "ALERTS_FOR_STATE", "prometheus_sd_discovered_targets")
 
 
 def series_of(name: str, kind: str) -> tuple[str, ...]:

@@ -211,7 +211,20 @@ SLO_QUIET = [
     _quiet("4xx are the client's errors, not the SLO's", {req("2xx"): "0+500x60", req("4xx"): "0+500x60"}, "50m"),
 ]
 
+def _discovered(job: str, n: int) -> tuple[str, str]:
+    return (selector("prometheus_sd_discovered_targets", {"job": "prometheus", "instance": "localhost:9090",
+                                                          "config": job, "name": "scrape"}), f"{n}x20")
+
+
+MONITORING_BESIDE_A_VLLM = dict([
+    _discovered("vllm", 1), _discovered("inferwatch-gateway", 0), _discovered("inferwatch-drift", 0),
+    _discovered("inferwatch-exporter", 0), (selector("up", VLLM), "1x20"),
+    (selector("vllm:num_requests_running", VLLM), "0x20")])
+
 OTHER_QUIET = [
+    _quiet("jobs configured with no targets open no absent() tickets", MONITORING_BESIDE_A_VLLM, "15m",
+           "InferwatchTargetAbsent"),
+    _quiet("nor metric-absent ones", MONITORING_BESIDE_A_VLLM, "15m", "InferwatchMetricAbsent"),
     _quiet("one failed vLLM scrape pages nobody", {selector("up", VLLM): "1x6 0 1x12"}, "2m", "VLLMDown",
            interval="10s"),
     _quiet("two restarts are not a crash loop, however the samples fall",
@@ -252,6 +265,31 @@ def test_vllm_loading_its_model_pages_nobody_and_a_long_outage_never_lapses(tmp_
          "alert_rule_test": [{"eval_time": "10m20s", "alertname": "VLLMDown", "exp_alerts": []}]
          + [{"eval_time": t, "alertname": "VLLMDown", "exp_alerts": firing} for t in ("10m40s", "11m40s", "20m")]},
     ]
+    result = run_promtool(doc, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_vllm_target_without_a_model_label_pages_with_the_model_it_served_last(tmp_path):
+    """Compose and Kubernetes discover vLLM without a `model` target label: the page takes the
+    model from vLLM's own series, so Alertmanager's inhibition of that model's SLO pages
+    applies, and after a model change the newer model is named."""
+    target = {"job": "vllm", "instance": "vllm:8000"}
+    running = {**target, "engine": "0"}
+    doc = {**promtool_doc([]), "evaluation_interval": "10s"}
+    doc["tests"] = [{
+        "name": "served m-old, then m-new, then crashed", "interval": "10s",
+        "input_series": [
+            {"series": selector("up", target), "values": "1x60 0x30"},
+            {"series": selector("vllm:num_requests_running", {**running, "model_name": "m-old", "model": "m-old"}),
+             "values": "0x20 _x70"},
+            {"series": selector("vllm:num_requests_running", {**running, "model_name": "m-new", "model": "m-new"}),
+             "values": "_x20 0x40 _x30"}],
+        "alert_rule_test": [{"eval_time": "10m20s", "alertname": "VLLMDown",
+                             "exp_alerts": [expected("VLLMDown", crit(**target, model="m-new"), "")]}]}, {
+        "name": "never served: no model to name", "interval": "10s",
+        "input_series": [{"series": selector("up", target), "values": "0x120"}],
+        "alert_rule_test": [{"eval_time": "16m", "alertname": "VLLMDown",
+                             "exp_alerts": [expected("VLLMDown", crit(**target), "")]}]}]
     result = run_promtool(doc, tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
 
