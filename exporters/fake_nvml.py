@@ -1,9 +1,11 @@
 """A stand-in for nvidia-ml-py (``pynvml``) on machines without a GPU.
 
 It implements the subset of pynvml's API that the exporter calls, with the same names,
-constants, return shapes and error classes (``NVMLError`` whose constructor maps an error
-code to a subclass such as ``NVMLError_NotSupported``), so the exporter cannot tell it from
-the real module. Readings are configured per device; errors can be injected per call and
+parameter names, constants and return shapes, and raises pynvml's own error classes
+(``pynvml.NVMLError(code)``, which maps a code to a subclass such as
+``NVMLError_NotSupported``), so the exporter cannot tell it from the real module. Like NVML,
+``nvmlInit`` and ``nvmlShutdown`` are reference counted: every successful init needs a
+shutdown, and a test can see one that leaked. Readings are configured per device; errors can be injected per call and
 device (or per call and arguments, as NVML answers NotSupported for one NVLink counter or one
 clock type while answering the others); XID events can be emitted and are delivered through
 ``nvmlEventSetWait_v2``. GPM (Hopper profiling) follows NVML's two-sample method: a sample
@@ -14,7 +16,6 @@ gets an error, not a plausible number.
 
 from __future__ import annotations
 
-import string
 import threading
 import time
 from collections import deque
@@ -22,21 +23,21 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Callable
 
-# -- constants (values as in pynvml) ------------------------------------------------------
-NVML_SUCCESS = 0
-NVML_ERROR_UNINITIALIZED = 1
-NVML_ERROR_INVALID_ARGUMENT = 2
-NVML_ERROR_NOT_SUPPORTED = 3
-NVML_ERROR_NO_PERMISSION = 4
-NVML_ERROR_NOT_FOUND = 6
-NVML_ERROR_DRIVER_NOT_LOADED = 9
-NVML_ERROR_TIMEOUT = 10
-NVML_ERROR_LIBRARY_NOT_FOUND = 12
-NVML_ERROR_FUNCTION_NOT_FOUND = 13
-NVML_ERROR_GPU_IS_LOST = 15
-NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
-NVML_ERROR_UNKNOWN = 999
+import pynvml as _pynvml
+from pynvml import (NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_LIBRARY_NOT_FOUND,
+                    NVML_ERROR_NOT_FOUND, NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_TIMEOUT, NVML_ERROR_UNINITIALIZED,
+                    NVMLError)
 
+# -- errors: nvidia-ml-py's own ------------------------------------------------------------
+# The exporter must meet the very classes it meets on a GPU host: pynvml's NVMLError, whose
+# constructor maps a code to its subclass through pynvml's own table (NVMLError(15) is an
+# NVMLError_GpuIsLost), for every code the bindings know, so a test can inject any of them.
+# Importing pynvml needs no driver: it loads libnvidia-ml only in nvmlInit.
+ERROR_NAMES = tuple(name for name in dir(_pynvml) if name.startswith(("NVML_ERROR_", "NVMLError_")))
+globals().update({name: getattr(_pynvml, name) for name in ERROR_NAMES})
+NVML_SUCCESS = 0
+
+# -- constants (values as in pynvml, checked against it by tests) --------------------------
 NVML_TEMPERATURE_GPU = 0
 NVML_CLOCK_SM = 1
 NVML_CLOCK_MEM = 2
@@ -95,56 +96,6 @@ nvmlClocksEventReasonSwThermalSlowdown = 0x20
 nvmlClocksEventReasonHwThermalSlowdown = 0x40
 nvmlClocksEventReasonHwPowerBrakeSlowdown = 0x80
 nvmlClocksEventReasonDisplayClockSetting = 0x100
-
-
-# -- errors: the same construction as pynvml's ----------------------------------------------
-class NVMLError(Exception):
-    _valClassMapping: dict[int, type] = {}
-    _errcode_to_string = {
-        NVML_ERROR_UNINITIALIZED: "Uninitialized",
-        NVML_ERROR_INVALID_ARGUMENT: "Invalid Argument",
-        NVML_ERROR_NOT_SUPPORTED: "Not Supported",
-        NVML_ERROR_NO_PERMISSION: "Insufficient Permissions",
-        NVML_ERROR_NOT_FOUND: "Not Found",
-        NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
-        NVML_ERROR_TIMEOUT: "Timeout",
-        NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
-        NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found",
-        NVML_ERROR_GPU_IS_LOST: "GPU is lost",
-        NVML_ERROR_UNKNOWN: "Unknown Error",
-    }
-
-    def __new__(cls, value: int):
-        if cls is NVMLError:
-            cls = NVMLError._valClassMapping.get(value, cls)
-        obj = Exception.__new__(cls)
-        obj.value = value
-        return obj
-
-    def __str__(self) -> str:
-        return self._errcode_to_string.get(self.value, f"NVML Error with code {self.value}")
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, NVMLError) and self.value == other.value
-
-    __hash__ = Exception.__hash__
-
-
-def _make_error_classes() -> None:
-    for name, value in list(globals().items()):
-        if not name.startswith("NVML_ERROR_"):
-            continue
-        class_name = "NVMLError_" + string.capwords(name.replace("NVML_ERROR_", ""), "_").replace("_", "")
-
-        def new(cls, *args, _value=value):
-            return NVMLError.__new__(cls, _value)
-
-        cls = type(class_name, (NVMLError,), {"__new__": new})
-        globals()[class_name] = cls
-        NVMLError._valClassMapping[value] = cls
-
-
-_make_error_classes()
 
 
 # -- configuration -------------------------------------------------------------------------
@@ -250,6 +201,8 @@ class FakeNVML:
 
     ``fail(call, index, code, times)`` makes ``call`` raise ``NVMLError(code)`` for device
     ``index`` (None: every device, or the system call) ``times`` times (None: until cleared).
+    ``call`` "*" fails every call but ``nvmlShutdown`` (the driver unloaded or every GPU fell
+    off the bus: NVML answers everything with the same error).
     ``library_missing=True`` makes ``nvmlInit`` raise LibraryNotFound, as on a host without
     a driver.
     """
@@ -260,7 +213,7 @@ class FakeNVML:
         self.driver = driver
         self.cuda = cuda
         self.library_missing = library_missing
-        self.initialized = False
+        self.inits = 0  # nvmlInit calls not yet matched by nvmlShutdown
         self.calls = 0
         self._faults: dict[tuple[str, int | None], list[int | None]] = {}
         self._events: deque[SimpleNamespace] = deque()
@@ -294,12 +247,16 @@ class FakeNVML:
                 self._event_cond.notify_all()
 
     # -- plumbing ---------------------------------------------------------------------------
-    def _check(self, call: str, index: int | None) -> None:
+    @property
+    def initialized(self) -> bool:
+        return self.inits > 0
+
+    def _check(self, call: str, index: int | None, initialized: bool = True) -> None:
         self.calls += 1
-        if not self.initialized:
+        if initialized and not self.initialized:
             raise NVMLError(NVML_ERROR_UNINITIALIZED)
         with self._lock:
-            for key in ((call, index), (call, None)):
+            for key in ((call, index), (call, None), ("*", None)):
                 fault = self._faults.get(key)
                 if fault is None:
                     continue
@@ -321,12 +278,14 @@ class FakeNVML:
     def nvmlInit(self) -> None:
         if self.library_missing:
             raise NVMLError(NVML_ERROR_LIBRARY_NOT_FOUND)
-        self.initialized = True
-        self._check("nvmlInit", None)
+        self._check("nvmlInit", None, initialized=False)
+        self.inits += 1
 
     def nvmlShutdown(self) -> None:
-        self._check("nvmlShutdown", None)
-        self.initialized = False
+        if not self.initialized:
+            raise NVMLError(NVML_ERROR_UNINITIALIZED)
+        self.calls += 1
+        self.inits -= 1
 
     def nvmlSystemGetDriverVersion(self) -> str:
         self._check("nvmlSystemGetDriverVersion", None)
@@ -347,33 +306,33 @@ class FakeNVML:
         return _Handle(index)
 
     # -- identity -----------------------------------------------------------------------------
-    def nvmlDeviceGetIndex(self, h):
-        self._check("nvmlDeviceGetIndex", h.index)
-        return h.index
+    def nvmlDeviceGetIndex(self, handle):
+        self._check("nvmlDeviceGetIndex", handle.index)
+        return handle.index
 
-    def nvmlDeviceGetName(self, h):
-        return self._dev("nvmlDeviceGetName", h).name
+    def nvmlDeviceGetName(self, handle):
+        return self._dev("nvmlDeviceGetName", handle).name
 
-    def nvmlDeviceGetUUID(self, h):
-        if isinstance(h, _MigHandle):
-            self._check("nvmlDeviceGetUUID", h.parent)
-            return self.devices[h.parent].mig[h.slot].uuid
-        return self._dev("nvmlDeviceGetUUID", h).uuid
+    def nvmlDeviceGetUUID(self, handle):
+        if isinstance(handle, _MigHandle):
+            self._check("nvmlDeviceGetUUID", handle.parent)
+            return self.devices[handle.parent].mig[handle.slot].uuid
+        return self._dev("nvmlDeviceGetUUID", handle).uuid
 
-    def nvmlDeviceGetPciInfo(self, h):
-        return SimpleNamespace(busId=self._dev("nvmlDeviceGetPciInfo", h).pci_bus_id)
+    def nvmlDeviceGetPciInfo(self, handle):
+        return SimpleNamespace(busId=self._dev("nvmlDeviceGetPciInfo", handle).pci_bus_id)
 
     # -- readings -------------------------------------------------------------------------------
-    def nvmlDeviceGetUtilizationRates(self, h):
-        d = self._dev("nvmlDeviceGetUtilizationRates", h)
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        d = self._dev("nvmlDeviceGetUtilizationRates", handle)
         return SimpleNamespace(gpu=d.gpu_util, memory=d.mem_util)
 
-    def nvmlDeviceGetMemoryInfo(self, h, version=None):
-        if isinstance(h, _MigHandle):
-            self._check("nvmlDeviceGetMemoryInfo", h.parent)
-            m = self.devices[h.parent].mig[h.slot]
+    def nvmlDeviceGetMemoryInfo(self, handle, version=None):
+        if isinstance(handle, _MigHandle):
+            self._check("nvmlDeviceGetMemoryInfo", handle.parent)
+            m = self.devices[handle.parent].mig[handle.slot]
             return SimpleNamespace(total=m.memory_total, used=m.memory_used, free=m.memory_total - m.memory_used)
-        d = self._dev("nvmlDeviceGetMemoryInfo", h)
+        d = self._dev("nvmlDeviceGetMemoryInfo", handle)
         reserved = d.memory_reserved or 0
         free = d.memory_total - d.memory_used - reserved
         if not version:  # v1 counts reserved memory as used
@@ -385,16 +344,16 @@ class FakeNVML:
         return SimpleNamespace(version=version, total=d.memory_total, reserved=reserved, free=free,
                                used=d.memory_used)
 
-    def nvmlDeviceGetTemperature(self, h, sensor):
-        d = self._dev("nvmlDeviceGetTemperature", h, sensor)
+    def nvmlDeviceGetTemperature(self, handle, sensor):
+        d = self._dev("nvmlDeviceGetTemperature", handle, sensor)
         if sensor != NVML_TEMPERATURE_GPU:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
         return d.temperature
 
-    def nvmlDeviceGetFieldValues(self, h, field_ids):
-        d = self._dev("nvmlDeviceGetFieldValues", h)
+    def nvmlDeviceGetFieldValues(self, handle, fieldIds):
+        d = self._dev("nvmlDeviceGetFieldValues", handle)
         out = []
-        for fid in field_ids:
+        for fid in fieldIds:
             fid, scope = fid if isinstance(fid, tuple) else (fid, 0)
             ret, vtype, value = NVML_SUCCESS, NVML_VALUE_TYPE_UNSIGNED_INT, 0
             if fid == NVML_FI_DEV_MEMORY_TEMP:
@@ -421,207 +380,207 @@ class FakeNVML:
                                        value=SimpleNamespace(uiVal=value, ullVal=value, ulVal=value)))
         return out
 
-    def nvmlDeviceGetPowerUsage(self, h):
-        return self._dev("nvmlDeviceGetPowerUsage", h).power_mw
+    def nvmlDeviceGetPowerUsage(self, handle):
+        return self._dev("nvmlDeviceGetPowerUsage", handle).power_mw
 
-    def nvmlDeviceGetEnforcedPowerLimit(self, h):
-        return self._dev("nvmlDeviceGetEnforcedPowerLimit", h).power_limit_mw
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle):
+        return self._dev("nvmlDeviceGetEnforcedPowerLimit", handle).power_limit_mw
 
-    def nvmlDeviceGetTotalEnergyConsumption(self, h):
-        return self._dev("nvmlDeviceGetTotalEnergyConsumption", h).energy_mj
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle):
+        return self._dev("nvmlDeviceGetTotalEnergyConsumption", handle).energy_mj
 
-    def nvmlDeviceGetClockInfo(self, h, clock):
-        d = self._dev("nvmlDeviceGetClockInfo", h, clock)
-        return d.sm_clock if clock == NVML_CLOCK_SM else d.mem_clock
+    def nvmlDeviceGetClockInfo(self, handle, type):
+        d = self._dev("nvmlDeviceGetClockInfo", handle, type)
+        return d.sm_clock if type == NVML_CLOCK_SM else d.mem_clock
 
-    def nvmlDeviceGetMaxClockInfo(self, h, clock):
-        d = self._dev("nvmlDeviceGetMaxClockInfo", h, clock)
-        return d.sm_clock_max if clock == NVML_CLOCK_SM else d.mem_clock_max
+    def nvmlDeviceGetMaxClockInfo(self, handle, type):
+        d = self._dev("nvmlDeviceGetMaxClockInfo", handle, type)
+        return d.sm_clock_max if type == NVML_CLOCK_SM else d.mem_clock_max
 
-    def nvmlDeviceGetPerformanceState(self, h):
-        return self._dev("nvmlDeviceGetPerformanceState", h).pstate
+    def nvmlDeviceGetPerformanceState(self, handle):
+        return self._dev("nvmlDeviceGetPerformanceState", handle).pstate
 
-    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
-        return self._dev("nvmlDeviceGetCurrentClocksEventReasons", h).throttle_reasons
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle):
+        return self._dev("nvmlDeviceGetCurrentClocksEventReasons", handle).throttle_reasons
 
-    def nvmlDeviceGetSupportedClocksEventReasons(self, h):
-        return self._dev("nvmlDeviceGetSupportedClocksEventReasons", h).supported_clock_reasons
+    def nvmlDeviceGetSupportedClocksEventReasons(self, handle):
+        return self._dev("nvmlDeviceGetSupportedClocksEventReasons", handle).supported_clock_reasons
 
-    def nvmlDeviceGetPowerManagementDefaultLimit(self, h):
-        return self._dev("nvmlDeviceGetPowerManagementDefaultLimit", h).power_default_limit_mw
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle):
+        return self._dev("nvmlDeviceGetPowerManagementDefaultLimit", handle).power_default_limit_mw
 
-    def nvmlDeviceGetPowerManagementLimitConstraints(self, h):
-        return list(self._dev("nvmlDeviceGetPowerManagementLimitConstraints", h).power_limit_constraints_mw)
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, handle):
+        return list(self._dev("nvmlDeviceGetPowerManagementLimitConstraints", handle).power_limit_constraints_mw)
 
-    def nvmlDeviceGetTemperatureThreshold(self, h, threshold):
-        d = self._dev("nvmlDeviceGetTemperatureThreshold", h, threshold)
+    def nvmlDeviceGetTemperatureThreshold(self, handle, threshold):
+        d = self._dev("nvmlDeviceGetTemperatureThreshold", handle, threshold)
         if threshold not in d.temperature_thresholds:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         return d.temperature_thresholds[threshold]
 
     # -- modes and the PCIe link ----------------------------------------------------------------
-    def nvmlDeviceGetEccMode(self, h):
-        return list(self._dev("nvmlDeviceGetEccMode", h).ecc_mode)
+    def nvmlDeviceGetEccMode(self, handle):
+        return list(self._dev("nvmlDeviceGetEccMode", handle).ecc_mode)
 
-    def nvmlDeviceGetPersistenceMode(self, h):
-        return self._dev("nvmlDeviceGetPersistenceMode", h).persistence_mode
+    def nvmlDeviceGetPersistenceMode(self, handle):
+        return self._dev("nvmlDeviceGetPersistenceMode", handle).persistence_mode
 
-    def nvmlDeviceGetComputeMode(self, h):
-        return self._dev("nvmlDeviceGetComputeMode", h).compute_mode
+    def nvmlDeviceGetComputeMode(self, handle):
+        return self._dev("nvmlDeviceGetComputeMode", handle).compute_mode
 
-    def nvmlDeviceGetCurrPcieLinkGeneration(self, h):
-        return self._dev("nvmlDeviceGetCurrPcieLinkGeneration", h).pcie_link[0]
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle):
+        return self._dev("nvmlDeviceGetCurrPcieLinkGeneration", handle).pcie_link[0]
 
-    def nvmlDeviceGetMaxPcieLinkGeneration(self, h):
-        return self._dev("nvmlDeviceGetMaxPcieLinkGeneration", h).pcie_link[1]
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle):
+        return self._dev("nvmlDeviceGetMaxPcieLinkGeneration", handle).pcie_link[1]
 
-    def nvmlDeviceGetCurrPcieLinkWidth(self, h):
-        return self._dev("nvmlDeviceGetCurrPcieLinkWidth", h).pcie_link[2]
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle):
+        return self._dev("nvmlDeviceGetCurrPcieLinkWidth", handle).pcie_link[2]
 
-    def nvmlDeviceGetMaxPcieLinkWidth(self, h):
-        return self._dev("nvmlDeviceGetMaxPcieLinkWidth", h).pcie_link[3]
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle):
+        return self._dev("nvmlDeviceGetMaxPcieLinkWidth", handle).pcie_link[3]
 
-    def nvmlDeviceGetPcieThroughput(self, h, counter):
-        d = self._dev("nvmlDeviceGetPcieThroughput", h, counter)
+    def nvmlDeviceGetPcieThroughput(self, device, counter):
+        d = self._dev("nvmlDeviceGetPcieThroughput", device, counter)
         return d.pcie_tx_kbps if counter == NVML_PCIE_UTIL_TX_BYTES else d.pcie_rx_kbps
 
-    def nvmlDeviceGetPcieReplayCounter(self, h):
-        return self._dev("nvmlDeviceGetPcieReplayCounter", h).pcie_replays
+    def nvmlDeviceGetPcieReplayCounter(self, handle):
+        return self._dev("nvmlDeviceGetPcieReplayCounter", handle).pcie_replays
 
-    def nvmlDeviceGetNvLinkState(self, h, link):
-        d = self._dev("nvmlDeviceGetNvLinkState", h, link)
+    def nvmlDeviceGetNvLinkState(self, device, link):
+        d = self._dev("nvmlDeviceGetNvLinkState", device, link)
         if d.nvlink_links == 0:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         if link >= d.nvlink_links:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
         return NVML_FEATURE_DISABLED if link in d.nvlink_disabled else NVML_FEATURE_ENABLED
 
-    def nvmlDeviceGetNvLinkErrorCounter(self, h, link, counter):
-        d = self._dev("nvmlDeviceGetNvLinkErrorCounter", h, link, counter)
+    def nvmlDeviceGetNvLinkErrorCounter(self, device, link, counter):
+        d = self._dev("nvmlDeviceGetNvLinkErrorCounter", device, link, counter)
         if link >= d.nvlink_links:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
         return d.nvlink_errors.get(counter, 0)
 
-    def nvmlDeviceGetTotalEccErrors(self, h, error_type, counter_type):
-        return self._dev("nvmlDeviceGetTotalEccErrors", h, error_type, counter_type).ecc.get((error_type, counter_type), 0)
+    def nvmlDeviceGetTotalEccErrors(self, handle, errorType, counterType):
+        return self._dev("nvmlDeviceGetTotalEccErrors", handle, errorType, counterType).ecc.get((errorType, counterType), 0)
 
-    def nvmlDeviceGetRetiredPages(self, h, cause):
-        return list(self._dev("nvmlDeviceGetRetiredPages", h, cause).retired_pages.get(cause, []))
+    def nvmlDeviceGetRetiredPages(self, device, sourceFilter):
+        return list(self._dev("nvmlDeviceGetRetiredPages", device, sourceFilter).retired_pages.get(sourceFilter, []))
 
-    def nvmlDeviceGetRetiredPagesPendingStatus(self, h):
-        return self._dev("nvmlDeviceGetRetiredPagesPendingStatus", h).retired_pending
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, device):
+        return self._dev("nvmlDeviceGetRetiredPagesPendingStatus", device).retired_pending
 
-    def nvmlDeviceGetRemappedRows(self, h):
-        d = self._dev("nvmlDeviceGetRemappedRows", h)
+    def nvmlDeviceGetRemappedRows(self, device):
+        d = self._dev("nvmlDeviceGetRemappedRows", device)
         if d.remapped_rows is None:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         return d.remapped_rows
 
-    def nvmlDeviceGetFanSpeed(self, h):
-        d = self._dev("nvmlDeviceGetFanSpeed", h)
+    def nvmlDeviceGetFanSpeed(self, handle):
+        d = self._dev("nvmlDeviceGetFanSpeed", handle)
         if d.fan_speed is None:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         return d.fan_speed
 
-    def nvmlDeviceGetEncoderUtilization(self, h):
-        return [self._dev("nvmlDeviceGetEncoderUtilization", h).encoder_util, 167000]
+    def nvmlDeviceGetEncoderUtilization(self, handle):
+        return [self._dev("nvmlDeviceGetEncoderUtilization", handle).encoder_util, 167000]
 
-    def nvmlDeviceGetDecoderUtilization(self, h):
-        return [self._dev("nvmlDeviceGetDecoderUtilization", h).decoder_util, 167000]
+    def nvmlDeviceGetDecoderUtilization(self, handle):
+        return [self._dev("nvmlDeviceGetDecoderUtilization", handle).decoder_util, 167000]
 
     # -- MIG ------------------------------------------------------------------------------------
-    def nvmlDeviceGetMigMode(self, h):
-        d = self._dev("nvmlDeviceGetMigMode", h)
+    def nvmlDeviceGetMigMode(self, device):
+        d = self._dev("nvmlDeviceGetMigMode", device)
         if d.mig is None:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         mode = NVML_DEVICE_MIG_ENABLE if d.mig else 0
         return [mode, mode]
 
-    def nvmlDeviceGetMaxMigDeviceCount(self, h):
-        self._dev("nvmlDeviceGetMaxMigDeviceCount", h)
+    def nvmlDeviceGetMaxMigDeviceCount(self, device):
+        self._dev("nvmlDeviceGetMaxMigDeviceCount", device)
         return 7
 
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, h, index):
-        d = self._dev("nvmlDeviceGetMigDeviceHandleByIndex", h)
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device, index):
+        d = self._dev("nvmlDeviceGetMigDeviceHandleByIndex", device)
         if not d.mig or index >= len(d.mig):
             raise NVMLError(NVML_ERROR_NOT_FOUND)
-        return _MigHandle(h.index, index)
+        return _MigHandle(device.index, index)
 
-    def nvmlDeviceGetGpuInstanceId(self, h):
-        self._check("nvmlDeviceGetGpuInstanceId", h.parent)
-        return self.devices[h.parent].mig[h.slot].gpu_instance_id
+    def nvmlDeviceGetGpuInstanceId(self, device):
+        self._check("nvmlDeviceGetGpuInstanceId", device.parent)
+        return self.devices[device.parent].mig[device.slot].gpu_instance_id
 
-    def nvmlDeviceGetComputeInstanceId(self, h):
-        self._check("nvmlDeviceGetComputeInstanceId", h.parent)
-        return self.devices[h.parent].mig[h.slot].compute_instance_id
+    def nvmlDeviceGetComputeInstanceId(self, device):
+        self._check("nvmlDeviceGetComputeInstanceId", device.parent)
+        return self.devices[device.parent].mig[device.slot].compute_instance_id
 
     # -- processes ------------------------------------------------------------------------------
-    def nvmlDeviceGetComputeRunningProcesses(self, h):
-        d = self._dev("nvmlDeviceGetComputeRunningProcesses", h)
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        d = self._dev("nvmlDeviceGetComputeRunningProcesses", handle)
         return [SimpleNamespace(pid=p.pid, usedGpuMemory=p.used_memory) for p in d.processes]
 
     # -- GPM (Hopper and later) -----------------------------------------------------------------
-    def nvmlGpmQueryDeviceSupport(self, h):
-        d = self._dev("nvmlGpmQueryDeviceSupport", h)
+    def nvmlGpmQueryDeviceSupport(self, device):
+        d = self._dev("nvmlGpmQueryDeviceSupport", device)
         return SimpleNamespace(version=NVML_GPM_SUPPORT_VERSION, isSupportedDevice=int(d.gpm is not None))
 
     def nvmlGpmSampleAlloc(self):
         self._check("nvmlGpmSampleAlloc", None)
         return _GpmSample()
 
-    def nvmlGpmSampleFree(self, sample):
+    def nvmlGpmSampleFree(self, gpmSample):
         self._check("nvmlGpmSampleFree", None)
-        sample.freed = True
+        gpmSample.freed = True
 
-    def nvmlGpmSampleGet(self, h, sample):
-        d = self._dev("nvmlGpmSampleGet", h)
+    def nvmlGpmSampleGet(self, device, gpmSample):
+        d = self._dev("nvmlGpmSampleGet", device)
         if d.gpm is None:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
-        if sample.freed:
+        if gpmSample.freed:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
         now = self._clock()
-        then, cumulative = self._gpm_activity.get(h.index, (now, {}))
+        then, cumulative = self._gpm_activity.get(device.index, (now, {}))
         cumulative = {m: cumulative.get(m, 0.0) + rate * (now - then) for m, rate in d.gpm.items()}
-        self._gpm_activity[h.index] = (now, cumulative)
-        sample.index, sample.taken_at, sample.cumulative = h.index, now, cumulative
-        return sample
+        self._gpm_activity[device.index] = (now, cumulative)
+        gpmSample.index, gpmSample.taken_at, gpmSample.cumulative = device.index, now, cumulative
+        return gpmSample
 
-    def nvmlGpmMetricsGet(self, request):
+    def nvmlGpmMetricsGet(self, metricsGet):
         """Average rates between ``sample1`` and the later ``sample2`` of one GPU."""
         self._check("nvmlGpmMetricsGet", None)
-        one, two = request.sample1, request.sample2
-        if (request.version != NVML_GPM_METRICS_GET_VERSION or one is None or two is None or one.freed or two.freed
+        one, two = metricsGet.sample1, metricsGet.sample2
+        if (metricsGet.version != NVML_GPM_METRICS_GET_VERSION or one is None or two is None or one.freed or two.freed
                 or one.index is None or one.index != two.index or two.taken_at <= one.taken_at):
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
         elapsed = two.taken_at - one.taken_at
-        for metric in request.metrics[:request.numMetrics]:
+        for metric in metricsGet.metrics[:metricsGet.numMetrics]:
             if metric.metricId in two.cumulative:
                 metric.nvmlReturn = NVML_SUCCESS
                 metric.value = (two.cumulative[metric.metricId] - one.cumulative[metric.metricId]) / elapsed
             else:
                 metric.nvmlReturn, metric.value = NVML_ERROR_NOT_SUPPORTED, 0.0
-        return request
+        return metricsGet
 
     # -- events ---------------------------------------------------------------------------------
     def nvmlEventSetCreate(self):
         self._check("nvmlEventSetCreate", None)
         return object()
 
-    def nvmlDeviceRegisterEvents(self, h, event_types, event_set):
-        self._dev("nvmlDeviceRegisterEvents", h)
+    def nvmlDeviceRegisterEvents(self, handle, eventTypes, eventSet):
+        self._dev("nvmlDeviceRegisterEvents", handle)
         with self._event_cond:
-            self._registered.add(h.index)
+            self._registered.add(handle.index)
 
-    def nvmlEventSetWait_v2(self, event_set, timeout_ms):
+    def nvmlEventSetWait_v2(self, eventSet, timeoutms):
         self._check("nvmlEventSetWait_v2", None)
         with self._event_cond:
             if not self._events:
-                self._event_cond.wait(timeout_ms / 1000)
+                self._event_cond.wait(timeoutms / 1000)
             if not self._events:
                 raise NVMLError(NVML_ERROR_TIMEOUT)
             return self._events.popleft()
 
-    def nvmlEventSetFree(self, event_set):
+    def nvmlEventSetFree(self, eventSet):
         self._check("nvmlEventSetFree", None)
 
 

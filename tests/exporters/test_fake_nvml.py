@@ -6,7 +6,7 @@ import pynvml
 import pytest
 
 from exporters import fake_nvml
-from exporters.fake_nvml import FakeDevice, FakeNVML, NVMLError
+from exporters.fake_nvml import FakeDevice, FakeNVML
 from tests.exporters.driver import kernel_gpus
 
 
@@ -18,31 +18,66 @@ def test_constants_match_pynvml():
         assert getattr(pynvml, name) == value, name
 
 
-@pytest.mark.parametrize("code", [1, 2, 3, 4, 6, 9, 10, 12, 13, 15, 25, 999])
-def test_error_classes_behave_like_pynvml(code):
-    ours, theirs = NVMLError(code), pynvml.NVMLError(code)
-    assert type(ours).__name__ == type(theirs).__name__
-    assert isinstance(ours, NVMLError) and ours.value == theirs.value == code
-    assert str(ours) == str(theirs)
-    sub = getattr(fake_nvml, type(theirs).__name__)
-    assert sub() == ours and isinstance(sub(), NVMLError)  # NVMLError_X() takes no code, as in pynvml
+@pytest.mark.parametrize("code", [1, 2, 3, 4, 6, 9, 10, 12, 13, 15, 18, 25, 999])
+def test_injected_errors_are_pynvmls_own_classes(code):
+    """An injected code raises the subclass pynvml's own table maps it to, so an ``except``
+    in the exporter meets exactly what it meets on a GPU host (18: the driver was upgraded
+    under a running process)."""
+    fake = FakeNVML([FakeDevice()])
+    fake.nvmlInit()
+    fake.fail("nvmlDeviceGetPowerUsage", 0, code)
+    with pytest.raises(pynvml.NVMLError) as info:
+        fake.nvmlDeviceGetPowerUsage(fake.nvmlDeviceGetHandleByIndex(0))
+    assert type(info.value) is type(pynvml.NVMLError(code)) is not pynvml.NVMLError
+    assert info.value.value == code and fake.NVMLError is pynvml.NVMLError
+    assert getattr(fake, type(info.value).__name__) is type(info.value)
 
 
-def test_every_fake_call_exists_in_pynvml_with_compatible_arguments():
+def test_every_fake_call_exists_in_pynvml_with_the_same_parameters():
+    """Names, order and which have defaults: a call by keyword works on both."""
     fake = FakeNVML([])
     calls = [n for n, f in inspect.getmembers(fake, inspect.ismethod) if n.startswith("nvml")]
     assert len(calls) > 30
     for name in calls:
-        real = getattr(pynvml, name)
-        want = [p for p in inspect.signature(real).parameters.values() if p.default is inspect.Parameter.empty]
-        ours = inspect.signature(getattr(fake, name)).parameters
-        assert len(ours) >= len(want), name
+        theirs = [(p.name, p.default is inspect.Parameter.empty)
+                  for p in inspect.signature(getattr(pynvml, name)).parameters.values()]
+        ours = [(p.name, p.default is inspect.Parameter.empty)
+                for p in inspect.signature(getattr(fake, name)).parameters.values()]
+        assert ours == theirs, name
 
 
 def test_uninitialised_calls_fail_like_the_library():
     fake = FakeNVML([])
     with pytest.raises(fake.NVMLError_Uninitialized):
         fake.nvmlDeviceGetCount()
+
+
+def test_init_is_reference_counted_like_nvml():
+    """Every successful nvmlInit needs its nvmlShutdown; a failed one needs none."""
+    fake = FakeNVML([FakeDevice()])
+    fake.nvmlInit()
+    fake.nvmlInit()
+    fake.nvmlShutdown()
+    assert fake.nvmlDeviceGetCount() == 1 and fake.inits == 1
+    fake.nvmlShutdown()
+    with pytest.raises(fake.NVMLError_Uninitialized):
+        fake.nvmlShutdown()
+    fake.fail("nvmlInit", None, pynvml.NVML_ERROR_DRIVER_NOT_LOADED, times=1)
+    with pytest.raises(fake.NVMLError_DriverNotLoaded):
+        fake.nvmlInit()
+    assert fake.inits == 0
+
+
+def test_a_library_wide_fault_fails_every_call_but_shutdown():
+    fake = FakeNVML([FakeDevice()])
+    fake.nvmlInit()
+    handle = fake.nvmlDeviceGetHandleByIndex(0)
+    fake.fail("*", None, pynvml.NVML_ERROR_GPU_IS_LOST)
+    for call in (fake.nvmlDeviceGetCount, lambda: fake.nvmlDeviceGetPowerUsage(handle), fake.nvmlInit):
+        with pytest.raises(fake.NVMLError_GpuIsLost):
+            call()
+    fake.nvmlShutdown()
+    assert fake.inits == 0
 
 
 def test_gpm_structures_have_pynvml_field_names():
