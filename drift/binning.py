@@ -203,3 +203,46 @@ def categorical_counts(values: list[str] | np.ndarray, categories: tuple[str, ..
     other = len(categories)
     codes = np.fromiter((index.get(v, other) for v in values), dtype=np.int64, count=len(values))
     return CategoricalCounts(tuple(categories), np.bincount(codes, minlength=other + 1).astype(np.int64))
+
+
+def merged_bins(total: int, most: int = 20) -> int:
+    """How many bins a reference of ``total`` values is cut into: about ten values per bin
+    at least, at most ``most``."""
+    return min(most, max(2, total // 10))
+
+
+def quantile_starts(counts: np.ndarray, bins: int) -> np.ndarray:
+    """Where to merge fine bins into about ``bins`` bins of equal mass: the index of the
+    first fine bin of each merged bin (for ``np.add.reduceat``).
+
+    Cuts fall where the cumulative mass crosses j / bins, so every merged bin holds
+    reference mass (a trailing bin that would be empty is folded into its neighbour: a
+    window's values just beyond a small reference's largest are sampling noise the
+    calibration could not see): resolution goes where the reference has data. Only a
+    reference whose mass sits in a single fine bin gets empty bins on either side, since
+    one bin could not show anything.
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    total = int(counts.sum())
+    if total <= 0 or bins <= 1:
+        return np.zeros(1, dtype=np.int64)
+    cum = np.cumsum(counts)
+    cuts = np.searchsorted(cum, total * np.arange(1, bins) / bins, side="left") + 1
+    cuts = np.unique(cuts[(cuts > 0) & (cuts < counts.size)])
+    if cuts.size and cum[cuts[-1] - 1] == total:  # nothing after the last cut
+        cuts = cuts[:-1]
+    if cuts.size == 0:  # all reference mass in one fine bin: values on either side get bins of their own
+        held = np.flatnonzero(counts)
+        cuts = np.array([c for c in (held[0], held[-1] + 1) if 0 < c < counts.size], dtype=np.int64)
+    return np.concatenate([[0], cuts]).astype(np.int64)
+
+
+def merged_edges(edges: Edges, starts: np.ndarray) -> Edges:
+    """The edges of the bins that ``starts`` merges ``edges``' bins into."""
+    idx = np.concatenate([np.asarray(starts, dtype=np.int64), [edges.bins]])
+    return Edges(edges.values[idx], log_spaced=edges.log_spaced)
+
+
+def merge(h: Histogram, starts: np.ndarray, edges: Edges) -> Histogram:
+    """``h`` counted on the merged bins (``edges`` from ``merged_edges``)."""
+    return Histogram(edges, np.add.reduceat(h.counts, starts).astype(np.int64), h.nan, h.inf)

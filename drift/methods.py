@@ -26,6 +26,9 @@ from drift.binning import CategoricalCounts, Histogram
 EPSILON = 1e-4
 Kind = Literal["distance", "p_value"]
 Direction = Literal["higher_is_drift", "lower_is_drift"]
+# "calibrated": from the baseline's own null distribution at the window's size (distances);
+# "alpha": a p-value compared with alpha itself; "fixed": a number an operator chose.
+ThresholdSource = Literal["calibrated", "alpha", "fixed"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,9 @@ class DriftResult:
     drifted: bool
     status: Literal["ok", "insufficient_data"] = "ok"
     detail: str = ""
+    source: ThresholdSource = "fixed"  # where the threshold came from
+    p_value: float | None = None  # calibrated: the bootstrap p-value of the score
+    calibration_n: int | None = None  # calibrated: the window size the threshold was drawn at
 
 
 class InsufficientData(ValueError):
@@ -174,20 +180,25 @@ def wasserstein_exact(reference: np.ndarray, current: np.ndarray) -> float:
 
 
 def chi_square(reference: CategoricalCounts, current: CategoricalCounts) -> tuple[float, float]:
-    """Pearson chi-square of the current counts against the reference proportions.
+    """Pearson chi-square test of homogeneity on the 2 x k table (reference, current).
 
-    Expected counts use smoothed reference proportions, so a category never seen in the
-    reference (which lands in ``other``) yields a large statistic instead of a division
-    by zero.
+    Two-sample: the reference proportions are estimated from a sample too, so both rows
+    carry sampling error (a one-sample goodness-of-fit test against the reference
+    proportions fires about three times as often as its alpha at equal sizes). Categories
+    empty in both windows are left out; with fewer than two left there is nothing to test
+    (p = 1). Equals scipy's ``chi2_contingency(table, correction=False)``.
     """
     if reference.categories != current.categories:
         raise ValueError("categorical counts must share their categories")
-    n = current.total
-    if n == 0:
+    if current.total == 0 or reference.total == 0:
         raise InsufficientData("empty window")
-    expected = probabilities(reference.counts, smooth=True) * n
-    statistic = float(np.sum((current.counts - expected) ** 2 / expected))
-    return statistic, float(stats.chi2.sf(statistic, len(expected) - 1))
+    table = np.vstack([reference.counts, current.counts]).astype(float)
+    table = table[:, table.sum(axis=0) > 0]
+    if table.shape[1] < 2:
+        return 0.0, 1.0
+    expected = np.outer(table.sum(axis=1), table.sum(axis=0)) / table.sum()
+    statistic = float(np.sum((table - expected) ** 2 / expected))
+    return statistic, float(stats.chi2.sf(statistic, table.shape[1] - 1))
 
 
 def _finite(values: np.ndarray) -> np.ndarray:
@@ -205,7 +216,8 @@ METHODS: dict[str, MethodSpec] = {s.name: s for s in (
     MethodSpec("wasserstein", "distance", "higher_is_drift", 0.1, "numeric",
                "Wasserstein-1 divided by the reference standard deviation"),
     MethodSpec("ks", "p_value", "lower_is_drift", 0.05, "numeric", "Kolmogorov-Smirnov p-value (binned CDFs)"),
-    MethodSpec("chi2", "p_value", "lower_is_drift", 0.05, "categorical", "Pearson chi-square p-value"),
+    MethodSpec("chi2", "p_value", "lower_is_drift", 0.05, "categorical",
+               "Pearson chi-square p-value, two-sample (test of homogeneity)"),
 )}
 
 _NUMERIC: dict[str, Callable[[Prepared], float]] = {

@@ -18,7 +18,25 @@ RESULT_LABELS = (*SEGMENT_LABELS, "feature", "method")
 SCORE = DriftMetric("inferwatch_drift_score", "gauge", "Drift score of the current window vs the baseline.",
                     RESULT_LABELS)
 DETECTED = DriftMetric("inferwatch_drift_detected", "gauge", "1 if the score crosses its threshold.", RESULT_LABELS)
-THRESHOLD = DriftMetric("inferwatch_drift_threshold", "gauge", "Threshold the verdict used.", RESULT_LABELS)
+THRESHOLD = DriftMetric("inferwatch_drift_threshold", "gauge",
+                        "Threshold the verdict used; source: calibrated (from the baseline at the window's size "
+                        "and alpha), alpha (a p-value against alpha) or fixed.", (*RESULT_LABELS, "source"))
+FEATURE_DETECTED = DriftMetric("inferwatch_drift_feature_detected", "gauge",
+                               "1 if the feature drifted: rejected by Holm across the segment's features at alpha.",
+                               (*SEGMENT_LABELS, "feature"))
+FEATURE_P_VALUE = DriftMetric("inferwatch_drift_feature_p_value", "gauge",
+                              "Calibrated p-value of 'some method flags this feature'.", (*SEGMENT_LABELS, "feature"))
+SEGMENT_DETECTED = DriftMetric("inferwatch_drift_segment_detected", "gauge",
+                               "1 if any feature of the segment drifted (false-alarm rate alpha per evaluation); "
+                               "absent while the data is insufficient.", SEGMENT_LABELS)
+ALPHA = DriftMetric("inferwatch_drift_alpha", "gauge", "False-alarm rate per evaluation the verdicts hold.", ())
+SEGMENTS = DriftMetric("inferwatch_drift_segments", "gauge", "(model, variant) segments held.", ())
+WINDOW_BYTES = DriftMetric("inferwatch_drift_window_bytes", "gauge", "Bytes held by all windows.", ())
+OVERFLOW = DriftMetric("inferwatch_drift_overflow_records", "counter",
+                       "Records of new segments beyond INFERWATCH_DRIFT_MAX_SEGMENTS, counted in model=variant=other.",
+                       ())
+EXPIRED = DriftMetric("inferwatch_drift_expired_segments", "counter",
+                      "Idle segments dropped with their series.", ())
 WINDOW_RECORDS = DriftMetric("inferwatch_drift_window_records", "gauge", "Records in the current window.",
                              SEGMENT_LABELS)
 BASELINE_RECORDS = DriftMetric("inferwatch_drift_baseline_records", "gauge", "Records in the baseline.",
@@ -26,4 +44,5 @@ BASELINE_RECORDS = DriftMetric("inferwatch_drift_baseline_records", "gauge", "Re
 INGESTED = DriftMetric("inferwatch_drift_ingested_records", "counter", "Records accepted.", ())
 REJECTED = DriftMetric("inferwatch_drift_rejected_batches", "counter", "Batches refused, by reason.", ("reason",))
 
-DRIFT_METRICS = (SCORE, DETECTED, THRESHOLD, WINDOW_RECORDS, BASELINE_RECORDS, INGESTED, REJECTED)
+DRIFT_METRICS = (SCORE, DETECTED, THRESHOLD, FEATURE_DETECTED, FEATURE_P_VALUE, SEGMENT_DETECTED, ALPHA, SEGMENTS,
+                 WINDOW_BYTES, WINDOW_RECORDS, BASELINE_RECORDS, INGESTED, REJECTED, OVERFLOW, EXPIRED)

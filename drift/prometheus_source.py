@@ -15,8 +15,10 @@ import re
 import numpy as np
 import requests
 
-from drift.binning import Edges, Histogram
-from drift.methods import METHODS, evaluate, prepare
+from drift.binning import Edges, Histogram, merge, merged_bins, merged_edges, quantile_starts
+from drift.calibration import null_distribution, size_band
+from drift.methods import METHODS, DriftResult
+from drift.verdicts import Policy, method_results
 
 _NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _SELECTOR = re.compile(r'^(\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"[^"\\]*"\s*,?)*$')
@@ -61,24 +63,43 @@ class PrometheusSource:
             raise SourceError(502, f"Prometheus refused the query: {body.get('error', resp.text[:200])}")
         return {float(r["metric"]["le"]): float(r["value"][1]) for r in body["data"]["result"] if "le" in r["metric"]}
 
-    def drift(self, metric: str, selector: str, reference_end: float, current_end: float, window_s: float) -> dict:
+    def drift(self, metric: str, selector: str, reference_end: float, current_end: float, window_s: float,
+              policy: Policy = Policy()) -> dict:
         if not _NAME.match(metric) or not metric:
             raise SourceError(400, "'metric' must be a histogram's base name, e.g. inferwatch_gateway_request_prompt_tokens")
         if not _SELECTOR.match(selector):
             raise SourceError(400, "'selector' must be label matchers like model=\"x\",variant=\"y\"")
+        if not all(math.isfinite(v) for v in (reference_end, current_end, window_s)):
+            raise SourceError(400, "'reference_end', 'current_end' and 'window' must be finite numbers")
         if window_s <= 0 or reference_end >= current_end:
             raise SourceError(400, "'reference_end' must be before 'current_end', and 'window' positive")
         ref = buckets_to_histogram(self.buckets(metric, selector, reference_end, window_s))
         cur = buckets_to_histogram(self.buckets(metric, selector, current_end, window_s))
         if not np.array_equal(ref.edges.values, cur.edges.values):
             raise SourceError(422, "the bucket layout changed between the two ranges")
-        prepared = prepare(ref, cur) if ref.total and cur.total else None
-        results = {m: evaluate(m, ref, cur, prepared=prepared) for m, s in METHODS.items() if s.applies_to == "numeric"}
+        results = fleet_results(ref, cur, policy)
         return {
-            "metric": metric, "selector": selector, "window_s": window_s,
+            "metric": metric, "selector": selector, "window_s": window_s, "alpha": policy.alpha,
             "reference": {"end": reference_end, "counts": ref.counts.tolist()},
             "current": {"end": current_end, "counts": cur.counts.tolist()},
             "le": [float(x) for x in ref.edges.values[1:-1]] + ["+Inf"],
-            "methods": {m: {"score": r.score, "threshold": r.threshold, "direction": r.direction,
+            "methods": {m: {"score": r.score, "threshold": r.threshold, "threshold_source": r.source,
+                            "calibration_n": r.calibration_n, "p_value": r.p_value, "direction": r.direction,
                             "drifted": r.drifted, "status": r.status} for m, r in results.items()},
         }
+
+
+def fleet_results(ref: Histogram, cur: Histogram, policy: Policy) -> dict[str, DriftResult]:
+    """Every numeric method on two bucket histograms, on the reference's quantile bins and
+    calibrated like the service's windows (both ranges are samples of the fleet's traffic)."""
+    numeric = [m for m, s in METHODS.items() if s.applies_to == "numeric"]
+    fixed = dict(policy.fixed)
+    if min(ref.total, cur.total) < policy.min_samples:
+        return {m: DriftResult(m, METHODS[m].kind, METHODS[m].direction, None, fixed.get(m, policy.alpha), False,
+                               "insufficient_data", f"{ref.total} and {cur.total} observations; at least "
+                               f"{policy.min_samples} each needed") for m in numeric}
+    bins = merged_bins(ref.total)
+    starts = quantile_starts(ref.counts, bins)
+    edges = merged_edges(ref.edges, starts)
+    null = null_distribution(ref.counts, ref.edges, size_band(cur.total), bins, policy.resamples)
+    return method_results(merge(ref, starts, edges), merge(cur, starts, edges), null, policy)

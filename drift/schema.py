@@ -33,16 +33,31 @@ class CategoricalFeature:
     description: str
 
 
-# Edges: log-spaced for counts and latencies (they span orders of magnitude), linear for
-# logprobs. Token-count edges sit on powers of two like the gateway's le buckets.
+# The grid windows count on. Log-spaced for counts and latencies (they span orders of
+# magnitude), four bins per doubling, linear for logprobs; token-count edges include the
+# powers of two of the gateway's le buckets. Scoring merges these fine bins into about 20
+# bins of equal baseline mass per feature (``drift.binning.quantile_starts``), chosen when
+# a baseline is frozen and stored with it: resolution goes where the traffic is.
 NUMERIC_FEATURES: tuple[NumericFeature, ...] = (
-    NumericFeature("prompt_tokens", log_edges(1, 131072, 17), "prompt length, tokens"),
-    NumericFeature("completion_tokens", log_edges(1, 32768, 15), "answer length, tokens"),
-    NumericFeature("ttft_s", log_edges(0.001, 64, 32), "time to first token, seconds (streams)"),
-    NumericFeature("tpot_s", log_edges(0.0005, 2, 24), "time per output token, seconds (streams)"),
-    NumericFeature("e2e_s", log_edges(0.01, 640, 32), "end-to-end latency, seconds"),
-    NumericFeature("mean_logprob", linear_edges(-20, 0, 40), "mean token logprob: model confidence"),
+    NumericFeature("prompt_tokens", log_edges(1, 131072, 68), "prompt length, tokens"),
+    NumericFeature("completion_tokens", log_edges(1, 32768, 60), "answer length, tokens"),
+    NumericFeature("ttft_s", log_edges(0.001, 64, 64), "time to first token, seconds (streams)"),
+    NumericFeature("tpot_s", log_edges(0.0005, 2, 48), "time per output token, seconds (streams)"),
+    NumericFeature("e2e_s", log_edges(0.01, 640, 64), "end-to-end latency, seconds"),
+    NumericFeature("mean_logprob", linear_edges(-20, 0, 80), "mean token logprob: model confidence"),
 )
+UNITS = {"prompt_tokens": "tokens", "completion_tokens": "tokens", "ttft_s": "s", "tpot_s": "s", "e2e_s": "s",
+         "mean_logprob": "nats/token", "finish_reason": "", "status_class": ""}
+
+# What a real record can hold; anything outside is refused at the edge, so nothing accepted
+# can overflow or poison a later read (a mean_logprob of -1e308 made exact tests fail).
+RANGES: dict[str, tuple[float, float]] = {
+    "started_at": (0.0, 1e11), "finished_at": (0.0, 1e11),  # unix seconds, until year 5138
+    "status": (100, 599),
+    "prompt_tokens": (0, 2**31 - 1), "completion_tokens": (0, 2**31 - 1),
+    "ttft_s": (0.0, 7 * 86400.0), "tpot_s": (0.0, 7 * 86400.0), "e2e_s": (0.0, 7 * 86400.0),
+    "mean_logprob": (-1e6, 0.0),
+}
 CATEGORICAL_FEATURES: tuple[CategoricalFeature, ...] = (
     CategoricalFeature("finish_reason", ("stop", "length", "tool_calls", "content_filter", "abort"),
                        "why generation ended"),
@@ -116,7 +131,6 @@ def parse_batch(body: bytes, now: float, max_future_s: float = 300.0) -> Batch:
 _FIELD_SET = frozenset(_FIELDS)
 _NONE = type(None)
 _ALLOWED = {name: set(types) | ({_NONE} if nullable else set()) for name, (types, nullable) in _FIELDS.items()}
-_NON_NEGATIVE = ("prompt_tokens", "completion_tokens", "ttft_s", "tpot_s", "e2e_s")
 
 
 def _columns(records: list, now: float, max_future_s: float) -> Batch | None:
@@ -131,14 +145,20 @@ def _columns(records: list, now: float, max_future_s: float) -> Batch | None:
         lengths = [len(v) for v in cols[name] if v is not None]
         if lengths and (min(lengths) == 0 or max(lengths) > SEGMENT_TEXT_MAX):
             return None
+    low, high = RANGES["status"]
+    if min(cols["status"]) < low or max(cols["status"]) > high:  # Python ints: no int64 overflow
+        return None
     numeric = {f.name: np.array([np.nan if v is None else v for v in cols[f.name]], dtype=float)
                for f in NUMERIC_FEATURES}
     finished = np.array(cols["finished_at"], dtype=float)
     started = np.array(cols["started_at"], dtype=float)
     status = np.array(cols["status"], dtype=np.int64)
-    if (np.isinf(finished).any() or np.isinf(started).any() or any(np.isinf(a).any() for a in numeric.values())
-            or any((numeric[n] < 0).any() for n in _NON_NEGATIVE)
-            or (status < 100).any() or (status > 599).any() or (finished > now + max_future_s).any()):
+    for name, values in (("finished_at", finished), ("started_at", started), *numeric.items()):
+        low, high = RANGES[name]
+        present = values[~np.isnan(values)]  # NaN only where the record had null
+        if present.size and (present.min() < low or present.max() > high):  # also catches +-inf
+            return None
+    if (finished > now + max_future_s).any():
         return None
     return Batch(size=len(records), model=cols["model"], variant=cols["variant"], finished_at=finished,
                  status=status, numeric=numeric, finish_reason=cols["finish_reason"])
@@ -163,12 +183,12 @@ def _check(i: int, rec: object, now: float, max_future_s: float) -> None:
             raise BatchError(f"record {i}: field '{name}' must be finite", i, name)
         if isinstance(value, str) and not 0 < len(value) <= SEGMENT_TEXT_MAX:
             raise BatchError(f"record {i}: field '{name}' must be 1..{SEGMENT_TEXT_MAX} characters", i, name)
-    for name in ("prompt_tokens", "completion_tokens", "ttft_s", "tpot_s", "e2e_s"):
-        value = rec.get(name)
-        if value is not None and value < 0:
-            raise BatchError(f"record {i}: field '{name}' must be >= 0", i, name)
     if not 100 <= rec["status"] <= 599:
-        raise BatchError(f"record {i}: field 'status' must be an HTTP status code", i, "status")
+        raise BatchError(f"record {i}: field 'status' must be an HTTP status code (100..599)", i, "status")
+    for name, (low, high) in RANGES.items():
+        value = rec.get(name)
+        if value is not None and not low <= value <= high:
+            raise BatchError(f"record {i}: field '{name}' must be between {low:g} and {high:g}", i, name)
     if rec["finished_at"] > now + max_future_s:
         raise BatchError(f"record {i}: field 'finished_at' lies in the future; check the producer's clock", i,
                          "finished_at")

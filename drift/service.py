@@ -4,27 +4,31 @@ metrics and an HTML report. Thin HTTP over ``DriftState``."""
 from __future__ import annotations
 
 import hmac
+import math
 import time
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Iterator
+from typing import Annotated, AsyncIterator, Iterator, Literal
 
 import orjson
-from fastapi import FastAPI
+from fastapi import FastAPI, Query
+from fastapi.exceptions import RequestValidationError
 from prometheus_client import CollectorRegistry, Counter, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from pydantic import Field, SecretStr
+from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
+from drift import api, report
 from drift import metrics as drift_metrics
-from drift import report
 from drift.methods import DriftResult
 from drift.prometheus_source import PrometheusSource, SourceError
-from drift.schema import NUMERIC_FEATURES, BatchError
-from drift.state import DriftState, WindowConfig
+from drift.schema import FEATURES, NUMERIC_FEATURES, RANGES, SEGMENT_TEXT_MAX, UNITS, BatchError
+from drift.state import Baseline, DriftState, SegmentLimit, WindowConfig
 from drift.store import Store
+from drift.verdicts import SegmentVerdict, analysis_edges
+from drift.windows import Segment
 from inferwatch import __version__
 
 
@@ -43,6 +47,10 @@ class DriftSettings(BaseSettings):
     token: SecretStr | None = Field(None, description="bearer token required by write endpoints")
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     prometheus_url: str = Field("http://127.0.0.1:9090", description="for fleet-wide drift from buckets")
+    alpha: float = Field(0.01, gt=0, le=0.5, description="false-alarm rate per evaluation, per method and segment")
+    min_samples: int = Field(50, ge=2, description="fewer values in a window: insufficient_data")
+    max_segments: int = Field(1000, ge=1, description="(model, variant) pairs kept; records of more count as 'other'")
+    resamples: int = Field(1999, ge=99, le=100_000, description="bootstrap draws per calibration")
 
 
 def _error(status: int, message: str, code: str, **extra: object) -> Response:
@@ -52,42 +60,92 @@ def _error(status: int, message: str, code: str, **extra: object) -> Response:
 
 def result_json(r: DriftResult) -> dict:
     return {"method": r.method, "kind": r.kind, "direction": r.direction, "score": r.score,
-            "threshold": r.threshold, "drifted": r.drifted, "status": r.status}
+            "threshold": None if r.threshold is None or math.isnan(r.threshold) else r.threshold,
+            "threshold_source": r.source, "calibration_n": r.calibration_n, "p_value": r.p_value,
+            "drifted": r.drifted, "status": r.status}
+
+
+def features_json(verdict: SegmentVerdict) -> dict:
+    return {name: {"status": f.status, "reference_n": f.n_ref, "current_n": f.n_cur, "p_value": f.p_value,
+                   "drifted": f.drifted, "methods": {m: result_json(r) for m, r in f.methods.items()}}
+            for name, f in verdict.features.items()}
+
+
+def segment_json(state: DriftState, segment: Segment, feature: str | None = None) -> dict:
+    verdict = state.verdict(segment)
+    baseline = state.baselines.get(segment)
+    features = features_json(verdict) if verdict else {}
+    if feature is not None:
+        features = {k: v for k, v in features.items() if k == feature}
+    return {"model": segment[0], "variant": segment[1],
+            "status": verdict.status if verdict else "no_baseline", "alpha": state.alpha,
+            "window_records": state.window_records(segment), "baseline_records": baseline.records if baseline else 0,
+            "drifted_features": verdict.drifted_features if verdict else [],
+            "drifting_since": state.drifting_since(segment), "features": features}
 
 
 class DriftCollector(Collector):
-    """Scores computed at scrape time from the windows: always current, nothing cached."""
+    """Scores computed at scrape time from the windows (cached until a window, baseline or
+    threshold changes). Series exist only for live segments: idle ones expire with theirs."""
 
     def __init__(self, state: DriftState) -> None:
         self.state = state
 
     def collect(self) -> Iterator[Metric]:
-        score, detected, threshold, records, base = (
-            GaugeMetricFamily(m.name, m.doc, labels=list(m.labels))
-            for m in (drift_metrics.SCORE, drift_metrics.DETECTED, drift_metrics.THRESHOLD, drift_metrics.WINDOW_RECORDS,
-                      drift_metrics.BASELINE_RECORDS))
+        gauges = {m.name: GaugeMetricFamily(m.name, m.doc, labels=list(m.labels)) for m in (
+            drift_metrics.SCORE, drift_metrics.DETECTED, drift_metrics.THRESHOLD, drift_metrics.FEATURE_DETECTED,
+            drift_metrics.FEATURE_P_VALUE, drift_metrics.SEGMENT_DETECTED, drift_metrics.WINDOW_RECORDS,
+            drift_metrics.BASELINE_RECORDS)}
+        g = {m: gauges[m.name] for m in (
+            drift_metrics.SCORE, drift_metrics.DETECTED, drift_metrics.THRESHOLD, drift_metrics.FEATURE_DETECTED,
+            drift_metrics.FEATURE_P_VALUE, drift_metrics.SEGMENT_DETECTED, drift_metrics.WINDOW_RECORDS,
+            drift_metrics.BASELINE_RECORDS)}
         for segment in self.state.segments():
-            records.add_metric(list(segment), self.state.window_records(segment))
+            seg = list(segment)
+            if segment in self.state.windows:
+                g[drift_metrics.WINDOW_RECORDS].add_metric(seg, self.state.window_records(segment))
             baseline = self.state.baselines.get(segment)
             if baseline is not None:
-                base.add_metric(list(segment), baseline.records)
-            for feature, methods in self.state.results(segment).items():
-                for r in methods.values():
-                    if r.score is None:
-                        continue
-                    key = [*segment, feature, r.method]
-                    score.add_metric(key, r.score)
-                    detected.add_metric(key, 1.0 if r.drifted else 0.0)
-                    threshold.add_metric(key, r.threshold)
-        yield from (score, detected, threshold, records, base)
+                g[drift_metrics.BASELINE_RECORDS].add_metric(seg, baseline.records)
+            verdict = self.state.verdict(segment)
+            if verdict is None:
+                continue
+            if verdict.status != "insufficient_data":
+                g[drift_metrics.SEGMENT_DETECTED].add_metric(seg, 1.0 if verdict.status == "drift" else 0.0)
+            for feature, f in verdict.features.items():
+                if f.status != "ok":
+                    continue
+                g[drift_metrics.FEATURE_DETECTED].add_metric([*seg, feature], 1.0 if f.drifted else 0.0)
+                g[drift_metrics.FEATURE_P_VALUE].add_metric([*seg, feature], f.p_value)
+                for r in f.methods.values():
+                    key = [*seg, feature, r.method]
+                    g[drift_metrics.SCORE].add_metric(key, r.score)
+                    g[drift_metrics.DETECTED].add_metric(key, 1.0 if r.drifted else 0.0)
+                    g[drift_metrics.THRESHOLD].add_metric([*key, r.source], r.threshold)
+        yield from gauges.values()
+        for metric, value in ((drift_metrics.ALPHA, self.state.alpha),
+                              (drift_metrics.SEGMENTS, len(self.state.segments())),
+                              (drift_metrics.WINDOW_BYTES, self.state.memory_bytes())):
+            yield GaugeMetricFamily(metric.name, metric.doc, value=value)
+        for metric, value in ((drift_metrics.OVERFLOW, self.state.overflow),
+                              (drift_metrics.EXPIRED, self.state.expired)):
+            yield CounterMetricFamily(metric.name, metric.doc, value=value)
+
+
+def _responses(model: type | None = None, *errors: int) -> dict:
+    out: dict = {code: {"model": api.ErrorResponse} for code in errors}
+    if model is not None:
+        out[200] = {"model": model}
+    return out
 
 
 def create_app(settings: DriftSettings, registry: CollectorRegistry | None = None,
                state: DriftState | None = None) -> FastAPI:
     registry = registry or CollectorRegistry()
     store = state.store if state else Store(settings.db_path)
-    state = state or DriftState(store, WindowConfig(settings.window_s, settings.buckets, settings.reservoir,
-                                                    settings.retention_s))
+    state = state or DriftState(store, WindowConfig(
+        settings.window_s, settings.buckets, settings.reservoir, settings.retention_s, alpha=settings.alpha,
+        min_samples=settings.min_samples, max_segments=settings.max_segments, resamples=settings.resamples))
     registry.register(DriftCollector(state))
     ingested, rejected = (Counter(m.name, m.doc, m.labels, registry=registry)
                           for m in (drift_metrics.INGESTED, drift_metrics.REJECTED))
@@ -100,8 +158,15 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
         yield
         store.close()
 
-    app = FastAPI(title="inferwatch drift", version=__version__, lifespan=lifespan)
+    app = FastAPI(title="inferwatch drift", version=__version__, lifespan=lifespan,
+                  description="Drift of LLM request features against baselines, with calibrated thresholds.")
     app.state.drift = state
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_query(request: Request, exc: RequestValidationError) -> Response:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())[1:]) or "request"
+        return _error(400, f"'{where}': {first.get('msg', 'invalid')}", "invalid_query", field=where)
 
     def authorized(request: Request) -> bool:
         if token is None:
@@ -126,18 +191,6 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
             chunks.append(chunk)
         return b"".join(chunks)
 
-    async def ingest(request: Request) -> Response:
-        body = await read_body(request)
-        if isinstance(body, Response):
-            return body
-        try:
-            accepted, in_window = state.ingest(body)
-        except BatchError as exc:
-            rejected.labels("invalid").inc()
-            return _error(422, str(exc), "invalid_batch", record=exc.record, field=exc.field)
-        ingested.inc(accepted)
-        return JSONResponse({"accepted": accepted, "in_window": in_window})
-
     async def read_object(request: Request) -> dict | Response:
         """An authorised, size-checked JSON object body, or the error response to send."""
         body = await read_body(request)
@@ -151,28 +204,57 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
             return _error(422, "body must be a non-empty JSON object", "invalid_body")
         return doc
 
+    @app.post("/v1/ingest", responses=_responses(api.IngestResponse, 401, 413, 422),
+              openapi_extra=_body(api.IngestRequest), summary="Feature records from the gateway")
+    async def ingest(request: Request) -> Response:
+        body = await read_body(request)
+        if isinstance(body, Response):
+            return body
+        try:
+            accepted, in_window = state.ingest(body)
+        except BatchError as exc:
+            rejected.labels("invalid").inc()
+            return _error(422, str(exc), "invalid_batch", record=exc.record, field=exc.field)
+        ingested.inc(accepted)
+        return JSONResponse({"accepted": accepted, "in_window": in_window})
+
+    @app.post("/v1/baselines", status_code=201, responses={201: {"model": api.BaselineInfo},
+                                                           **_responses(None, 401, 409, 413, 422)},
+              openapi_extra=_body(api.BaselineRequest), summary="Freeze or upload a baseline")
     async def baselines_post(request: Request) -> Response:
         doc = await read_object(request)
         if isinstance(doc, Response):
             return doc
         try:
             model, variant = doc.get("model"), doc.get("variant")
-            if not isinstance(model, str) or not isinstance(variant, str) or not model or not variant:
-                raise BatchError("'model' and 'variant' are required strings", field="model")
+            if (not isinstance(model, str) or not isinstance(variant, str) or not 0 < len(model) <= SEGMENT_TEXT_MAX
+                    or not 0 < len(variant) <= SEGMENT_TEXT_MAX):
+                raise BatchError(f"'model' and 'variant' are required strings of 1..{SEGMENT_TEXT_MAX} characters",
+                                 field="model")
             if "histograms" in doc:
                 baseline = state.upload_baseline((model, variant), doc["histograms"])
             else:
                 since, until = doc.get("from"), doc.get("to")
-                if not all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in (since, until)):
-                    raise BatchError("give 'from' and 'to' (unix seconds) or 'histograms'", field="from")
+                low, high = RANGES["finished_at"]
+                if not all(isinstance(t, (int, float)) and not isinstance(t, bool) and low <= t <= high
+                           for t in (since, until)):
+                    raise BatchError(f"give 'from' and 'to' (unix seconds, {low:g}..{high:g}) or 'histograms'",
+                                     field="from")
                 if since >= until:
                     raise BatchError("'from' must be before 'to'", field="from")
                 baseline = state.freeze_baseline((model, variant), float(since), float(until))
+        except SegmentLimit as exc:
+            return _error(409, str(exc), "too_many_segments")
         except BatchError as exc:
             return _error(422, str(exc), "invalid_baseline", field=exc.field)
-        return JSONResponse({"model": model, "variant": variant, "records": baseline.records,
-                             "source": baseline.source}, status_code=201)
+        return JSONResponse(baseline_json(model, variant, baseline), status_code=201)
 
+    @app.get("/v1/baselines", responses=_responses(list[api.BaselineInfo]), summary="Baselines held")
+    async def baselines_get() -> Response:
+        return JSONResponse([baseline_json(m, v, b) for (m, v), b in sorted(state.baselines.items())])
+
+    @app.put("/v1/thresholds", responses=_responses(api.Thresholds, 401, 413, 422),
+             openapi_extra=_body(api.ThresholdsRequest), summary="Change alpha or fix a method's threshold")
     async def thresholds_put(request: Request) -> Response:
         doc = await read_object(request)
         if isinstance(doc, Response):
@@ -182,91 +264,116 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
         except BatchError as exc:
             return _error(422, str(exc), "invalid_threshold", field=exc.field)
 
-    async def thresholds_get(request: Request) -> Response:
-        return JSONResponse(state.thresholds)
+    @app.get("/v1/thresholds", responses=_responses(api.Thresholds), summary="How verdicts are reached")
+    async def thresholds_get() -> Response:
+        return JSONResponse(state.thresholds())
 
-    async def baselines_get(request: Request) -> Response:
-        return JSONResponse([{"model": m, "variant": v, "records": b.records, "source": b.source}
-                             for (m, v), b in sorted(state.baselines.items())])
+    @app.get("/v1/features", responses=_responses(list[api.FeatureInfo]),
+             summary="Features, units and the bins uploaded baselines count on")
+    async def features_get() -> Response:
+        return JSONResponse([
+            {"name": f.name, "unit": UNITS[f.name], "description": f.description,
+             **({"edges": f.edges.values.tolist()} if hasattr(f, "edges") else {"categories": list(f.categories)})}
+            for f in FEATURES.values()])
 
-    def selected(request: Request) -> list[tuple[str, str]]:
-        model, variant = request.query_params.get("model"), request.query_params.get("variant")
+    def selected(model: str | None, variant: str | None) -> list[Segment]:
         return [s for s in state.segments() if (model is None or s[0] == model) and (variant is None or s[1] == variant)]
 
-    async def drift_get(request: Request) -> Response:
-        feature = request.query_params.get("feature")
-        out = []
-        for segment in selected(request):
-            results = state.results(segment)
-            if feature is not None:
-                results = {k: v for k, v in results.items() if k == feature}
-            out.append({"model": segment[0], "variant": segment[1], "window_records": state.window_records(segment),
-                        "baseline_records": state.baselines[segment].records if segment in state.baselines else 0,
-                        "features": {f: {m: result_json(r) for m, r in ms.items()} for f, ms in results.items()}})
-        return JSONResponse({"segments": out})
+    @app.get("/v1/drift", responses=_responses(api.DriftResponse, 400), summary="Verdicts per segment")
+    async def drift_get(model: SegmentParam = None, variant: SegmentParam = None,
+                        feature: FeatureParam = None) -> Response:
+        return JSONResponse({"segments": [segment_json(state, s, feature) for s in selected(model, variant)]})
 
-    async def compare(request: Request) -> Response:
-        q = request.query_params
-        model, a, b = q.get("model"), q.get("a"), q.get("b")
-        if not model or not a or not b or a == b:
-            return _error(400, "give 'model' and two different variants 'a' (reference) and 'b'", "invalid_query")
-        results = state.compare(model, a, b)
-        if not results:
+    @app.get("/v1/compare", responses=_responses(api.CompareResponse, 400, 404),
+             summary="A/B: variant b's window against variant a's")
+    async def compare(model: Annotated[str, Query(min_length=1, max_length=SEGMENT_TEXT_MAX)],
+                      a: Annotated[str, Query(min_length=1, max_length=SEGMENT_TEXT_MAX)],
+                      b: Annotated[str, Query(min_length=1, max_length=SEGMENT_TEXT_MAX)]) -> Response:
+        if a == b:
+            return _error(400, "give two different variants 'a' (reference) and 'b'", "invalid_query", field="b")
+        verdict = state.compare(model, a, b)
+        if verdict is None:
             return _error(404, f"no current window for model '{model}' variant '{a}' and/or '{b}'", "no_data")
-        return JSONResponse({"model": model, "a": a, "b": b,
+        return JSONResponse({"model": model, "a": a, "b": b, "status": verdict.status, "alpha": verdict.alpha,
                              "records": {"a": state.window_records((model, a)), "b": state.window_records((model, b))},
-                             "features": {f: {m: result_json(r) for m, r in ms.items()} for f, ms in results.items()}})
+                             "drifted_features": verdict.drifted_features, "features": features_json(verdict)})
 
-    async def drift_exact(request: Request) -> Response:
-        feature, segments = request.query_params.get("feature"), selected(request)
-        numeric = [f.name for f in NUMERIC_FEATURES]
-        if feature not in numeric or len(segments) != 1:
-            return _error(400, f"give 'model', 'variant' (one segment) and 'feature', one of {', '.join(numeric)}",
-                          "invalid_query")
-        return JSONResponse(state.exact(segments[0], feature))
+    @app.get("/v1/drift/exact", responses=_responses(api.ExactResponse, 400, 404),
+             summary="KS and Wasserstein on raw samples (audit)")
+    async def drift_exact(model: Annotated[str, Query(min_length=1, max_length=SEGMENT_TEXT_MAX)],
+                          variant: Annotated[str, Query(min_length=1, max_length=SEGMENT_TEXT_MAX)],
+                          feature: Annotated[NumericName, Query()]) -> Response:
+        if (model, variant) not in state.segments():
+            return _error(404, f"no segment model '{model}' variant '{variant}'", "no_data")
+        return JSONResponse(state.exact((model, variant), feature))
 
-    async def fleet(request: Request) -> Response:
-        q = request.query_params
+    @app.get("/v1/fleet-drift", responses=_responses(None, 400, 422, 502, 503),
+             summary="Drift from Prometheus histogram buckets over the fleet")
+    async def fleet(metric: Annotated[str, Query(min_length=1, max_length=200)],
+                    reference_end: Annotated[float, Query(ge=0, le=1e11, allow_inf_nan=False)],
+                    selector: Annotated[str, Query(max_length=1000)] = "",
+                    current_end: Annotated[float | None, Query(ge=0, le=1e11, allow_inf_nan=False)] = None,
+                    window: Annotated[float, Query(gt=0, le=366 * 86400, allow_inf_nan=False)] = 3600.0) -> Response:
         try:
-            result = source.drift(q.get("metric", ""), q.get("selector", ""), _num(q, "reference_end"),
-                                  _num(q, "current_end", time.time()), _num(q, "window", 3600.0))
+            result = source.drift(metric, selector, reference_end, time.time() if current_end is None else current_end,
+                                  window, state.policy)
         except SourceError as exc:
             return _error(exc.status, str(exc), "fleet_drift_failed")
         return JSONResponse(result)
 
-    async def report_get(request: Request) -> Response:
+    @app.get("/report", response_class=HTMLResponse, responses={400: {"model": api.ErrorResponse}},
+             summary="The HTML report")
+    async def report_get(model: SegmentParam = None, variant: SegmentParam = None) -> Response:
         rows = []
-        for segment in selected(request):
-            results = state.results(segment)
-            if results:
-                rows.append((segment, state.baselines[segment].histograms, state.current(segment), results))
-        return HTMLResponse(report.render(rows))
+        for segment in selected(model, variant):
+            verdict = state.verdict(segment)
+            if verdict is not None:
+                rows.append(report.SegmentReport(segment, state.baselines[segment], state.current(segment), verdict,
+                                                 state.history(segment), state.drifting_since(segment),
+                                                 state.window_records(segment)))
+        return HTMLResponse(report.render(rows, state.clock()))
 
-    async def metrics(request: Request) -> Response:
+    @app.get("/metrics", response_class=PlainTextResponse, summary="Prometheus exposition")
+    async def metrics() -> Response:
         return Response(generate_latest(registry), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    async def health(request: Request) -> Response:
-        return JSONResponse({"status": "ok", "segments": len(state.segments()), "ingested": state.ingested})
+    @app.get("/health", responses=_responses(api.Health), summary="Liveness")
+    async def health() -> Response:
+        return JSONResponse({"status": "ok", "segments": len(state.segments()), "ingested": state.ingested,
+                             "overflow_records": state.overflow, "window_bytes": state.memory_bytes()})
 
-    for path, endpoint, methods in (
-        ("/v1/ingest", ingest, ["POST"]), ("/v1/baselines", baselines_post, ["POST"]),
-        ("/v1/baselines", baselines_get, ["GET"]), ("/v1/drift", drift_get, ["GET"]),
-        ("/v1/drift/exact", drift_exact, ["GET"]), ("/v1/fleet-drift", fleet, ["GET"]),
-        ("/v1/thresholds", thresholds_put, ["PUT"]), ("/v1/thresholds", thresholds_get, ["GET"]),
-        ("/v1/compare", compare, ["GET"]),
-        ("/report", report_get, ["GET"]), ("/metrics", metrics, ["GET"]), ("/health", health, ["GET"]),
-    ):
-        app.router.add_route(path, endpoint, methods=methods)
+    _publish_request_schemas(app)
     return app
 
 
-def _num(params, name: str, default: float | None = None) -> float:
-    raw = params.get(name)
-    if raw is None:
-        if default is None:
-            raise SourceError(400, f"query parameter '{name}' is required")
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise SourceError(400, f"query parameter '{name}' must be a number") from None
+SegmentParam = Annotated[str | None, Query(min_length=1, max_length=SEGMENT_TEXT_MAX)]
+FeatureParam = Annotated[Literal[tuple(FEATURES)] | None, Query()]  # type: ignore[valid-type]
+NumericName = Literal[tuple(f.name for f in NUMERIC_FEATURES)]  # type: ignore[valid-type]
+_REQUEST_SCHEMAS: dict[str, dict] = {}
+
+
+def _body(model: type[BaseModel]) -> dict:
+    """Document a hand-parsed JSON body with ``model``'s schema (published by _publish_request_schemas)."""
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}", by_alias=True)
+    _REQUEST_SCHEMAS.update(schema.pop("$defs", {}))
+    _REQUEST_SCHEMAS[model.__name__] = schema
+    return {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}}
+
+
+def _publish_request_schemas(app: FastAPI) -> None:
+    build = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            doc = build()
+            doc.setdefault("components", {}).setdefault("schemas", {}).update(_REQUEST_SCHEMAS)
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def baseline_json(model: str, variant: str, b: Baseline) -> dict:
+    return {"model": model, "variant": variant, "records": b.records, "source": b.source, "created_at": b.created_at,
+            "edges": {name: e.values.tolist() for name, e in analysis_edges(b.reference).items()}}

@@ -9,29 +9,40 @@ import logging
 import math
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
-from drift.binning import CategoricalCounts, Histogram
-from drift.methods import METHODS, DriftResult, evaluate, ks_exact, prepare, wasserstein_exact
-from drift.schema import CATEGORICAL_FEATURES, FEATURES, NUMERIC_FEATURES, Batch, BatchError, parse_batch
+from drift.binning import OTHER, CategoricalCounts, Histogram
+from drift.calibration import RESAMPLES
+from drift.methods import METHODS, DriftResult, ks_exact, wasserstein_exact
+from drift.schema import CATEGORICAL_FEATURES, FEATURES, NUMERIC_FEATURES, UNITS, Batch, BatchError, parse_batch
 from drift.store import Store
+from drift.verdicts import CalibrationCache, Policy, Reference, SegmentVerdict, analysis_edges, reference_of, score
 from drift.windows import Segment, SegmentWindow, baseline_from, segments_of
 
 log = logging.getLogger(__name__)
 Windows = dict[str, Histogram | CategoricalCounts]
 BASELINE_SAMPLE = 5000
+OTHER_SEGMENT: Segment = (OTHER, OTHER)  # where records of segments beyond the bound are counted
+CATEGORICAL_NAMES = frozenset(c.name for c in CATEGORICAL_FEATURES)
 
 
 @dataclass(frozen=True)
 class WindowConfig:
     window_s: float = 3600.0
     buckets: int = 60
-    reservoir: int = 2000  # raw values per numeric feature per window (spread over buckets)
+    reservoir: int = 2000  # raw values per numeric feature per window, for exact tests
     retention_s: float = 7 * 86400.0  # stored batches, for baselines frozen from past ranges
-    thresholds: tuple[tuple[str, float], ...] = ()  # method -> threshold overrides
+    thresholds: tuple[tuple[str, float], ...] = ()  # method -> fixed threshold (else calibrated)
+    alpha: float = 0.01  # false-alarm rate of one evaluation, per method and per segment
+    min_samples: int = 50  # fewer values in either window: insufficient_data, not a verdict
+    resamples: int = RESAMPLES
+    max_segments: int = 1000  # (model, variant) pairs kept; records of more go to OTHER_SEGMENT
+    calibration_cache: int = 1024  # null distributions kept (about 48 KB each)
+    history: int = 240  # verdicts kept per segment for the report (one per time bucket)
 
 
 @dataclass(frozen=True)
@@ -40,6 +51,25 @@ class Baseline:
     samples: dict[str, np.ndarray]
     records: int
     source: dict
+    starts: dict[str, np.ndarray]  # per numeric feature: how the fine bins merge (quantiles)
+    created_at: float = 0.0
+
+    @property
+    def reference(self) -> Reference:
+        return Reference(self.histograms, self.starts, f"baseline:{id(self)}")
+
+
+@dataclass(frozen=True)
+class HistoryPoint:
+    t: float
+    status: str
+    features: dict[str, tuple[float | None, float, bool]]  # headline score, its threshold, feature drifted
+
+
+def headline(feature: str) -> str:
+    """The method the report charts per feature over time: W1 in reference standard
+    deviations for numbers (readable as "shifted by x sigma"), chi-square for categories."""
+    return "chi2" if feature in CATEGORICAL_NAMES else "wasserstein"
 
 
 class DriftState:
@@ -49,9 +79,20 @@ class DriftState:
         self.clock = clock
         self.windows: dict[Segment, SegmentWindow] = {}
         self.baselines: dict[Segment, Baseline] = {}
-        self.thresholds = {m: s.default_threshold for m, s in METHODS.items()} | dict(config.thresholds)
+        self.alpha = config.alpha
+        self.fixed: dict[str, float] = dict(config.thresholds)
+        self.cache = CalibrationCache(config.calibration_cache)
         self.ingested = 0
-        self._lock = threading.Lock()
+        self.overflow = 0  # records folded into OTHER_SEGMENT
+        self.expired = 0  # idle segments dropped
+        self._results: dict[Segment, tuple[tuple, SegmentVerdict]] = {}
+        self._history: dict[Segment, deque[HistoryPoint]] = {}
+        self._last_sweep = -math.inf
+        self._lock = threading.RLock()
+
+    @property
+    def policy(self) -> Policy:
+        return Policy(self.alpha, self.config.min_samples, self.config.resamples, tuple(sorted(self.fixed.items())))
 
     # -- ingest ---------------------------------------------------------------------------
     def ingest(self, body: bytes) -> tuple[int, int]:
@@ -63,21 +104,47 @@ class DriftState:
 
     def _count(self, batch: Batch, now: float) -> int:
         inside = 0
+        cfg = self.config
         with self._lock:
+            self._sweep(now)
             for segment, rows in segments_of(batch).items():
                 window = self.windows.get(segment)
                 if window is None:
-                    cfg = self.config
-                    window = self.windows[segment] = SegmentWindow(
-                        cfg.window_s, cfg.buckets, max(1, cfg.reservoir // cfg.buckets))
+                    if segment not in self.baselines and self._full():
+                        self.overflow += rows.size
+                        segment = OTHER_SEGMENT
+                        window = self.windows.get(segment)
+                    if window is None:
+                        window = self.windows[segment] = SegmentWindow(cfg.window_s, cfg.buckets, cfg.reservoir)
                 inside += window.add(batch, rows, now)
             self.ingested += batch.size
         return inside
+
+    def _full(self) -> bool:
+        return len(set(self.windows) | set(self.baselines)) >= self.config.max_segments
+
+    def _sweep(self, now: float) -> None:
+        """Drop windows that hold nothing any more (at most once per time bucket), with their
+        cached results and, for segments without a baseline, their history: their series go."""
+        width = self.config.window_s / self.config.buckets
+        if now - self._last_sweep < width:
+            return
+        self._last_sweep = now
+        for segment, window in list(self.windows.items()):
+            window.expire(now)
+            if not window.live:
+                del self.windows[segment]
+                self._results.pop(segment, None)
+                if segment not in self.baselines:
+                    self._history.pop(segment, None)
+                self.expired += 1
 
     def restore(self) -> int:
         """Rebuild windows and baselines from the store (after a restart or a crash)."""
         now = self.clock()
         self.store.prune(now - self.config.retention_s)
+        for segment, doc in self.store.baselines().items():
+            self.baselines[segment] = baseline_from_doc(doc)
         replayed = 0
         for body in self.store.batches(now - self.config.window_s):
             try:
@@ -87,29 +154,53 @@ class DriftState:
                 continue
             self._count(batch, now)
             replayed += batch.size
-        for segment, doc in self.store.baselines().items():
-            self.baselines[segment] = baseline_from_doc(doc)
-        self.thresholds.update(self.store.setting("thresholds", {}))  # type: ignore[arg-type]
+        saved = self.store.setting("thresholds", {})
+        if isinstance(saved, dict):
+            self.alpha = float(saved.get("alpha", self.alpha))
+            fixed = saved.get("fixed", {k: v for k, v in saved.items() if k in METHODS})  # older format: flat
+            self.fixed.update({k: float(v) for k, v in fixed.items() if k in METHODS})
         return replayed
 
-    def set_thresholds(self, changes: dict[str, float]) -> dict[str, float]:
-        """Change verdict thresholds at run time; persisted, so they survive restarts."""
-        for method, value in changes.items():
-            spec = METHODS.get(method)
+    def set_thresholds(self, changes: dict[str, object]) -> dict:
+        """Change alpha, or give a method a fixed threshold (a number) or hand it back to
+        calibration (null), at run time; persisted, so changes survive restarts. All or nothing."""
+        for key, value in changes.items():
+            if key == "alpha":
+                if not _number(value) or not 0 < value <= 0.5:  # type: ignore[operator]
+                    raise BatchError("'alpha' must be a number in (0, 0.5]: the false-alarm rate per evaluation",
+                                     field="alpha")
+                continue
+            spec = METHODS.get(key)
             if spec is None:
-                raise BatchError(f"unknown method '{method}'; known: {', '.join(METHODS)}", field=method)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise BatchError(f"threshold for '{method}' must be a positive number", field=method)
-            if spec.kind == "p_value" and value >= 1:
-                raise BatchError(f"'{method}' is a p-value test: its threshold must be below 1", field=method)
+                raise BatchError(f"unknown method '{key}'; known: alpha, {', '.join(METHODS)}", field=key)
+            if value is None:
+                continue
+            if not _number(value) or value <= 0:  # type: ignore[operator]
+                raise BatchError(f"threshold for '{key}' must be a positive number, or null to calibrate it",
+                                 field=key)
+            if spec.kind == "p_value" and value >= 1:  # type: ignore[operator]
+                raise BatchError(f"'{key}' is a p-value test: its threshold must be below 1", field=key)
         with self._lock:
-            self.thresholds.update({m: float(v) for m, v in changes.items()})
-            overrides = {m: v for m, v in self.thresholds.items() if v != METHODS[m].default_threshold}
-        self.store.put_setting("thresholds", overrides)
-        return dict(self.thresholds)
+            for key, value in changes.items():
+                if key == "alpha":
+                    self.alpha = float(value)  # type: ignore[arg-type]
+                elif value is None:
+                    self.fixed.pop(key, None)
+                else:
+                    self.fixed[key] = float(value)  # type: ignore[arg-type]
+            self._results.clear()
+        self.store.put_setting("thresholds", {"alpha": self.alpha, "fixed": self.fixed})
+        return self.thresholds()
+
+    def thresholds(self) -> dict:
+        return {"alpha": self.alpha, "min_samples": self.config.min_samples, "resamples": self.config.resamples,
+                "methods": {m: ({"mode": "fixed", "threshold": self.fixed[m]} if m in self.fixed else
+                                {"mode": "alpha" if s.kind == "p_value" else "calibrated"})
+                            for m, s in METHODS.items()}}
 
     # -- baselines ------------------------------------------------------------------------
     def freeze_baseline(self, segment: Segment, since: float, until: float) -> Baseline:
+        self._admit(segment)
         batches = [_stored(body) for body in self.store.batches(since, until)]
         in_range = []
         for b in batches:
@@ -129,20 +220,33 @@ class DriftState:
             if values.size > BASELINE_SAMPLE:
                 values = rng.choice(values, BASELINE_SAMPLE, replace=False)
             samples[f.name] = values
-        baseline = Baseline(hists, samples, records, {"kind": "range", "from": since, "to": until})
+        baseline = _baseline(hists, samples, records, {"kind": "range", "from": since, "to": until}, self.clock())
         self._put_baseline(segment, baseline)
         return baseline
 
     def upload_baseline(self, segment: Segment, histograms: dict[str, list[int]]) -> Baseline:
-        doc = {"histograms": histograms, "samples": {}, "source": {"kind": "upload"}}
+        self._admit(segment)
+        doc = {"histograms": histograms, "samples": {}, "source": {"kind": "upload"}, "created_at": self.clock()}
         baseline = baseline_from_doc(doc)  # validates shapes and values
         self._put_baseline(segment, baseline)
         return baseline
 
+    def _admit(self, segment: Segment) -> None:
+        with self._lock:
+            known = segment in self.windows or segment in self.baselines
+            if not known and len(self.baselines) >= self.config.max_segments:
+                raise SegmentLimit(f"{len(self.baselines)} baselines exist, the limit "
+                                   f"(INFERWATCH_DRIFT_MAX_SEGMENTS) is {self.config.max_segments}")
+
     def _put_baseline(self, segment: Segment, baseline: Baseline) -> None:
         self.store.put_baseline(*segment, baseline_doc(baseline), self.clock())
         with self._lock:
+            old = self.baselines.get(segment)
+            if old is not None:
+                self.cache.forget(old.reference.key)
             self.baselines[segment] = baseline
+            self._results.pop(segment, None)
+            self._history.pop(segment, None)
 
     # -- results --------------------------------------------------------------------------
     def segments(self) -> list[Segment]:
@@ -155,48 +259,96 @@ class DriftState:
             window = self.windows.get(segment)
             return window.histograms(now) if window else {}
 
+    def verdict(self, segment: Segment) -> SegmentVerdict | None:
+        """The segment's verdict against its baseline; None without a baseline or a window.
+        Cached until the window, the baseline or the thresholds change."""
+        now = self.clock()
+        with self._lock:
+            baseline, window = self.baselines.get(segment), self.windows.get(segment)
+            if baseline is None or window is None:
+                return None
+            window.expire(now)
+            key = (window.version, window.oldest(now), id(baseline), self.alpha, tuple(sorted(self.fixed.items())))
+            cached = self._results.get(segment)
+            if cached is not None and cached[0] == key:
+                return cached[1]
+            result = score(baseline.reference, window.histograms(now), self.policy, self.cache)
+            self._results[segment] = (key, result)
+            self._remember(segment, now, result)
+            return result
+
+    def _remember(self, segment: Segment, now: float, result: SegmentVerdict) -> None:
+        history = self._history.setdefault(segment, deque(maxlen=self.config.history))
+        if history and now - history[-1].t < self.config.window_s / self.config.buckets:
+            return
+        points = {}
+        for name, f in result.features.items():
+            r = f.methods[headline(name)]
+            points[name] = (r.score, r.threshold, f.drifted)
+        history.append(HistoryPoint(now, result.status, points))
+
+    def history(self, segment: Segment) -> list[HistoryPoint]:
+        with self._lock:
+            return list(self._history.get(segment, ()))
+
+    def drifting_since(self, segment: Segment) -> float | None:
+        """When the segment's current run of drift verdicts began (None if it is not drifting)."""
+        since = None
+        for point in self.history(segment):
+            since = (since or point.t) if point.status == "drift" else None
+        return since
+
     def results(self, segment: Segment) -> dict[str, dict[str, DriftResult]]:
-        baseline = self.baselines.get(segment)
-        current = self.current(segment)
-        if baseline is None or not current:
-            return {}
-        return self.score(baseline.histograms, current)
+        verdict = self.verdict(segment)
+        return {} if verdict is None else {name: f.methods for name, f in verdict.features.items()}
 
-    def compare(self, model: str, variant_a: str, variant_b: str) -> dict[str, dict[str, DriftResult]]:
-        """A/B: variant b's current window scored against variant a's, feature by feature."""
+    def compare(self, model: str, variant_a: str, variant_b: str) -> SegmentVerdict | None:
+        """A/B: variant b's current window scored against variant a's, feature by feature;
+        a's window is the reference (binned at its own quantiles, calibrated at b's size)."""
         a, b = self.current((model, variant_a)), self.current((model, variant_b))
-        return self.score(a, b) if a and b else {}
-
-    def score(self, reference: Windows, current: Windows) -> dict[str, dict[str, DriftResult]]:
-        out: dict[str, dict[str, DriftResult]] = {}
-        for f in NUMERIC_FEATURES:
-            ref, cur = reference[f.name], current[f.name]
-            prepared = prepare(ref, cur) if ref.total and cur.total else None  # type: ignore[arg-type]
-            out[f.name] = {m: evaluate(m, ref, cur, self.thresholds[m], prepared)
-                           for m, s in METHODS.items() if s.applies_to == "numeric"}
-        for f in CATEGORICAL_FEATURES:
-            out[f.name] = {"chi2": evaluate("chi2", reference[f.name], current[f.name], self.thresholds["chi2"])}
-        return out
+        if not a or not b:
+            return None
+        with self._lock:
+            version = self.windows[(model, variant_a)].version
+        reference = reference_of(a, f"window:{model}:{variant_a}:{version}")
+        return score(reference, b, self.policy, self.cache)
 
     def exact(self, segment: Segment, feature: str) -> dict:
-        """KS and W1 on raw samples: the baseline's sample against the window's reservoir."""
+        """KS and Wasserstein on raw samples: the baseline's sample against the window's
+        reservoir. ``wasserstein`` is W1 over the reference sample's standard deviation, the
+        same quantity as in /v1/drift; ``w1`` is the raw distance in the feature's unit."""
         baseline = self.baselines.get(segment)
         with self._lock:
             window = self.windows.get(segment)
             current = window.samples(feature, self.clock()) if window else np.empty(0)
         ref = baseline.samples.get(feature, np.empty(0)) if baseline else np.empty(0)
-        if ref.size == 0 or current.size == 0:
-            return {"feature": feature, "status": "insufficient_data", "reference_sample": int(ref.size),
-                    "current_sample": int(current.size)}
+        out = {"feature": feature, "unit": UNITS[feature], "reference_sample": int(ref.size),
+               "current_sample": int(current.size), "min_samples": self.config.min_samples}
+        if min(ref.size, current.size) < self.config.min_samples:
+            return {**out, "status": "insufficient_data"}
         d, p = ks_exact(ref, current)
-        return {"feature": feature, "status": "ok", "ks_statistic": d, "ks_p_value": p,
-                "wasserstein": wasserstein_exact(ref, current), "reference_sample": int(ref.size),
-                "current_sample": int(current.size)}
+        w1 = wasserstein_exact(ref, current)
+        std = float(np.std(ref))
+        scale = std if std > 0 else (abs(float(np.mean(ref))) or 1.0)
+        return {**out, "status": "ok", "ks_statistic": d, "ks_p_value": p, "wasserstein": w1 / scale, "w1": w1}
 
     def window_records(self, segment: Segment) -> int:
         with self._lock:
             window = self.windows.get(segment)
             return window.records(self.clock()) if window else 0
+
+    def memory_bytes(self) -> int:
+        """Bytes held by windows (counts and samples): what the segment bound limits."""
+        with self._lock:
+            return sum(w.nbytes() for w in self.windows.values())
+
+
+class SegmentLimit(BatchError):
+    """A new segment would exceed INFERWATCH_DRIFT_MAX_SEGMENTS."""
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _stored(body: bytes) -> Batch:
@@ -214,12 +366,25 @@ def _subset(batch: Batch, rows: np.ndarray) -> Batch:
     )
 
 
+def _baseline(hists: Windows, samples: dict[str, np.ndarray], records: int, source: dict,
+              created_at: float, starts: dict[str, np.ndarray] | None = None) -> Baseline:
+    plan = reference_of(hists, "").starts if starts is None else starts
+    return Baseline(hists, samples, records, source, plan, created_at)
+
+
 def baseline_doc(b: Baseline) -> dict:
+    edges = {name: e.values.tolist() for name, e in analysis_edges(b.reference).items()}
     return {"histograms": {k: h.counts.tolist() for k, h in b.histograms.items()},
-            "samples": {k: v.tolist() for k, v in b.samples.items()}, "records": b.records, "source": b.source}
+            "samples": {k: v.tolist() for k, v in b.samples.items()}, "records": b.records, "source": b.source,
+            "edges": edges, "created_at": b.created_at}
+
+
+MAX_COUNT = 10**12  # per bin; sums stay far inside int64
 
 
 def baseline_from_doc(doc: dict) -> Baseline:
+    """A baseline from its stored or uploaded form; every value checked, so a bad upload is a
+    422 naming the feature, never an overflow later."""
     hists: Windows = {}
     given = doc.get("histograms")
     if not isinstance(given, dict):
@@ -234,12 +399,24 @@ def baseline_from_doc(doc: dict) -> Baseline:
         if counts is None:
             counts = [0] * size
         if (not isinstance(counts, list) or len(counts) != size
-                or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts)):
-            raise BatchError(f"histogram '{name}' must be {size} non-negative integers", field=name)
+                or not all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c <= MAX_COUNT for c in counts)):
+            raise BatchError(f"histogram '{name}' must be {size} integers between 0 and {MAX_COUNT} "
+                             f"(counts per bin of GET /v1/features)", field=name)
         arr = np.array(counts, dtype=np.int64)
         hists[name] = Histogram(feature.edges, arr) if hasattr(feature, "edges") else CategoricalCounts(
             feature.categories, arr)
+    starts = None
+    if isinstance(doc.get("edges"), dict):  # stored with the baseline: reuse exactly
+        starts = {}
+        for f in NUMERIC_FEATURES:
+            values = np.asarray(doc["edges"].get(f.name, []), dtype=float)
+            idx = np.searchsorted(f.edges.values, values)
+            if values.size < 2 or idx.max() >= f.edges.values.size or not np.allclose(f.edges.values[idx], values):
+                starts = None  # the grid changed since: recompute from the counts
+                break
+            starts[f.name] = idx[:-1].astype(np.int64)
     samples = {k: np.array(v, dtype=float) for k, v in (doc.get("samples") or {}).items()}
     records = int(doc.get("records") or hists["status_class"].counts.sum() or
                   max(h.counts.sum() for h in hists.values()))
-    return Baseline(hists, samples, records, doc.get("source") or {"kind": "upload"})
+    return _baseline(hists, samples, records, doc.get("source") or {"kind": "upload"},
+                     float(doc.get("created_at") or 0.0), starts)

@@ -104,10 +104,23 @@ def test_chi_square_equals_scipy():
     ref = categorical_counts(["stop"] * 600 + ["length"] * 300 + ["tool_calls"] * 90 + ["weird"] * 10, cats)
     cur = categorical_counts(["stop"] * 400 + ["length"] * 500 + ["tool_calls"] * 80 + ["weird"] * 20, cats)
     result = evaluate("chi2", ref, cur)
-    expected = ref.counts / ref.total * cur.total
-    truth = stats.chisquare(cur.counts, expected)
+    truth = stats.chi2_contingency(np.vstack([ref.counts, cur.counts]), correction=False)
     assert result.score == pytest.approx(truth.pvalue, rel=1e-9, abs=1e-300)
     assert result.drifted
+
+
+def test_chi_square_is_two_sample_and_skips_categories_empty_in_both():
+    """Both rows are samples: the statistic is symmetric in them, and a category no window
+    holds adds no degree of freedom (scipy's contingency test on the non-empty columns)."""
+    cats = ("stop", "length", "tool_calls", "abort")
+    ref = categorical_counts(["stop"] * 60 + ["length"] * 30, cats)
+    cur = categorical_counts(["stop"] * 50 + ["length"] * 45 + ["tool_calls"] * 3, cats)
+    forward, backward = evaluate("chi2", ref, cur), evaluate("chi2", cur, ref)
+    assert forward.score == pytest.approx(backward.score, rel=1e-12)
+    truth = stats.chi2_contingency(np.array([[60, 30, 0], [50, 45, 3]]), correction=False)
+    assert forward.score == pytest.approx(truth.pvalue, rel=1e-9)
+    same = categorical_counts(["stop"] * 10, cats)
+    assert evaluate("chi2", same, same).score == 1.0
 
 
 @pytest.mark.parametrize("mu", [0.25, 0.5, 1.0])

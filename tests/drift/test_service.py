@@ -55,29 +55,39 @@ def test_ingest_then_drift_detected_and_exposed(service):
 
     (seg,) = drift_of(service, model="m", variant="v1")
     assert seg["window_records"] == 3000 and seg["baseline_records"] == 4000
-    prompt = seg["features"]["prompt_tokens"]
+    assert seg["status"] == "drift" and set(seg["drifted_features"]) >= {"prompt_tokens", "ttft_s", "finish_reason"}
+    assert "completion_tokens" not in seg["drifted_features"]  # untouched feature stays quiet
+    prompt = seg["features"]["prompt_tokens"]["methods"]
     assert all(prompt[m]["drifted"] for m in ("kl", "js", "psi", "wasserstein", "ks"))
     assert prompt["ks"]["direction"] == "lower_is_drift" and prompt["psi"]["direction"] == "higher_is_drift"
-    assert seg["features"]["finish_reason"]["chi2"]["drifted"]
-    assert seg["features"]["ttft_s"]["wasserstein"]["drifted"]
-    assert not seg["features"]["completion_tokens"]["psi"]["drifted"]  # untouched feature stays quiet
+    assert prompt["psi"]["threshold_source"] == "calibrated" and prompt["psi"]["calibration_n"] <= 3000
+    assert prompt["ks"]["threshold_source"] == "alpha" and prompt["ks"]["threshold"] == 0.01
+    assert seg["features"]["finish_reason"]["methods"]["chi2"]["drifted"]
+    assert seg["features"]["ttft_s"]["methods"]["wasserstein"]["drifted"]
+    assert not seg["features"]["completion_tokens"]["methods"]["psi"]["drifted"]
 
     text = service.metrics_text()
     assert metric_sum(text, "inferwatch_drift_detected", model="m", variant="v1", feature="prompt_tokens",
                       method="psi") == 1
     assert metric_sum(text, "inferwatch_drift_score", feature="prompt_tokens", method="psi") == pytest.approx(
         prompt["psi"]["score"])
-    assert metric_sum(text, "inferwatch_drift_threshold", feature="prompt_tokens", method="ks") == 0.05
+    assert metric_sum(text, "inferwatch_drift_threshold", feature="prompt_tokens", method="ks", source="alpha") == 0.01
+    assert metric_sum(text, "inferwatch_drift_threshold", feature="prompt_tokens", method="psi",
+                      source="calibrated") == pytest.approx(prompt["psi"]["threshold"])
+    assert metric_sum(text, "inferwatch_drift_feature_detected", feature="prompt_tokens") == 1
+    assert metric_sum(text, "inferwatch_drift_feature_detected", feature="completion_tokens") == 0
+    assert metric_sum(text, "inferwatch_drift_segment_detected", model="m", variant="v1") == 1
     assert metric_sum(text, "inferwatch_drift_window_records", model="m") == 3000
     assert metric_sum(text, "inferwatch_drift_ingested_records_total") == 7000
 
     exact = requests.get(service.url + "/v1/drift/exact", params={"model": "m", "variant": "v1",
                                                                   "feature": "prompt_tokens"}, timeout=10).json()
-    # 2000 reservoir values per window are spread over its 60 buckets; 11 of them hold data
-    assert exact["status"] == "ok" and exact["ks_p_value"] < 1e-6 and exact["current_sample"] > 300
+    # the reservoir is sized per window: 3000 records in 11 of 60 buckets still give 2000 values
+    assert exact["status"] == "ok" and exact["ks_p_value"] < 1e-6 and exact["current_sample"] == 2000
 
     report = requests.get(service.url + "/report", timeout=10).text
-    assert report.count("<svg") == 8 and "prompt_tokens" in report and "DRIFT" in report
+    assert report.count("<svg") >= 8 and "prompt_tokens" in report and "DRIFT" in report
+    assert "Summary" in report and "calibrated at n=" in report and "reference n=4,000" in report
 
 
 def test_ab_comparison_between_variants(service):
@@ -89,10 +99,12 @@ def test_ab_comparison_between_variants(service):
     r = requests.get(service.url + "/v1/compare", params={"model": "m", "a": "stable", "b": "canary"}, timeout=10)
     assert r.status_code == 200 and r.json()["records"] == {"a": 2000, "b": 2000}
     features = r.json()["features"]
-    assert features["ttft_s"]["wasserstein"]["drifted"] and not features["prompt_tokens"]["psi"]["drifted"]
+    assert r.json()["status"] == "drift" and "ttft_s" in r.json()["drifted_features"]
+    assert features["ttft_s"]["methods"]["wasserstein"]["drifted"]
+    assert not features["prompt_tokens"]["methods"]["psi"]["drifted"]
     same = requests.get(service.url + "/v1/compare", params={"model": "m", "a": "stable", "b": "stable-2"},
-                        timeout=10).json()["features"]
-    assert not any(r["drifted"] for ms in same.values() for name, r in ms.items() if name not in ("ks", "chi2"))
+                        timeout=10).json()
+    assert same["status"] == "no_drift" and same["drifted_features"] == []
     for params, code in (({"model": "m", "a": "stable"}, 400), ({"model": "m", "a": "x", "b": "y"}, 404),
                          ({"model": "m", "a": "stable", "b": "stable"}, 400)):
         assert requests.get(service.url + "/v1/compare", params=params, timeout=10).status_code == code
@@ -103,14 +115,17 @@ def test_same_distribution_is_not_detected(service):
     freeze_reference(service, now)
     post(service, "/v1/ingest", body(records(3000, now - 600, now, seed=3)))
     (seg,) = drift_of(service)
-    for feature, methods in seg["features"].items():
-        for name, result in methods.items():
-            assert not result["drifted"], (feature, name, result)
+    assert seg["status"] == "no_drift" and seg["drifted_features"] == []
+    for feature, f in seg["features"].items():
+        assert f["status"] == "ok" and not f["drifted"], feature
 
 
 def test_false_positive_rate_over_repeated_windows(tmp_path):
-    """Twenty fresh windows from the reference's distribution: distance methods never fire,
-    p-value methods about as often as their alpha says."""
+    """Twenty fresh windows from the reference's distribution, through the service's own path:
+    the segment verdict (Holm at alpha 0.01) fires at most twice (P = 0.1 % for independent
+    evaluations). All windows share one reference, whose own sampling error persists, so a
+    single method may fire a little more often than over fresh pairs (tests in
+    test_calibration.py draw fresh references); 5 of 20 would be far off."""
     clock = [1_000_000.0]
     state = DriftState(Store(tmp_path / "fp.sqlite3"), WindowConfig(window_s=600, buckets=10), clock=lambda: clock[0])
     state.ingest(body(records(5000, clock[0] - 3000, clock[0] - 2000, seed=100)))
@@ -120,11 +135,15 @@ def test_false_positive_rate_over_repeated_windows(tmp_path):
         clock[0] += 1200  # the previous window has slid out entirely
         state.ingest(body(records(2000, clock[0] - 500, clock[0], seed=200 + trial)))
         assert state.window_records(("m", "v1")) == 2000
+        verdict = state.verdict(("m", "v1"))
+        alarms[("segment", "holm")] = alarms.get(("segment", "holm"), 0) + (verdict.status == "drift")
         for feature, methods in state.results(("m", "v1")).items():
             for name, r in methods.items():
+                assert r.status == "ok"
                 alarms[(feature, name)] = alarms.get((feature, name), 0) + r.drifted
+    assert alarms[("segment", "holm")] <= 2
     for (feature, name), count in alarms.items():
-        assert count <= (4 if name in ("ks", "chi2") else 0), (feature, name, count)
+        assert count <= 4, (feature, name, count)
 
 
 @pytest.mark.parametrize("mutate, field, index", [
@@ -185,7 +204,8 @@ def test_baseline_errors(service):
 def test_threshold_changes_are_validated(service, doc, field):
     r = requests.put(service.url + "/v1/thresholds", json=doc, headers=service.auth, timeout=10)
     assert r.status_code == 422 and r.json()["error"]["field"] == field
-    assert requests.get(service.url + "/v1/thresholds", timeout=10).json()["psi"] == 0.1  # nothing applied
+    got = requests.get(service.url + "/v1/thresholds", timeout=10).json()  # nothing applied
+    assert got["methods"]["psi"] == {"mode": "calibrated"} and got["alpha"] == 0.01
 
 
 def test_uploaded_baseline(service):
@@ -200,21 +220,29 @@ def test_uploaded_baseline(service):
     assert r.status_code == 201
     post(service, "/v1/ingest", body(records(500, now - 60, now, seed=6)))
     (seg,) = drift_of(service)
-    assert seg["features"]["prompt_tokens"]["js"]["drifted"]
-    assert seg["features"]["ttft_s"]["js"]["status"] == "insufficient_data"  # the upload had no ttft
+    assert seg["features"]["prompt_tokens"]["methods"]["js"]["drifted"]
+    assert seg["features"]["ttft_s"]["status"] == "insufficient_data"  # the upload had no ttft
+    assert seg["features"]["ttft_s"]["methods"]["js"]["status"] == "insufficient_data"
 
 
 def test_window_memory_does_not_grow_with_traffic(tmp_path):
+    """Counts are fixed per live bucket and each bucket keeps at most R raw values per
+    feature, so 100,000 records cost no more than the stated bound; the sample read back is
+    the window's R values."""
+    from drift.windows import WIDTH
+
     clock = [2_000_000.0]
     state = DriftState(Store(":memory:"), WindowConfig(window_s=600, buckets=10, reservoir=500),
                        clock=lambda: clock[0])
     state.ingest(body(records(1000, clock[0] - 500, clock[0], seed=7)))
-    size = state.windows[("m", "v1")].nbytes()
+    sizes = []
     for i in range(20):
         state.ingest(body(records(5000, clock[0] - 500, clock[0], seed=8 + i)))
-    assert state.windows[("m", "v1")].nbytes() == size
+        sizes.append(state.windows[("m", "v1")].nbytes())
+    bound = 10 * (WIDTH * 8 + 6 * 500 * 16)  # buckets x (counts + R keys and values per numeric feature)
+    assert max(sizes) <= bound
     assert state.window_records(("m", "v1")) == 101_000
-    assert 400 <= state.windows[("m", "v1")].samples("ttft_s", clock[0]).size <= 500  # 50 per bucket
+    assert state.windows[("m", "v1")].samples("ttft_s", clock[0]).size == 500
 
 
 def test_kill_9_and_restart_keep_every_acknowledged_batch(tmp_path):
@@ -253,9 +281,10 @@ def test_kill_9_and_restart_keep_every_acknowledged_batch(tmp_path):
         after = requests.get(url + "/v1/drift", timeout=10).json()["segments"][0]
         assert after["window_records"] == acknowledged == before["window_records"]
         assert after["baseline_records"] == 2000
-        assert after["features"]["prompt_tokens"]["psi"]["threshold"] == 0.2  # settings survive too
-        assert after["features"]["prompt_tokens"]["psi"]["score"] == pytest.approx(
-            before["features"]["prompt_tokens"]["psi"]["score"])
+        psi_after = after["features"]["prompt_tokens"]["methods"]["psi"]
+        assert psi_after["threshold"] == 0.2 and psi_after["threshold_source"] == "fixed"  # settings survive too
+        assert psi_after["score"] == pytest.approx(before["features"]["prompt_tokens"]["methods"]["psi"]["score"])
+        assert after["features"] == before["features"]  # same bins, same calibration draws
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)

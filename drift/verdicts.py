@@ -1,0 +1,211 @@
+"""Scoring a segment: every feature and method against a reference, with calibrated
+thresholds, per-feature p-values and one per-segment verdict (Holm at alpha).
+
+Pure apart from the calibration cache it is handed: the state, the A/B comparison and the
+simulations in the tests and benchmarks all score through ``score``.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from drift.binning import CategoricalCounts, Edges, Histogram, merge, merged_bins, merged_edges, quantile_starts
+from drift.calibration import RESAMPLES, NullDistribution, holm, null_distribution, size_band
+from drift.methods import METHODS, DriftResult, chi_square, evaluate, prepare
+from drift.schema import CATEGORICAL_FEATURES, NUMERIC_FEATURES
+
+Windows = dict[str, Histogram | CategoricalCounts]
+NUMERIC_METHODS = tuple(m for m, s in METHODS.items() if s.applies_to == "numeric")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How verdicts are reached. ``fixed`` holds operator-chosen thresholds for the methods
+    that should not be calibrated; every other method is calibrated at ``alpha``. Feature and
+    segment verdicts are always calibrated (they are what alerts read)."""
+
+    alpha: float = 0.01
+    min_samples: int = 50
+    resamples: int = RESAMPLES
+    fixed: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A reference window: fine-grid counts and, per numeric feature, how its bins merge."""
+
+    histograms: Windows
+    starts: dict[str, np.ndarray]
+    key: str  # identifies the reference in the calibration cache
+
+    def merged(self, name: str) -> Histogram:
+        h = self.histograms[name]
+        assert isinstance(h, Histogram)
+        return merge(h, self.starts[name], merged_edges(h.edges, self.starts[name]))
+
+
+def reference_of(histograms: Windows, key: str, bins: int = 20) -> Reference:
+    """Merge plan per numeric feature at the reference's own quantiles (about ``bins`` bins)."""
+    starts = {}
+    for f in NUMERIC_FEATURES:
+        h = histograms[f.name]
+        starts[f.name] = quantile_starts(h.counts, merged_bins(h.total, bins))
+    return Reference(histograms, starts, key)
+
+
+class CalibrationCache:
+    """Null distributions by (reference, feature, size band), least recently used dropped
+    first; each entry is about 48 KB (6 x B float32)."""
+
+    def __init__(self, entries: int = 1024) -> None:
+        self.entries = entries
+        self._cache: OrderedDict[tuple, NullDistribution] = OrderedDict()
+        self.misses = 0
+
+    def get(self, reference: Reference, feature: str, n_cur: int, resamples: int) -> NullDistribution:
+        band = size_band(n_cur)
+        key = (reference.key, feature, band, resamples)
+        hit = self._cache.get(key)
+        if hit is not None:
+            self._cache.move_to_end(key)
+            return hit
+        self.misses += 1
+        seed = zlib.crc32(f"{feature}:{band}".encode())
+        fine = reference.histograms[feature]
+        assert isinstance(fine, Histogram)
+        null = null_distribution(fine.counts, fine.edges, band, merged_bins(fine.total), resamples, seed)
+        null = NullDistribution(null.n_ref, null.n_cur, null.sorted_stats.astype(np.float32),
+                                null.sorted_min_p.astype(np.float32))
+        self._cache[key] = null
+        while len(self._cache) > self.entries:
+            self._cache.popitem(last=False)
+        return null
+
+    def forget(self, reference_key: str) -> None:
+        for key in [k for k in self._cache if k[0] == reference_key]:
+            del self._cache[key]
+
+
+@dataclass(frozen=True)
+class FeatureVerdict:
+    status: Literal["ok", "insufficient_data"]
+    n_ref: int
+    n_cur: int
+    p_value: float | None  # "some method flags this feature", calibrated
+    drifted: bool  # after Holm across the segment's features
+    methods: dict[str, DriftResult]
+
+
+@dataclass(frozen=True)
+class SegmentVerdict:
+    status: Literal["drift", "no_drift", "insufficient_data"]
+    alpha: float
+    features: dict[str, FeatureVerdict]
+
+    @property
+    def drifted_features(self) -> list[str]:
+        return [name for name, f in self.features.items() if f.drifted]
+
+
+def _insufficient(method: str, threshold: float, n_ref: int, n_cur: int, minimum: int,
+                  source: str) -> DriftResult:
+    spec = METHODS[method]
+    return DriftResult(method, spec.kind, spec.direction, None, threshold, False, "insufficient_data",
+                       f"{n_ref} reference and {n_cur} current values; at least {minimum} each needed",
+                       source)  # type: ignore[arg-type]
+
+
+def _numeric(name: str, reference: Reference, current: Histogram, policy: Policy,
+             cache: CalibrationCache) -> tuple[FeatureVerdict, float | None]:
+    fixed = dict(policy.fixed)
+    ref = reference.merged(name)
+    cur = merge(current, reference.starts[name], ref.edges)
+    n_ref, n_cur = ref.total, cur.total
+    if min(n_ref, n_cur) < policy.min_samples:
+        results = {m: _insufficient(m, fixed.get(m, policy.alpha if METHODS[m].kind == "p_value" else math.nan),
+                                    n_ref, n_cur, policy.min_samples, "fixed" if m in fixed else "calibrated")
+                   for m in NUMERIC_METHODS}
+        return FeatureVerdict("insufficient_data", n_ref, n_cur, None, False, results), None
+    null = cache.get(reference, name, n_cur, policy.resamples)
+    results = method_results(ref, cur, null, policy)
+    feature_p = null.feature_p_value(min(r.p_value for r in results.values()))  # type: ignore[type-var]
+    return FeatureVerdict("ok", n_ref, n_cur, feature_p, False, results), feature_p
+
+
+def method_results(ref: Histogram, cur: Histogram, null: NullDistribution, policy: Policy) -> dict[str, DriftResult]:
+    """Every numeric method on one pair of histograms: its score, its calibrated p-value, and
+    its verdict against a calibrated threshold (distances), alpha (p-values) or a fixed one."""
+    fixed = dict(policy.fixed)
+    pp = prepare(ref, cur)
+    results = {}
+    for m in NUMERIC_METHODS:
+        spec = METHODS[m]
+        base = evaluate(m, ref, cur, fixed.get(m), pp)
+        p = null.p_value(m, float(pp.cdf_gap.max()) if m == "ks" else base.score)  # type: ignore[arg-type]
+        if m in fixed:
+            results[m] = DriftResult(m, spec.kind, spec.direction, base.score, fixed[m], base.drifted, source="fixed",
+                                     p_value=p, calibration_n=null.n_cur)
+        elif spec.kind == "p_value":
+            results[m] = DriftResult(m, spec.kind, spec.direction, p, policy.alpha, p <= policy.alpha,
+                                     source="alpha", p_value=p, calibration_n=null.n_cur)
+        else:
+            limit = null.threshold(m, policy.alpha)
+            results[m] = DriftResult(m, spec.kind, spec.direction, base.score, limit,
+                                     base.score > limit, source="calibrated", p_value=p,  # type: ignore[operator]
+                                     calibration_n=null.n_cur)
+    return results
+
+
+def _categorical(name: str, ref: CategoricalCounts, cur: CategoricalCounts,
+                 policy: Policy) -> tuple[FeatureVerdict, float | None]:
+    fixed = dict(policy.fixed)
+    limit, source = (fixed["chi2"], "fixed") if "chi2" in fixed else (policy.alpha, "alpha")
+    if min(ref.total, cur.total) < policy.min_samples:
+        result = _insufficient("chi2", limit, ref.total, cur.total, policy.min_samples, source)
+        return FeatureVerdict("insufficient_data", ref.total, cur.total, None, False, {"chi2": result}), None
+    p = chi_square(ref, cur)[1]
+    spec = METHODS["chi2"]
+    result = DriftResult("chi2", spec.kind, spec.direction, p, limit, p < limit if source == "fixed" else p <= limit,
+                         source=source, p_value=p)  # type: ignore[arg-type]
+    return FeatureVerdict("ok", ref.total, cur.total, p, False, {"chi2": result}), p
+
+
+def score(reference: Reference, current: Windows, policy: Policy, cache: CalibrationCache) -> SegmentVerdict:
+    """Every feature and method of ``current`` against ``reference``, then Holm across the
+    features that have enough data: the segment drifted if any feature is rejected."""
+    verdicts: dict[str, FeatureVerdict] = {}
+    p_values: dict[str, float] = {}
+    for f in NUMERIC_FEATURES:
+        cur = current[f.name]
+        assert isinstance(cur, Histogram)
+        verdicts[f.name], p = _numeric(f.name, reference, cur, policy, cache)
+        if p is not None:
+            p_values[f.name] = p
+    for c in CATEGORICAL_FEATURES:
+        ref, cur = reference.histograms[c.name], current[c.name]
+        assert isinstance(ref, CategoricalCounts) and isinstance(cur, CategoricalCounts)
+        verdicts[c.name], p = _categorical(c.name, ref, cur, policy)
+        if p is not None:
+            p_values[c.name] = p
+    rejected = holm(p_values, policy.alpha)
+    for name, drifted in rejected.items():
+        v = verdicts[name]
+        verdicts[name] = FeatureVerdict(v.status, v.n_ref, v.n_cur, v.p_value, drifted, v.methods)
+    status = "insufficient_data" if not p_values else ("drift" if any(rejected.values()) else "no_drift")
+    return SegmentVerdict(status, policy.alpha, verdicts)  # type: ignore[arg-type]
+
+
+def analysis_edges(reference: Reference) -> dict[str, Edges]:
+    """The merged bin edges each numeric feature is scored on (stored with a baseline)."""
+    out = {}
+    for f in NUMERIC_FEATURES:
+        h = reference.histograms[f.name]
+        assert isinstance(h, Histogram)
+        out[f.name] = merged_edges(h.edges, reference.starts[f.name])
+    return out
