@@ -28,7 +28,7 @@ from prometheus_client.registry import Collector  # noqa: E402
 from exporters.collector import CachedExposition, NvmlCollector, SnapshotStore  # noqa: E402
 from exporters.sampler import Sampler  # noqa: E402
 from bench.procs import running  # noqa: E402
-from tests.exporters.fleet import fleet  # noqa: E402
+from tests.exporters.fleet import Clock, fleet  # noqa: E402
 from tests.support.servers import free_port  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -62,12 +62,16 @@ def pct(values: list[float], p: float) -> float:
 
 
 def sampler_cycles(gpus: int, gpm: bool, cycles: int) -> tuple[list[float], list[float]]:
-    """(total, own overhead) seconds per cycle."""
-    nvml = TimedNVML(fleet(gpus))
-    sampler = Sampler(nvml, gpm=gpm)
+    """(total, own overhead) seconds per cycle. The cycles run back to back, but the clock GPM
+    spaces its samples by moves one default interval (1 s) per cycle, so that every cycle
+    takes its GPM sample as it does in the exporter (GPM waits 100 ms between samples)."""
+    clock = Clock()
+    nvml = TimedNVML(fleet(gpus, clock=clock))
+    sampler = Sampler(nvml, gpm=gpm, monotonic=clock)
     sampler.start()
     totals, overheads = [], []
     for _ in range(cycles):
+        clock.now += 1.0
         nvml.inside = 0.0
         t0 = time.perf_counter()
         sampler.sample()
@@ -99,9 +103,11 @@ class ScrapeTimeCollector(Collector):
 
 
 def render_rows(gpus: int, repeats: int = 500) -> list[str]:
-    sampler = Sampler(fleet(gpus))
+    clock = Clock()
+    sampler = Sampler(fleet(gpus, clock=clock), monotonic=clock)
     sampler.start()
     sampler.sample()  # GPM's first sample: its metrics are in the snapshots from the second on
+    clock.now += 1.0
     store = SnapshotStore(sampler.sample())
     cached = CachedExposition(store)
     hits = []

@@ -21,11 +21,18 @@ from exporters.xid import XidWatcher
 
 
 class SnapshotStore:
-    """The hand-over point between the sampler thread and scrapes."""
+    """The hand-over point between the sampler thread and scrapes. ``failures`` counts
+    cycles that produced no snapshot (an unexpected error): kept here, not in a snapshot,
+    because such a cycle has none to put it in."""
 
     def __init__(self, first: Snapshot) -> None:
         self._latest = first
         self._lock = threading.Lock()
+        self.failures = 0
+
+    def record_failure(self) -> None:
+        with self._lock:
+            self.failures += 1
 
     @property
     def latest(self) -> Snapshot:
@@ -44,6 +51,7 @@ class NvmlCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         samples = dict(self.store.latest.samples)
+        samples["inferwatch_nvml_sampler_errors"] = [((), float(self.store.failures))]
         if self.xid is not None:
             samples.update(self.xid.samples())
         for spec in SPECS:
@@ -72,19 +80,20 @@ class CachedExposition:
         self.registry = CollectorRegistry(auto_describe=False)
         self.collector = NvmlCollector(store, xid)
         self.registry.register(self.collector)
-        self._key: tuple[int, int] | None = None
+        self._key: tuple[int, int, int, int] | None = None
         self._body = b""
         self._lock = threading.Lock()
 
-    def attach_xid(self, xid: XidWatcher) -> None:
-        """XID counting started late (NVML came up after the exporter)."""
+    def attach_xid(self, xid: XidWatcher | None) -> None:
+        """XID counting started late (NVML came up after the exporter), or stopped (NVML lost)."""
         self.xid = self.collector.xid = xid
 
     def warm(self) -> tuple[Snapshot, bytes]:
         """Render now if the data changed; the sampler thread calls this after each publish
         so that scrapes find the cache warm."""
         snapshot = self.store.latest
-        key = (snapshot.seq, self.xid.version if self.xid else 0)
+        xid = self.xid
+        key = (snapshot.seq, self.store.failures, id(xid), xid.version if xid else 0)
         with self._lock:
             if key != self._key:
                 self._body, self._key = generate_latest(self.registry), key

@@ -150,6 +150,9 @@ SPECS: tuple[MetricSpec, ...] = (
     MetricSpec("inferwatch_nvml_devices", "gauge", "GPUs NVML reports.", per_gpu=False),
     MetricSpec("inferwatch_nvml_sampler_duration_seconds", "gauge", "How long the last sampling cycle took.",
                per_gpu=False),
+    MetricSpec("inferwatch_nvml_sampler_errors", "counter",
+               "Sampling cycles that failed with an unexpected error (a bug, not NVML): the sampler logs it and "
+               "goes on; while it fails, the snapshot ages.", per_gpu=False),
     MetricSpec("inferwatch_nvml_snapshot_timestamp_seconds", "gauge",
                "Unix time of the snapshot being served; time() minus this is its age.", per_gpu=False),
 )

@@ -7,9 +7,18 @@ Error policy, per query, arguments and device:
   counter, clock type, ECC counter) is still asked, because NVML answers them separately.
 - Anything else (GPU lost, unknown error, ...): the device failed this cycle. It is marked
   ``device_failed``, the failing query is counted, its other series are left out of this
-  snapshot, and every other GPU is exported as usual. The device is retried next cycle.
-- A GPU that fails while being discovered (lost at start) is exported as failed under its
-  index and discovered again every cycle; the healthy ones are sampled meanwhile.
+  snapshot (each device's readings are collected apart and merged only when all of them
+  were read), and every other GPU is exported as usual. The device is retried next cycle.
+  It is logged when it fails and when it recovers, not every cycle: a GPU that stays lost
+  for a day must not fill the log; the error counter says how long.
+- A GPU that fails while being discovered (lost at start, or any NVML error from one of its
+  discovery queries, GPM's support query included) is exported as failed under its index
+  and discovered again every cycle; the healthy ones are sampled meanwhile.
+- NVML itself lost (every GPU answers Uninitialized, DriverNotLoaded or the library/driver
+  version mismatch of a driver upgraded underneath): the session is shut down and the
+  exporter serves ``inferwatch_nvml_up 0`` until a retry re-initialises it. Every GPU
+  answering GpuIsLost is not that: the GPUs failed (each keeps ``device_failed 1``, which
+  pages), NVML did not.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ log = logging.getLogger(__name__)
 Samples = dict[str, list[tuple[tuple[str, ...], float]]]
 NVLINK_ERRORS = {"replay": 0, "recovery": 1, "crc_flit": 2, "crc_data": 3}  # NVML_NVLINK_ERROR_DL_*
 KIB = 1024
+LEGACY_CLOCK_EVENTS = 0x1FF  # reasons up to display_clock_setting; board_limit (0x200) and later are newer
 
 
 @dataclass(frozen=True)
@@ -56,6 +66,24 @@ class DeviceFailed(Exception):
     def __init__(self, query: str, error: Exception) -> None:
         super().__init__(f"{query}: {error}")
         self.query = query
+        self.error = error
+
+
+def _cannot_answer(nv: Any) -> tuple[type, ...]:
+    """Errors that mean "this device cannot answer this query with these arguments"."""
+    return (nv.NVMLError_NotSupported, nv.NVMLError_NoPermission, nv.NVMLError_FunctionNotFound,
+            nv.NVMLError_ArgumentVersionMismatch)
+
+
+def _session_lost(nv: Any, error: Exception) -> bool:
+    """An error that no GPU causes: the NVML session or the driver under it is gone."""
+    return isinstance(error, (nv.NVMLError_Uninitialized, nv.NVMLError_DriverNotLoaded,
+                              nv.NVMLError_LibRmVersionMismatch, nv.NVMLError_LibraryNotFound))
+
+
+def _merge(into: Samples, rows: Samples) -> None:
+    for name, values in rows.items():
+        into.setdefault(name, []).extend(values)
 
 
 def _text(value: Any) -> str:
@@ -76,12 +104,13 @@ class Sampler:
     """Owns the NVML session. Not thread-safe: one sampler thread calls ``sample``."""
 
     def __init__(self, nvml: Any, *, processes: bool = False, slow_interval_s: float = 10.0, gpm: bool = True,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.nvml = nvml
         self.processes = processes
         self.gpm = gpm
         self.slow_interval_s = slow_interval_s
         self.clock = clock
+        self.monotonic = monotonic  # GPM's sample spacing; a test passes the fake NVML's clock
         self.devices: list[Device] = []
         self.count = 0  # GPUs NVML reports, discovered or not
         self._lost: dict[int, str] = {}  # index -> the query that failed its discovery
@@ -90,30 +119,44 @@ class Sampler:
         self.driver = self.cuda = ""
         self._unsupported: set[tuple[int, str, tuple[Any, ...]]] = set()
         self._errors: dict[tuple[str, ...], int] = {}
+        self._failing: set[int] = set()  # devices whose last cycle failed: logged once, not every cycle
         self._seq = 0
         self._slow_at = float("-inf")
-        self._slow: Samples = {}
+        self._slow: dict[int, Samples] = {}  # device index -> its last process list
 
     def start(self, quiet: bool = False) -> bool:
         """Initialise NVML and discover GPUs; False (and the reason) if that fails.
         ``quiet`` logs a failure at debug level, for periodic retries."""
         nv = self.nvml
+        if self.up:
+            self.stop()
         try:
             nv.nvmlInit()
+        except nv.NVMLError as exc:
+            return self._unavailable(exc, quiet)
+        try:
             self.driver = _text(nv.nvmlSystemGetDriverVersion())
             self.cuda = cuda_version(nv.nvmlSystemGetCudaDriverVersion())
             self.count = nv.nvmlDeviceGetCount()
         except nv.NVMLError as exc:
-            self.reason = f"NVML unavailable: {exc}"
-            log.log(logging.DEBUG if quiet else logging.ERROR, "%s; serving inferwatch_nvml_up 0", self.reason)
-            return False
-        self.devices, self._lost = [], {}
+            self._shutdown()  # nvmlInit counts references: one that succeeded needs its shutdown
+            return self._unavailable(exc, quiet)
+        self.devices, self._lost, self._slow, self._failing = [], {}, {}, set()
+        self._unsupported.clear()  # a new session may be a new driver
         for index in range(self.count):
             self._try_discover(index)
         self.up = self.count > 0
         self.reason = "" if self.up else "NVML found no GPU"
         log.info("NVML driver %s (CUDA %s): %d GPU(s)", self.driver, self.cuda, self.count)
+        if not self.up:  # retried like a missing driver: each retry's nvmlInit needs its shutdown
+            self._shutdown()
         return self.up
+
+    def _unavailable(self, exc: Exception, quiet: bool) -> bool:
+        self.up, self.count = False, 0
+        self.reason = f"NVML unavailable: {exc}"
+        log.log(logging.DEBUG if quiet else logging.ERROR, "%s; serving inferwatch_nvml_up 0", self.reason)
+        return False
 
     def stop(self) -> None:
         for dev in self.devices:
@@ -121,14 +164,27 @@ class Sampler:
                 dev.gpm.free()
                 dev.gpm = None
         if self.up:
-            try:
-                self.nvml.nvmlShutdown()
-            except self.nvml.NVMLError:
-                pass
+            self._shutdown()
             self.up = False
 
-    def _try_discover(self, index: int) -> bool:
-        """Discover GPU ``index``; on failure remember it as lost (exported as failed)."""
+    def _shutdown(self) -> None:
+        try:
+            self.nvml.nvmlShutdown()
+        except self.nvml.NVMLError as exc:
+            log.debug("nvmlShutdown: %s", exc)
+
+    def _lose_session(self, error: Exception) -> None:
+        """Every GPU answered with an error of the session, not of a GPU: release it (GPM
+        buffers, the nvmlInit reference) so that a retry starts a fresh one."""
+        log.error("NVML lost on every GPU (%s): serving inferwatch_nvml_up 0 and re-initialising it", error)
+        self.stop()
+        self.devices, self._lost, self._slow, self._failing = [], {}, {}, set()
+        self.count = 0
+        self.reason = f"NVML lost: {error}"
+
+    def _try_discover(self, index: int) -> DeviceFailed | None:
+        """Discover GPU ``index``; on failure remember it as lost (exported as failed) and
+        return the failure."""
         try:
             dev = self._discover(index)
         except DeviceFailed as exc:
@@ -136,10 +192,11 @@ class Sampler:
                 log.warning("GPU %d could not be discovered (%s); exporting the others and retrying it", index, exc)
             self._lost[index] = exc.query
             self._count_error(_lost_labels(index), exc.query)
-            return False
-        self._lost.pop(index, None)
+            return exc
+        if self._lost.pop(index, None) is not None:
+            log.info("GPU %d (%s) discovered", index, dev.labels[1])
         self.devices = sorted([*self.devices, dev], key=lambda d: d.index)
-        return True
+        return None
 
     def _discover(self, index: int) -> Device:
         nv = self.nvml
@@ -158,7 +215,7 @@ class Sampler:
             count = nv.nvmlDeviceGetFieldValues(h, [nv.NVML_FI_DEV_NVLINK_LINK_COUNT])[0]
             if count.nvmlReturn == nv.NVML_SUCCESS:
                 links = min(int(count.value.uiVal), nv.NVML_NVLINK_MAX_LINKS)
-        except (nv.NVMLError_NotSupported, nv.NVMLError_NoPermission):
+        except _cannot_answer(nv):
             pass
         except nv.NVMLError as exc:
             raise DeviceFailed("nvmlDeviceGetFieldValues", exc) from None
@@ -167,43 +224,35 @@ class Sampler:
             fields += [(nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, link), (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, link)]
         if links:
             fields.append(nv.NVML_FI_DEV_NVLINK_ECC_DATA_ERROR_COUNT_TOTAL)
-        gpm = None
-        if self.gpm and gpm_supported(nv, h):
-            try:
-                gpm = GpmReader(nv, h)
-            except nv.NVMLError as exc:
-                log.warning("GPU %d: GPM unavailable: %s", index, exc)
-        return Device(index, h, labels, links, tuple(fields), gpm)
+        return Device(index, h, labels, links, tuple(fields), self._open_gpm(index, h) if self.gpm else None)
+
+    def _open_gpm(self, index: int, handle: Any) -> GpmReader | None:
+        """GPM where NVML says the GPU has it. An NVML error from the support query fails the
+        discovery of this GPU (retried next cycle) like any other discovery query: it is the
+        GPU's trouble, and must neither stop the exporter nor cost the GPU its GPM for good."""
+        nv = self.nvml
+        try:
+            supported = gpm_supported(nv, handle)
+        except nv.NVMLError as exc:
+            raise DeviceFailed("nvmlGpmQueryDeviceSupport", exc) from None
+        if not supported:
+            return None
+        try:
+            return GpmReader(nv, handle, self.monotonic)
+        except nv.NVMLError as exc:  # allocating sample buffers: memory, not the GPU
+            log.warning("GPU %d: GPM unavailable: %s", index, exc)
+            return None
 
     # -- one cycle ----------------------------------------------------------------------------
     def sample(self) -> Snapshot:
         started = time.perf_counter()
         samples: Samples = {}
         if self.up:
-            slow_due = self.processes and time.monotonic() - self._slow_at >= self.slow_interval_s
-            slow: Samples = {} if slow_due else self._slow
-            for index in sorted(self._lost):
-                if not self._try_discover(index):
-                    samples.setdefault("inferwatch_gpu_device_failed", []).append((_lost_labels(index), 1.0))
-            for dev in self.devices:
-                failed = 0.0
-                try:
-                    self._sample_device(dev, samples)
-                    if slow_due:
-                        self._sample_processes(dev, slow)
-                except DeviceFailed as exc:
-                    failed = 1.0
-                    self._count_error(dev.labels, exc.query)
-                    log.warning("GPU %s (%s): %s", dev.index, dev.labels[1], exc)
-                    if dev.gpm is not None:
-                        dev.gpm.reset()  # its next sample does not close one interval
-                samples.setdefault("inferwatch_gpu_device_failed", []).append((dev.labels, failed))
-            if slow_due:
-                self._slow, self._slow_at = slow, time.monotonic()
-            for name, rows in self._slow.items():
-                samples.setdefault(name, []).extend(rows)
-            samples["inferwatch_gpu_collection_errors"] = [(k, float(v)) for k, v in self._errors.items()]
+            self._sample_gpus(samples)
+        if self.up:  # still: NVML may have been lost during this cycle
             samples["inferwatch_nvml_info"] = [((self.driver, self.cuda), 1.0)]
+        if self.up or self._errors:  # a counter: kept across an NVML outage
+            samples["inferwatch_gpu_collection_errors"] = [(k, float(v)) for k, v in self._errors.items()]
         samples["inferwatch_nvml_up"] = [((), 1.0 if self.up else 0.0)]
         samples["inferwatch_nvml_devices"] = [((), float(self.count))]
         self._seq += 1
@@ -212,6 +261,61 @@ class Sampler:
         taken_at = self.clock()
         samples["inferwatch_nvml_snapshot_timestamp_seconds"] = [((), taken_at)]
         return Snapshot(self._seq, taken_at, duration, self.up, self.reason, self.driver, self.cuda, samples)
+
+    def _sample_gpus(self, samples: Samples) -> None:
+        """One cycle over every GPU into ``samples``; a failed GPU adds only its
+        ``device_failed 1``. When every GPU failed with an error of the NVML session, the
+        session is released instead (``up`` turns False) and ``samples`` stays empty."""
+        slow_due = self.processes and time.monotonic() - self._slow_at >= self.slow_interval_s
+        failed: Samples = {}
+        failures: list[DeviceFailed] = []
+        for index in sorted(self._lost):
+            failure = self._try_discover(index)
+            if failure is not None:
+                failures.append(failure)
+                failed.setdefault("inferwatch_gpu_device_failed", []).append((_lost_labels(index), 1.0))
+        ok: Samples = {}
+        answered = 0
+        for dev in self.devices:
+            failure = self._sample_one(dev, slow_due, ok)
+            if failure is None:
+                answered += 1
+            else:
+                failures.append(failure)
+            ok.setdefault("inferwatch_gpu_device_failed", []).append((dev.labels, 0.0 if failure is None else 1.0))
+        if slow_due:
+            self._slow_at = time.monotonic()
+        if failures and not answered and all(_session_lost(self.nvml, f.error) for f in failures):
+            self._lose_session(failures[0].error)
+            return
+        _merge(samples, failed)
+        _merge(samples, ok)
+
+    def _sample_one(self, dev: Device, slow_due: bool, out: Samples) -> DeviceFailed | None:
+        """Read ``dev`` into a scratch dict and merge it into ``out`` only if every query
+        succeeded: a GPU that fails half-way exports none of its half-cycle."""
+        readings: Samples = {}
+        try:
+            self._sample_device(dev, readings)
+            if slow_due:
+                processes: Samples = {}
+                self._sample_processes(dev, processes)
+                self._slow[dev.index] = processes
+        except DeviceFailed as exc:
+            self._count_error(dev.labels, exc.query)
+            if dev.index not in self._failing:
+                log.warning("GPU %s (%s) failed: %s; exporting the others and retrying it every cycle",
+                            dev.index, dev.labels[1], exc)
+                self._failing.add(dev.index)
+            if dev.gpm is not None:
+                dev.gpm.reset()  # its next sample does not close one interval
+            return exc
+        if dev.index in self._failing:
+            self._failing.discard(dev.index)
+            log.info("GPU %s (%s) recovered", dev.index, dev.labels[1])
+        _merge(out, readings)
+        _merge(out, self._slow.get(dev.index, {}))
+        return None
 
     def _count_error(self, labels: tuple[str, ...], query: str) -> None:
         key = labels + (query,)
@@ -226,8 +330,7 @@ class Sampler:
         nv = self.nvml
         try:
             return getattr(nv, query)(dev.handle, *args)
-        except (nv.NVMLError_NotSupported, nv.NVMLError_NoPermission, nv.NVMLError_FunctionNotFound,
-                nv.NVMLError_ArgumentVersionMismatch):
+        except _cannot_answer(nv):
             self._unsupported.add(key)
             return None
         except nv.NVMLError as exc:
@@ -249,10 +352,9 @@ class Sampler:
         self._sample_memory(dev, put)
         put("inferwatch_gpu_temperature_celsius", q(dev, "nvmlDeviceGetTemperature", nv.NVML_TEMPERATURE_GPU))
         values = q(dev, "nvmlDeviceGetFieldValues", dev.fields)
-        if values is not None:
-            if values[0].nvmlReturn == nv.NVML_SUCCESS:
-                put("inferwatch_gpu_memory_temperature_celsius", values[0].value.uiVal)
-            self._sample_nvlinks(dev, values, put)
+        if values is not None and values[0].nvmlReturn == nv.NVML_SUCCESS:
+            put("inferwatch_gpu_memory_temperature_celsius", values[0].value.uiVal)
+        self._sample_nvlinks(dev, values, put)
         power = q(dev, "nvmlDeviceGetPowerUsage")
         put("inferwatch_gpu_power_watts", None if power is None else power / 1000)
         limit = q(dev, "nvmlDeviceGetEnforcedPowerLimit")
@@ -265,12 +367,7 @@ class Sampler:
             top = q(dev, "nvmlDeviceGetMaxClockInfo", clock)
             put(f"inferwatch_gpu_{name}_clock_max_hertz", None if top is None else top * 1e6)
         put("inferwatch_gpu_performance_state", q(dev, "nvmlDeviceGetPerformanceState"))
-        reasons = q(dev, self._reasons_call("Current"))
-        if reasons is not None:
-            supported = q(dev, self._reasons_call("Supported"))
-            for bit, reason in THROTTLE_REASONS.items():
-                if supported is None or supported & bit:  # a reason the driver cannot report is unknown, not 0
-                    put("inferwatch_gpu_throttle_active", 1 if reasons & bit else 0, reason)
+        self._sample_clock_events(dev, put)
         tx = q(dev, "nvmlDeviceGetPcieThroughput", nv.NVML_PCIE_UTIL_TX_BYTES)
         put("inferwatch_gpu_pcie_tx_bytes_per_second", None if tx is None else tx * KIB)
         rx = q(dev, "nvmlDeviceGetPcieThroughput", nv.NVML_PCIE_UTIL_RX_BYTES)
@@ -316,7 +413,7 @@ class Sampler:
         nv = self.nvml
         try:
             readings = dev.gpm.read()
-        except (nv.NVMLError_NotSupported, nv.NVMLError_NoPermission) as exc:
+        except _cannot_answer(nv) as exc:
             log.info("GPU %s: GPM unavailable (%s); not asked again", dev.index, exc)
             dev.gpm.free()
             dev.gpm = None
@@ -339,8 +436,24 @@ class Sampler:
             put("inferwatch_gpu_memory_free_bytes", mem.free)
             put("inferwatch_gpu_memory_total_bytes", mem.total)
 
+    def _sample_clock_events(self, dev: Device, put: Callable[..., None]) -> None:
+        """One 0/1 series per reason the driver can report; a reason it cannot is unknown, so
+        absent, not 0. Where the driver cannot say which it reports, the reasons NVML defined
+        before 0x200 are exported and board_limit and reliability (recent drivers) are not."""
+        reasons = self._q(dev, self._reasons_call("Current"))
+        if reasons is None:
+            return
+        supported = self._q(dev, self._reasons_call("Supported"))
+        if supported is None:
+            supported = LEGACY_CLOCK_EVENTS
+        for bit, reason in THROTTLE_REASONS.items():
+            if supported & bit:
+                put("inferwatch_gpu_throttle_active", 1 if reasons & bit else 0, reason)
+
     def _sample_nvlinks(self, dev: Device, values: Any, put: Callable[..., None]) -> None:
-        """Link state as NVML reports it; throughput and error counters of links that are up."""
+        """Link state as NVML reports it; throughput and error counters of links that are up.
+        ``values`` (nvmlDeviceGetFieldValues: throughput, the ECC total) is None where the
+        device cannot answer it: state and error counters come from their own calls."""
         nv = self.nvml
         for link in range(dev.nvlinks):
             state = self._q(dev, "nvmlDeviceGetNvLinkState", link)
@@ -350,15 +463,16 @@ class Sampler:
             put("inferwatch_gpu_nvlink_up", 1 if up else 0, str(link))
             if not up:
                 continue
-            tx, rx = values[1 + 2 * link], values[2 + 2 * link]
-            if tx.nvmlReturn == nv.NVML_SUCCESS:
-                put("inferwatch_gpu_nvlink_tx_bytes", tx.value.ullVal * KIB, str(link))
-            if rx.nvmlReturn == nv.NVML_SUCCESS:
-                put("inferwatch_gpu_nvlink_rx_bytes", rx.value.ullVal * KIB, str(link))
+            if values is not None:
+                tx, rx = values[1 + 2 * link], values[2 + 2 * link]
+                if tx.nvmlReturn == nv.NVML_SUCCESS:
+                    put("inferwatch_gpu_nvlink_tx_bytes", tx.value.ullVal * KIB, str(link))
+                if rx.nvmlReturn == nv.NVML_SUCCESS:
+                    put("inferwatch_gpu_nvlink_rx_bytes", rx.value.ullVal * KIB, str(link))
             for kind, counter in NVLINK_ERRORS.items():
                 put("inferwatch_gpu_nvlink_errors", self._q(dev, "nvmlDeviceGetNvLinkErrorCounter", link, counter),
                     str(link), kind)
-        if dev.nvlinks and values[-1].nvmlReturn == nv.NVML_SUCCESS:
+        if dev.nvlinks and values is not None and values[-1].nvmlReturn == nv.NVML_SUCCESS:
             put("inferwatch_gpu_nvlink_ecc_data_errors", values[-1].value.ullVal)
 
     def _sample_limits_and_modes(self, dev: Device, put: Callable[..., None]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -17,6 +18,7 @@ from exporters.sampler import Sampler
 from exporters.xid import XidWatcher
 
 log = logging.getLogger(__name__)
+STALE_AFTER_S = 60.0  # /health fails past this snapshot age (GPUExporterSnapshotStale's threshold)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -51,7 +53,8 @@ def load_nvml() -> Any:
 
 
 class Exporter:
-    """Sampler thread + XID thread + cached exposition; start() never raises on NVML trouble."""
+    """Sampler thread + XID thread + cached exposition; start() never raises on NVML trouble,
+    and the sampler thread outlives any error of a cycle."""
 
     def __init__(self, settings: ExporterSettings, nvml: Any) -> None:
         self.settings = settings
@@ -62,6 +65,8 @@ class Exporter:
         self.exposition: CachedExposition | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._last_error = ""  # the last unexpected error of a cycle: logged once, counted always
+        self._retry_at = 0.0  # when to try NVML again while it is unavailable
 
     def start(self) -> None:
         if self.sampler.start():
@@ -72,35 +77,67 @@ class Exporter:
         self._thread.start()
 
     def _start_xid(self) -> None:
+        """A watcher for the session just started; the stopped watcher of a lost session (if
+        any) hands its counts over."""
         if not self.settings.xid_events:
             return
         devices = self.sampler.devices
         self.xid = XidWatcher(self.sampler.nvml, {d.index: d.handle for d in devices},
-                              {d.index: d.labels for d in devices})
+                              {d.index: d.labels for d in devices}, previous=self.xid)
         self.xid.start()
         if self.exposition is not None:
             self.exposition.attach_xid(self.xid)
 
     def _loop(self) -> None:
-        """Sample every interval; while NVML is unavailable (driver not loaded yet, GPU reset),
-        retry it every ``retry_s`` so the exporter recovers without a restart."""
+        """Sample every interval; while NVML is unavailable (driver not loaded yet, lost
+        mid-run), retry it every ``retry_s`` so the exporter recovers without a restart.
+        An unexpected error in a cycle is logged (once per kind), counted in
+        ``inferwatch_nvml_sampler_errors_total``, and the next cycle runs as usual."""
         interval = self.settings.interval_s
         next_at = time.monotonic() + interval
-        retry_at = time.monotonic() + self.settings.retry_s
+        self._retry_at = time.monotonic() + self.settings.retry_s
         while not self._stop.wait(max(0.0, next_at - time.monotonic())):
-            if not self.sampler.up and time.monotonic() >= retry_at:
-                retry_at = time.monotonic() + self.settings.retry_s
-                if self.sampler.start(quiet=True):
-                    log.info("NVML is available now: %d GPU(s)", len(self.sampler.devices))
-                    self._start_xid()
-            self.store.publish(self.sampler.sample())
-            if self.xid is not None:  # a GPU lost at start and discovered since
-                for dev in self.sampler.devices:
-                    self.xid.add(dev.index, dev.handle, dev.labels)
-            self.exposition.warm()
+            try:
+                self._cycle()
+            except Exception as exc:  # noqa: BLE001 - the thread must outlive a bug in one cycle
+                self.store.record_failure()
+                self.exposition.warm()
+                kind = f"{type(exc).__name__}: {exc}"
+                log.log(logging.DEBUG if kind == self._last_error else logging.ERROR,
+                        "NVML sampling cycle failed; counted in inferwatch_nvml_sampler_errors_total, next cycle "
+                        "runs as usual", exc_info=True)
+                self._last_error = kind
             next_at += interval
             if next_at < time.monotonic():  # a slow cycle: skip ahead instead of bursting
                 next_at = time.monotonic() + interval
+
+    def _cycle(self) -> None:
+        if not self.sampler.up and time.monotonic() >= self._retry_at:
+            self._retry_at = time.monotonic() + self.settings.retry_s
+            if self.sampler.start(quiet=True):
+                log.info("NVML is available now: %d GPU(s)", len(self.sampler.devices))
+                self._start_xid()
+        was_up = self.sampler.up
+        self.store.publish(self.sampler.sample())
+        if was_up and not self.sampler.up:  # NVML lost in this cycle: retry it in retry_s
+            self._retry_at = time.monotonic() + self.settings.retry_s
+            if self.xid is not None:
+                self.xid.stop()  # its event set went with the session; its counts stay served
+        elif self.xid is not None:  # a GPU lost at start and discovered since
+            for dev in self.sampler.devices:
+                self.xid.add(dev.index, dev.handle, dev.labels)
+        self.exposition.warm()
+
+    def health(self) -> tuple[bool, str]:
+        """False (and why) when the sampler thread is dead or its snapshot stale: a
+        supervisor or a liveness probe should restart the exporter then."""
+        if self._thread is None or not self._thread.is_alive():
+            return False, "sampler thread dead"
+        age = time.time() - self.store.latest.taken_at
+        stale_after = max(STALE_AFTER_S, 3 * self.settings.interval_s)
+        if age > stale_after:
+            return False, f"snapshot stale: {age:.0f}s old (over {stale_after:.0f}s)"
+        return True, "ok"
 
     def stop(self) -> None:
         self._stop.set()
@@ -117,7 +154,8 @@ def make_server(exporter: Exporter) -> ThreadingHTTPServer:
             if self.path.split("?")[0] == "/metrics":
                 self._send(200, exporter.exposition.render(), CONTENT_TYPE)
             elif self.path == "/health":
-                self._send(200, b'{"status":"ok"}', "application/json")
+                ok, why = exporter.health()
+                self._send(200 if ok else 503, json.dumps({"status": why}).encode(), "application/json")
             else:
                 self._send(404, b"not found: try /metrics\n", "text/plain")
 

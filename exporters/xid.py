@@ -15,17 +15,26 @@ log = logging.getLogger(__name__)
 
 
 class XidWatcher:
+    """``previous``: the watcher of an NVML session that was lost; its counts carry over, so
+    re-initialising NVML does not reset ``inferwatch_gpu_xid_errors_total``."""
+
     def __init__(self, nvml: Any, handles: dict[int, Any], labels: dict[int, tuple[str, ...]],
-                 clock: Callable[[], float] = time.time, wait_ms: int = 500) -> None:
+                 clock: Callable[[], float] = time.time, wait_ms: int = 500, retry_wait_s: float = 1.0,
+                 previous: XidWatcher | None = None) -> None:
         self.nvml = nvml
         self._handles = handles
         self._labels = labels
         self._clock = clock
         self._wait_ms = wait_ms
+        self._retry_wait_s = retry_wait_s
         self._lock = threading.Lock()
         self._counts: dict[tuple[str, ...], int] = {}
         self._last: dict[tuple[str, ...], float] = {}
         self.version = 0  # bumps on every event, so cached expositions know they are stale
+        if previous is not None:
+            with previous._lock:
+                self._counts, self._last = dict(previous._counts), dict(previous._last)
+                self.version = previous.version + 1
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._event_set: Any = None
@@ -64,24 +73,34 @@ class XidWatcher:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self._wait_ms / 1000 + 2)
-        if self._event_set is not None:
+        event_set, self._event_set = self._event_set, None  # stop() twice frees it once
+        if event_set is not None:
             try:
-                self.nvml.nvmlEventSetFree(self._event_set)
+                self.nvml.nvmlEventSetFree(event_set)
             except self.nvml.NVMLError:
                 pass
 
     def _run(self) -> None:
+        """Wait for events until stopped. A failing wait is retried every ``retry_wait_s``
+        and logged when it starts failing and when it works again, not every retry: NVML
+        can be down for hours."""
         nv = self.nvml
+        failing = False
         while not self._stop.is_set():
             try:
                 event = nv.nvmlEventSetWait_v2(self._event_set, self._wait_ms)
             except nv.NVMLError_Timeout:
-                continue
+                event = None
             except nv.NVMLError as exc:
-                log.warning("waiting for XID events failed: %s", exc)
-                self._stop.wait(1.0)
+                log.log(logging.DEBUG if failing else logging.WARNING, "waiting for XID events failed: %s", exc)
+                failing = True
+                self._stop.wait(self._retry_wait_s)
                 continue
-            self.record(event)
+            if failing:
+                log.info("waiting for XID events works again: XID counting resumed")
+                failing = False
+            if event is not None:
+                self.record(event)
 
     def record(self, event: Any) -> None:
         try:

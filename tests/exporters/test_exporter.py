@@ -20,7 +20,7 @@ from exporters.sampler import Sampler
 from exporters.server import Exporter, ExporterSettings, make_server
 from exporters.xid import XidWatcher
 from tests.exporters.driver import kernel_gpus
-from tests.exporters.fleet import FakeMig, FakeProcess, fleet, h100
+from tests.exporters.fleet import Clock, FakeMig, FakeProcess, fleet, h100
 
 
 def scrape(nvml, **sampler_kwargs) -> tuple[dict, str]:
@@ -147,14 +147,16 @@ def test_processes_are_opt_in_and_sampled_on_the_slow_interval():
 
 
 def test_not_supported_queries_are_skipped_quietly_and_not_asked_again(caplog):
-    nvml = fleet(1)
+    clock = Clock()
+    nvml = fleet(1, clock=clock)
     nvml.devices[0].unsupported = {"nvmlDeviceGetPcieReplayCounter", "nvmlDeviceGetEncoderUtilization"}
-    sampler = Sampler(nvml)
+    sampler = Sampler(nvml, monotonic=clock)
     sampler.start()
     with caplog.at_level(logging.DEBUG):
         before = nvml.calls
         sampler.sample()
         calls_first = nvml.calls - before
+        clock.now += 1
         sampler.sample()
         calls_second = nvml.calls - before - calls_first
     # fan, replay, encoder, MIG mode: asked once, never again; GPM's second cycle reads metrics

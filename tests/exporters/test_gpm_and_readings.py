@@ -7,16 +7,8 @@ import pynvml
 import pytest
 
 from exporters.sampler import Sampler
-from tests.exporters.fleet import fleet, h100
+from tests.exporters.fleet import Clock, fleet, h100
 from tests.exporters.test_partial_failures import families_of, rows, started
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 GPM = {  # metric -> (NVML_GPM_METRIC_* id, factor from NVML's unit)
@@ -35,7 +27,7 @@ GPM = {  # metric -> (NVML_GPM_METRIC_* id, factor from NVML's unit)
 def test_gpm_metrics_are_averages_between_two_samples_one_interval_apart():
     clock = Clock()
     nvml = fleet(2, clock=clock)
-    sampler = started(nvml)
+    sampler = started(nvml, monotonic=clock)
     first = families_of(sampler)  # one sample per GPU: no interval yet
     assert not set(GPM) & set(first)
     for _ in range(3):
@@ -52,13 +44,15 @@ def test_gpm_metrics_are_averages_between_two_samples_one_interval_apart():
 
 
 def test_gpm_only_where_nvml_says_so_and_per_metric():
-    nvml = fleet(3)
+    clock = Clock()
+    nvml = fleet(3, clock=clock)
     nvml.devices[1] = h100(1, name="NVIDIA A100-SXM4-80GB", gpm=None)  # pre-Hopper: isSupportedDevice 0
     del nvml.devices[2].gpm[pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC]  # a PCIe card: no NVLink rates
     del nvml.devices[2].gpm[pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC]
-    sampler = started(nvml)
+    sampler = started(nvml, monotonic=clock)
     assert [d.gpm is not None for d in sampler.devices] == [True, False, True]
     families_of(sampler)
+    clock.now += 1
     families = families_of(sampler)
     assert rows(families, "inferwatch_gpu_sm_active_ratio", "1") == {}
     assert rows(families, "inferwatch_gpu_sm_active_ratio", "2") == {(): pytest.approx(0.42)}
@@ -75,7 +69,7 @@ def test_gpm_only_where_nvml_says_so_and_per_metric():
 def test_a_failed_gpm_read_restarts_the_interval_instead_of_spanning_it():
     clock = Clock()
     nvml = fleet(1, clock=clock)
-    sampler = started(nvml)
+    sampler = started(nvml, monotonic=clock)
     families_of(sampler)
     clock.now += 1
     assert rows(families_of(sampler), "inferwatch_gpu_sm_active_ratio") == {(): pytest.approx(0.40)}
@@ -151,3 +145,23 @@ def test_clock_event_reasons_board_limit_and_reliability_where_supported():
     assert {r for r, v in active0.items() if v} == {"board_limit", "reliability", "gpu_idle"} and len(active0) == 11
     active1 = {r: v for (r,), v in rows(families, "inferwatch_gpu_throttle_active", "1").items()}
     assert len(active1) == 9 and not any(active1.values())  # unknown reasons absent, not 0
+
+
+def test_gpm_waits_for_nvmls_shortest_interval_and_serves_the_last_values_meanwhile():
+    """A sampler interval under 100 ms: GPM takes a new sample only once 100 ms have passed
+    since the last, so each value still spans at least NVML's shortest interval."""
+    clock = Clock()
+    nvml = fleet(1, clock=clock)
+    sampler = started(nvml, monotonic=clock)
+    sampler.sample()
+    gets = []
+    real_get = nvml.nvmlGpmSampleGet
+    nvml.nvmlGpmSampleGet = lambda device, gpmSample: gets.append(clock.now) or real_get(device, gpmSample)
+    seen = []
+    for _ in range(12):  # 12 cycles 30 ms apart
+        clock.now += 0.03
+        seen.append(rows(families_of(sampler), "inferwatch_gpu_sm_active_ratio").get(()))
+        nvml.devices[0].gpm[pynvml.NVML_GPM_METRIC_SM_UTIL] += 1.0
+    assert len(gets) == 3 and all(b - a >= 0.1 for a, b in zip([100.0] + gets, gets))
+    assert seen[:3] == [None] * 3  # the first sample is 90 ms old: no interval yet
+    assert seen[3] is not None and seen[3:7] == [seen[3]] * 4 and seen[7] != seen[6]

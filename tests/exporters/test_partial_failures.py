@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporters.collector import CachedExposition, SnapshotStore
 from exporters.sampler import Sampler
 from exporters.server import Exporter, ExporterSettings
-from tests.exporters.fleet import fleet
+from tests.exporters.fleet import Clock, fleet
 
 
 def families_of(sampler: Sampler) -> dict:
@@ -59,7 +59,8 @@ def test_links_are_counted_by_nvml_not_until_the_first_error():
 
 
 def test_not_supported_hides_only_that_argument_and_is_not_asked_again():
-    nvml = fleet(1)
+    clock = Clock()
+    nvml = fleet(1, clock=clock)
     nvml.devices[0].unsupported = {
         ("nvmlDeviceGetNvLinkErrorCounter", 0, pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA),
         ("nvmlDeviceGetMaxClockInfo", pynvml.NVML_CLOCK_MEM),
@@ -67,7 +68,7 @@ def test_not_supported_hides_only_that_argument_and_is_not_asked_again():
         ("nvmlDeviceGetRetiredPages", pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR),
         ("nvmlDeviceGetTemperatureThreshold", pynvml.NVML_TEMPERATURE_THRESHOLD_MEM_MAX),
     }
-    sampler = started(nvml)
+    sampler = started(nvml, monotonic=clock)
     before = nvml.calls
     families = families_of(sampler)
     first = nvml.calls - before
@@ -82,6 +83,7 @@ def test_not_supported_hides_only_that_argument_and_is_not_asked_again():
         ("slowdown",), ("shutdown",), ("gpu_max",)}
     assert not families["inferwatch_gpu_collection_errors"].samples
     before = nvml.calls
+    clock.now += 1
     sampler.sample()
     # the five NotSupported argument combinations and fan and MIG mode (absent on this H100)
     # are not asked again; GPM reads metrics now where its first cycle only took a sample
@@ -135,3 +137,29 @@ def test_xid_of_a_gpu_discovered_after_start_is_counted_under_its_labels():
         assert xids and set(xids) == {("1", nvml.devices[1].uuid, "79")}
     finally:
         exporter.stop()
+
+
+def test_nvlink_state_and_errors_stay_when_field_values_cannot_be_read_at_all():
+    """State and error counters come from their own calls: a device that answers
+    nvmlDeviceGetFieldValues NotSupported as a whole loses throughput and the ECC total only."""
+    nvml = fleet(1)
+    nvml.devices[0].nvlink_links = 2
+    sampler = started(nvml)
+    nvml.devices[0].unsupported = {"nvmlDeviceGetFieldValues"}
+    families = families_of(sampler)
+    assert rows(families, "inferwatch_gpu_nvlink_up") == {("0",): 1, ("1",): 1}
+    assert len(rows(families, "inferwatch_gpu_nvlink_errors")) == 8
+    assert not rows(families, "inferwatch_gpu_nvlink_tx_bytes") and not rows(families, "inferwatch_gpu_nvlink_ecc_data_errors")
+    assert "inferwatch_gpu_memory_temperature_celsius" not in families
+    assert not families["inferwatch_gpu_collection_errors"].samples
+
+
+def test_clock_event_reasons_the_driver_cannot_list_are_absent_not_zero():
+    """Without the supported-reasons mask, the reasons NVML defined before 0x200 are exported
+    and board_limit and reliability, which only recent drivers report, are not."""
+    nvml = fleet(1)
+    nvml.devices[0].unsupported = {"nvmlDeviceGetSupportedClocksEventReasons"}
+    nvml.devices[0].throttle_reasons = 0x40
+    active = {r: v for (r,), v in rows(families_of(started(nvml)), "inferwatch_gpu_throttle_active").items()}
+    assert len(active) == 9 and "board_limit" not in active and "reliability" not in active
+    assert {r for r, v in active.items() if v} == {"hw_thermal_slowdown"}
