@@ -188,3 +188,70 @@ def test_the_gpu_dashboard_reads_what_the_rules_record_except_what_dcgm_exporter
     read = {n for e in exprs for n in metric_names(e) if n.startswith("inferwatch_")}
     recorded = {r["record"] for r in dcgm.rules()}
     assert read - recorded == dcgm.NOT_FROM_DCGM
+
+
+# Kubernetes labels a dcgm-exporter series can carry, all of which change with the pod
+# using the GPU (or with the dcgm-exporter pod): its own pod attribution (pod, namespace,
+# container, pod_uid), vgpu, and, behind its Helm chart's ServiceMonitor (honorLabels
+# false), the same attribution renamed exported_* because the scrape sets pod/namespace.
+POD_A = {"pod": "vllm-a", "namespace": "llm", "container": "vllm", "pod_uid": "1111"}
+POD_B = {"pod": "vllm-b", "namespace": "llm", "container": "vllm", "pod_uid": "2222"}
+EXPORTED_A = {"exported_pod": "vllm-a", "exported_namespace": "llm", "exported_container": "vllm",
+              "pod": "dcgm-exporter-x", "namespace": "gpu-operator"}
+EXPORTED_B = {**EXPORTED_A, "exported_pod": "vllm-b"}
+
+
+def quiet(alert: str, *times: str) -> list[dict]:
+    return [{"eval_time": t, "alertname": alert, "exp_alerts": []} for t in times]
+
+
+def pod_change(name: str, old: dict[str, str], new: dict[str, str], before: str, after: str) -> dict[str, str]:
+    """GPU 0's ``name`` under pod ``old`` until 15m, then under ``new``: the old series ends
+    with a staleness marker, as Prometheus writes when a series leaves a scrape."""
+    return {selector(name, {**dcgm_gpu(0), **old}): f"{before} stale",
+            selector(name, {**dcgm_gpu(0), **new}): f"_x15 {after}"}
+
+
+LATER = tuple(f"{m}m" for m in range(12, 31, 2))  # from 2m before the change to 15m after
+
+
+def test_a_pod_change_does_not_page_an_old_xid_again_nor_split_a_series(tmp_path):
+    """The XID and ECC alerts look for a series that is new and non-zero: a GPU's last XID
+    or ECC total reappearing under another pod's labels must not look new."""
+    gpu = ours(0)
+    tests = []
+    for case, (old, new) in {"pod attribution": (POD_A, POD_B), "exported_* behind a ServiceMonitor":
+                             (EXPORTED_A, EXPORTED_B)}.items():
+        series = {**pod_change("DCGM_FI_DEV_XID_ERRORS", old, new, "79x14", "79x15"),
+                  **pod_change("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", old, new, "2x14", "2x15"),
+                  **pod_change("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", old, new, "0+60000x14", "900000+60000x15")}
+        tests.append({
+            "name": f"pod change ({case})", "interval": "1m",
+            "input_series": [{"series": k, "values": v} for k, v in series.items()],
+            "alert_rule_test": quiet("GPUFatalXID", *LATER) + quiet("GPUUncorrectableECC", *LATER),
+            "promql_expr_test": [
+                {"expr": "inferwatch_gpu_xid_errors_total", "eval_time": t,
+                 "exp_samples": [{"labels": selector("inferwatch_gpu_xid_errors_total", {**gpu, "xid": "79"}),
+                                  "value": 1}]} for t in ("14m", "15m", "16m")] + [
+                {"expr": "increase(inferwatch_gpu_energy_joules_total[5m])", "eval_time": t,
+                 "exp_samples": [{"labels": selector("", gpu), "value": 300}]} for t in ("14m", "17m", "20m")],
+        })
+    result = run_promtool(compat_doc(tests, with_alerts=True), tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_pods_sharing_a_gpu_count_one_xid_once(tmp_path):
+    """Time-sliced pods on one GPU: dcgm-exporter writes the GPU's last XID once per pod.
+    The XID is one, and one pod leaving is no new XID."""
+    gpu = ours(0)
+    series = {selector("DCGM_FI_DEV_XID_ERRORS", {**dcgm_gpu(0), **POD_A}): "13x40",
+              selector("DCGM_FI_DEV_XID_ERRORS", {**dcgm_gpu(0), **POD_B}): "13x19 stale"}
+    test = {"name": "shared GPU", "interval": "1m",
+            "input_series": [{"series": k, "values": v} for k, v in series.items()],
+            "alert_rule_test": quiet("GPUXIDError", *(f"{m}m" for m in range(12, 31, 1))),
+            "promql_expr_test": [
+                {"expr": "inferwatch_gpu_xid_errors_total", "eval_time": t,
+                 "exp_samples": [{"labels": selector("inferwatch_gpu_xid_errors_total", {**gpu, "xid": "13"}),
+                                  "value": 1}]} for t in ("5m", "19m", "21m")]}
+    result = run_promtool(compat_doc([test], with_alerts=True), tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
