@@ -133,12 +133,17 @@ def exporter(
     log_level: str = "info",
 ) -> None:
     """Run the NVML GPU exporter (USE metrics, XID errors). Without a GPU it serves inferwatch_nvml_up 0."""
-    from exporters.server import ExporterSettings, serve
+    from exporters.server import ExporterSettings, ListenError, serve
 
     settings = _settings(ExporterSettings, "exporter", host=host, port=port, interval_s=interval,
                          slow_interval_s=slow_interval, processes=processes, gpm=gpm)
+    if not isinstance(logging.getLevelName(log_level.upper()), int):
+        _fail(f"Unknown --log-level {log_level!r}: use debug, info, warning, error or critical.")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    serve(settings)
+    try:
+        serve(settings)
+    except ListenError as exc:
+        _fail(str(exc))
 
 
 @drift_app.command("serve")
