@@ -148,7 +148,14 @@ class Exporter:
         self.sampler.stop()
 
 
+class ListenError(Exception):
+    """The endpoint cannot be opened (address not local or not resolvable, port in use): a
+    configuration error, reported as one and not as a traceback."""
+
+
 def make_server(exporter: Exporter) -> ThreadingHTTPServer:
+    """The HTTP endpoint, bound and listening; serves once ``serve_forever`` runs. Raises
+    ListenError."""
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802
             if self.path.split("?")[0] == "/metrics":
@@ -169,17 +176,24 @@ def make_server(exporter: Exporter) -> ThreadingHTTPServer:
         def log_message(self, *args: object) -> None:
             return None
 
-    server = ThreadingHTTPServer((exporter.settings.host, exporter.settings.port), Handler)
+    host, port = exporter.settings.host, exporter.settings.port
+    try:
+        server = ThreadingHTTPServer((host, port), Handler)
+    except (OSError, OverflowError) as exc:  # gaierror (no such address) is an OSError too
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ListenError(f"Cannot listen on {host}:{port}: {why}") from None
     server.daemon_threads = True
     return server
 
 
 def serve(settings: ExporterSettings, nvml: Any | None = None) -> None:
+    """Bind first, then open NVML: an exporter that cannot listen never touches the GPUs.
+    Raises ListenError."""
     exporter = Exporter(settings, nvml if nvml is not None else load_nvml())
-    exporter.start()
     server = make_server(exporter)
-    log.info("NVML exporter on http://%s:%d/metrics", settings.host, server.server_address[1])
     try:
+        exporter.start()
+        log.info("NVML exporter on http://%s:%d/metrics", settings.host, server.server_address[1])
         server.serve_forever()
     finally:
         server.server_close()
