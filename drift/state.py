@@ -121,7 +121,8 @@ class DriftState:
         return inside
 
     def _full(self) -> bool:
-        return len(set(self.windows) | set(self.baselines)) >= self.config.max_segments
+        """The last of max_segments is kept for OTHER_SEGMENT."""
+        return len((set(self.windows) | set(self.baselines)) - {OTHER_SEGMENT}) >= self.config.max_segments - 1
 
     def _sweep(self, now: float) -> None:
         """Drop windows that hold nothing any more (at most once per time bucket), with their
@@ -234,9 +235,10 @@ class DriftState:
     def _admit(self, segment: Segment) -> None:
         with self._lock:
             known = segment in self.windows or segment in self.baselines
-            if not known and len(self.baselines) >= self.config.max_segments:
-                raise SegmentLimit(f"{len(self.baselines)} baselines exist, the limit "
-                                   f"(INFERWATCH_DRIFT_MAX_SEGMENTS) is {self.config.max_segments}")
+            if not known and self._full():
+                raise SegmentLimit(f"{len(self.segments())} segments are held, the limit "
+                                   f"(INFERWATCH_DRIFT_MAX_SEGMENTS) is {self.config.max_segments}: raise it, or wait "
+                                   f"for idle segments to expire ({self.config.window_s:g} s without records)")
 
     def _put_baseline(self, segment: Segment, baseline: Baseline) -> None:
         self.store.put_baseline(*segment, baseline_doc(baseline), self.clock())
