@@ -1,0 +1,40 @@
+"""A report with a drifting and a quiet segment and an hour of history: what the README's
+screenshot shows (python -m tests.drift.report_sample OUT.html)."""
+
+from __future__ import annotations
+
+import sys
+
+from drift import report
+from drift.state import DriftState, WindowConfig
+from drift.store import Store
+from tests.drift.records import body, records
+
+T0 = 1_800_000_000.0  # a fixed clock: the same report every time
+
+
+def sample_html() -> str:
+    clock = [T0]
+    state = DriftState(Store(":memory:"), WindowConfig(window_s=3600, buckets=60), clock=lambda: clock[0])
+    for variant in ("stable", "canary"):
+        state.ingest(body(records(4000, T0 - 7200, T0 - 5400, seed=1, model="llama-3.1-8b", variant=variant)))
+        state.freeze_baseline(("llama-3.1-8b", variant), T0 - 7200, T0 - 5400)
+    for step in range(40):  # 40 minutes of traffic; the canary's answers get longer after 20
+        clock[0] = T0 + 60 * step
+        shift = step >= 20
+        state.ingest(body(records(150, clock[0] - 60, clock[0], seed=100 + step, model="llama-3.1-8b",
+                                  variant="stable")))
+        state.ingest(body(records(150, clock[0] - 60, clock[0], seed=200 + step, model="llama-3.1-8b",
+                                  variant="canary",
+                                  prompt_mu=5.4 if shift else 5.0, ttft_scale=0.13 if shift else 0.1,
+                                  length_share=0.35 if shift else 0.2)))
+        for segment in state.segments():
+            state.verdict(segment)
+    rows = [report.SegmentReport(s, state.baselines[s], state.current(s), state.verdict(s), state.history(s),
+                                 state.drifting_since(s), state.window_records(s)) for s in state.segments()]
+    return report.render(rows, clock[0])
+
+
+if __name__ == "__main__":
+    with open(sys.argv[1], "w") as fh:
+        fh.write(sample_html())
