@@ -100,8 +100,7 @@ class Exporter:
             try:
                 self._cycle()
             except Exception as exc:  # noqa: BLE001 - the thread must outlive a bug in one cycle
-                self.store.record_failure()
-                self.exposition.warm()
+                self.store.record_failure()  # a scrape re-renders: the count is part of its cache key
                 kind = f"{type(exc).__name__}: {exc}"
                 log.log(logging.DEBUG if kind == self._last_error else logging.ERROR,
                         "NVML sampling cycle failed; counted in inferwatch_nvml_sampler_errors_total, next cycle "
