@@ -274,22 +274,22 @@ class Sampler:
             if failure is not None:
                 failures.append(failure)
                 failed.setdefault("inferwatch_gpu_device_failed", []).append((_lost_labels(index), 1.0))
-        ok: Samples = {}
+        sampled: Samples = {}
         answered = 0
         for dev in self.devices:
-            failure = self._sample_one(dev, slow_due, ok)
+            failure = self._sample_one(dev, slow_due, sampled)
             if failure is None:
                 answered += 1
             else:
                 failures.append(failure)
-            ok.setdefault("inferwatch_gpu_device_failed", []).append((dev.labels, 0.0 if failure is None else 1.0))
+            sampled.setdefault("inferwatch_gpu_device_failed", []).append((dev.labels, 0.0 if failure is None else 1.0))
         if slow_due:
             self._slow_at = time.monotonic()
         if failures and not answered and all(_session_lost(self.nvml, f.error) for f in failures):
             self._lose_session(failures[0].error)
             return
         _merge(samples, failed)
-        _merge(samples, ok)
+        _merge(samples, sampled)
 
     def _sample_one(self, dev: Device, slow_due: bool, out: Samples) -> DeviceFailed | None:
         """Read ``dev`` into a scratch dict and merge it into ``out`` only if every query
