@@ -8,6 +8,8 @@ import json
 import subprocess
 from pathlib import Path
 
+import yaml
+
 from alerts import dcgm
 from exporters.metrics import SPECS
 from inferwatch.catalog import series_of
@@ -254,4 +256,30 @@ def test_pods_sharing_a_gpu_count_one_xid_once(tmp_path):
                  "exp_samples": [{"labels": selector("inferwatch_gpu_xid_errors_total", {**gpu, "xid": "13"}),
                                   "value": 1}]} for t in ("5m", "19m", "21m")]}
     result = run_promtool(compat_doc([test], with_alerts=True), tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_dcgm_cluster_with_the_exporter_job_given_no_targets_raises_no_absent_guard(tmp_path):
+    """What the README tells a dcgm-exporter cluster: keep the inferwatch-exporter job with an
+    empty target list. Its absent() guards stay quiet then; with the job removed altogether
+    Prometheus cannot tell an intended absence from a lost job, and they fire."""
+    guards = [r for f in RULE_FILES for g in yaml.safe_load(f.read_text())["groups"] for r in g["rules"]
+              if r.get("alert", "").startswith("Inferwatch") and r["alert"].endswith("Absent")
+              and r["labels"].get("job") == "inferwatch-exporter"]
+    assert {r["labels"]["metric"] for r in guards} == {"up", "inferwatch_nvml_up"}
+    dcgm_series = {selector("DCGM_FI_DEV_GPU_TEMP", dcgm_gpu(0)): "50x30"}
+    no_targets = selector("prometheus_sd_discovered_targets",
+                          {"config": "inferwatch-exporter", "name": "scrape", "job": "prometheus",
+                           "instance": "localhost:9090"})
+
+    def case(name: str, series: dict[str, str], fires: set[str]) -> dict:
+        return {"name": name, "interval": "1m",
+                "input_series": [{"series": k, "values": v} for k, v in series.items()],
+                "promql_expr_test": [{"expr": r["expr"], "eval_time": "20m",
+                                      "exp_samples": [{"labels": '{job="inferwatch-exporter"}', "value": 1}]
+                                      if r["labels"]["metric"] in fires else []} for r in guards]}
+
+    tests = [case("exporter job with no targets", {**dcgm_series, no_targets: "0x30"}, set()),
+             case("exporter job removed", dcgm_series, {"up"})]
+    result = run_promtool(compat_doc(tests, with_alerts=True), tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
