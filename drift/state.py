@@ -145,7 +145,10 @@ class DriftState:
         now = self.clock()
         self.store.prune(now - self.config.retention_s)
         for segment, doc in self.store.baselines().items():
-            self.baselines[segment] = baseline_from_doc(doc)
+            try:
+                self.baselines[segment] = baseline_from_doc(doc)
+            except BatchError as exc:  # stored on an older bin grid: freeze or upload it again
+                log.error("baseline of %s/%s no longer fits the feature bins, skipped: %s", *segment, exc)
         replayed = 0
         for body in self.store.batches(now - self.config.window_s):
             try:
