@@ -109,6 +109,7 @@ def gateway(
     import uvicorn
 
     from serving.gateway import create_app
+    from serving.server import UVICORN_OPTIONS
     from serving.settings import GatewaySettings
 
     settings = _settings(GatewaySettings, "gateway", host=host, port=port, upstream_url=upstream_url,
@@ -117,8 +118,7 @@ def gateway(
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
     _tune_gc()
-    uvicorn.run(app, host=settings.host, port=settings.port, loop="uvloop", http="httptools",
-                log_level=log_level, access_log=False, proxy_headers=False)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level, **UVICORN_OPTIONS)
 
 
 @app.command()

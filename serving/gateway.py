@@ -25,8 +25,10 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
+from starlette.types import Receive
 
 from inferwatch import __version__
 from serving import errors
@@ -42,7 +44,9 @@ from serving.validation import ROUTE_PATHS, ParsedRequest, Route, parse_request,
 
 UNKNOWN_MODEL = "unknown"  # label for requests whose model is not (yet) known: keeps labels bounded
 CLIENT_CLOSED = 499  # nginx's convention for "client went away before the answer was complete"
-SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+RELAY_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+                 (b"x-accel-buffering", b"no")]
+DISCONNECT_TURNS = 4  # loop turns before the last chunk: see RelayResponse
 OPERATION = {"chat": "chat", "completions": "text_completion"}
 
 
@@ -145,7 +149,7 @@ class Gateway:
         self.metrics.in_flight.labels(state.model, self.settings.variant).inc()
         if req.stream:
             return await self._stream(state, req, body)
-        return await self._unary(state, req, body)
+        return await self._unary(state, req, body, request.receive)
 
     async def _preprocess(self, request: Request, state: RequestState) -> tuple[ParsedRequest, bytes]:
         with self.tracer.start_as_current_span("preprocess", context=state.ctx):
@@ -194,21 +198,45 @@ class Gateway:
         PROPAGATOR.inject(headers, context=trace.set_span_in_context(span, state.ctx))
         return span, headers
 
-    async def _unary(self, state: RequestState, req: ParsedRequest, body: bytes) -> Response:
+    async def _unary(self, state: RequestState, req: ParsedRequest, body: bytes, receive: Receive) -> Response:
+        """The upstream exchange runs against the client's disconnect: a client that goes away
+        closes the upstream connection, so vLLM aborts the request instead of finishing it."""
+        exchange = asyncio.ensure_future(self._unary_exchange(state, req, body))
+        gone = asyncio.ensure_future(_until_disconnect(receive))
+        try:
+            await asyncio.wait((exchange, gone), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # we are cancelled ourselves (shutdown)
+            await _cancel(exchange)
+            gone.cancel()
+            raise
+        gone.cancel()
+        if not exchange.done():  # the client left first; the exchange records the 499
+            await _cancel(exchange)
+            return Response(errors.error_body("client closed the connection", errors.INVALID_REQUEST, "client_closed"),
+                            CLIENT_CLOSED, media_type="application/json")
+        return exchange.result()
+
+    async def _unary_exchange(self, state: RequestState, req: ParsedRequest, body: bytes) -> Response:
         status, account, error = 502, StreamAccount(state.started), None
         try:
             span, headers = self._upstream_call_span(state, req)
             try:
-                async with self.upstream.session.post(f"{self.upstream.base_url}{state.path}", data=body,
-                                                      headers=headers, timeout=self.upstream.timeout(False)) as resp:
+                resp = await self.upstream.session.post(f"{self.upstream.base_url}{state.path}", data=body,
+                                                        headers=headers, timeout=self.upstream.timeout(False))
+                try:
                     raw = await resp.read()
-                    upstream_status = resp.status
+                finally:
+                    resp.close()  # read or not, the connection goes: an unfinished one must not be reused
+                upstream_status = resp.status
             except (aiohttp.ClientError, TimeoutError) as exc:
                 status, reason, failure = _classify_failure(exc)
                 error = str(failure.message)
                 self._upstream_error(state, reason)
                 _end_span(span, error)
                 return Response(failure.body(), status, media_type="application/json")
+            except asyncio.CancelledError:
+                _end_span(span, "client closed the connection")
+                raise
             _end_span(span, None if upstream_status < 400 else f"upstream answered {upstream_status}")
             with self.tracer.start_as_current_span("relay", context=state.ctx):
                 if upstream_status >= 400:
@@ -262,7 +290,7 @@ class Gateway:
             _end_span(span, error)
             self._done(state, resp.status, None, error)
             return Response(raw, resp.status, media_type="application/json")
-        return RelayResponse(StreamRelay(self, state, req, resp, span))
+        return RelayResponse(StreamRelay(self, state, req, resp, span))  # type: ignore[return-value]
 
     def _done(self, state: RequestState, status: int, account: StreamAccount | None, error: str | None) -> None:
         """A request that passed preprocessing ends: leave in-flight, record it."""
@@ -295,11 +323,19 @@ class Gateway:
             if tpot is not None:
                 m.time_per_output_token.labels(*tok).observe(tpot)
             if account.prompt_tokens is not None:
-                m.input_tokens.labels(*tok).inc(account.prompt_tokens)
                 m.prompt_tokens_per_request.labels(*tok).observe(account.prompt_tokens)
             if account.completion_tokens is not None:
-                m.output_tokens.labels(*tok).inc(account.completion_tokens)
                 m.completion_tokens_per_request.labels(*tok).observe(account.completion_tokens)
+        if account is not None and (ok or status == CLIENT_CLOSED):
+            # what vLLM spent, as its own counters count it: the prompt once per choice, and
+            # for an abandoned stream the tokens relayed before the client left
+            tok = (state.model, variant, state.path)
+            if account.prompt_tokens is not None:
+                m.input_tokens.labels(*tok).inc(account.prompt_tokens * (state.req.n if state.req else 1))
+            output = account.completion_tokens if account.completion_tokens is not None else (
+                account.token_events if status == CLIENT_CLOSED else None)
+            if output:
+                m.output_tokens.labels(*tok).inc(output)
         if self.features is not None and state.req is not None:
             self.features.submit(FeatureRecord(
                 model=state.model, variant=variant, route=state.route, stream=state.req.stream,
@@ -320,9 +356,8 @@ class Gateway:
 class StreamRelay:
     """Relays one upstream SSE stream to the client and settles its accounting exactly once.
 
-    Settling happens before the last bytes go out when the stream completes (a client that
-    has read [DONE] already finds its request in /metrics), or when the stream fails, or,
-    through ``RelayResponse``, when the client goes away and the generator is never resumed.
+    A failure settles at once (and the client then gets an error event); a complete stream
+    and a client that went away settle in ``end``, once ``RelayResponse`` knows which it was.
     """
 
     def __init__(self, gateway: Gateway, state: RequestState, req: ParsedRequest, resp: aiohttp.ClientResponse,
@@ -336,6 +371,7 @@ class StreamRelay:
         self.relay_span = gateway.tracer.start_span("relay", context=state.ctx)
         self.status, self.error, self.reason, self.code = 200, None, None, ""
         self.settled = False
+        self.client_gone = False
 
     def fail(self, status: int, reason: str | None, error: str, code: str | None = None) -> None:
         """``reason`` labels the upstream-errors metric; ``code`` is what the client's error event says."""
@@ -356,10 +392,12 @@ class StreamRelay:
         _end_span(self.relay_span, self.error)
         gw._done(self.state, self.status, self.account, self.error)  # noqa: SLF001
 
-    def abandon(self) -> None:
-        """The response ended without the generator settling: the client went away."""
+    def end(self) -> None:
+        """The response is over: a complete stream whose client stayed is a success; anything
+        else that no failure settled is a client that went away."""
         if not self.settled:
-            self.fail(CLIENT_CLOSED, None, "client closed the connection")
+            if self.client_gone or not self.account.done:
+                self.fail(CLIENT_CLOSED, None, "client closed the connection")
             self.settle()
 
     async def events(self) -> AsyncIterator[bytes]:
@@ -377,10 +415,13 @@ class StreamRelay:
                 if not first_seen and account.first_token is not None:
                     first_seen = True
                     state.span.add_event("first_token")
-                if account.done or account.upstream_error is not None:
-                    if account.upstream_error is not None:
-                        self.fail(502, "http_5xx", "upstream reported an error in the stream")
+                if account.upstream_error is not None:
+                    self.fail(502, "http_5xx", "upstream reported an error in the stream")
                     self.settle()
+                    yield out
+                    return
+                if account.done:
+                    self.resp.release()
                     yield out
                     return
                 if out:
@@ -391,24 +432,56 @@ class StreamRelay:
             self.fail(504, "timeout", f"upstream sent nothing for {idle}s", code="upstream_timeout")
         except aiohttp.ClientError as exc:
             self.fail(502, "stream_interrupted", f"upstream connection lost mid-stream: {type(exc).__name__}")
-        finally:
-            if self.status == 200 and not self.settled:  # cancelled or closed at a yield
-                self.fail(CLIENT_CLOSED, None, "client closed the connection")
+        if self.status != 200:
             self.settle()
-        # only failures get here: tell the client the answer is incomplete
-        yield errors.stream_error_event(self.error or "stream failed", self.code)
+            # tell the client the answer is incomplete
+            yield errors.stream_error_event(self.error or "stream failed", self.code)
 
 
-class RelayResponse(StreamingResponse):
+class RelayResponse:
+    """The ASGI response of a stream: relays chunks while watching for the client's
+    disconnect, which cancels the relay at once (closing the upstream connection, so vLLM
+    aborts) instead of when a send next fails, which uvicorn never reports.
+
+    Before the last chunk of a complete answer goes out, the loop gets the turns to deliver a
+    disconnect that arrived with it (poll → the server's ``connection_lost`` → the watcher
+    wakes → its done callback cancels us: three turns, one spare): a gateway starved of CPU while its client left finds the
+    end of the upstream stream and the client's disconnect together, and the disconnect wins.
+    A client that closes after reading [DONE] (the ``openai`` client does, before the
+    response's last empty chunk) has its answer: that is a success.
+    """
+
     def __init__(self, relay: StreamRelay) -> None:
-        super().__init__(relay.events(), media_type="text/event-stream", headers=SSE_HEADERS)
         self.relay = relay
 
     async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+        relay, task = self.relay, asyncio.current_task()
+        assert task is not None
+        gone = asyncio.ensure_future(_until_disconnect(receive))
+
+        def on_gone(_: asyncio.Future) -> None:
+            if not gone.cancelled():
+                relay.client_gone = True
+                task.cancel()
+
+        gone.add_done_callback(on_gone)
         try:
-            await super().__call__(scope, receive, send)
+            await send({"type": "http.response.start", "status": 200, "headers": RELAY_HEADERS})
+            async for chunk in relay.events():
+                if relay.account.done and not relay.settled:  # the last chunk of a complete answer
+                    for _ in range(DISCONNECT_TURNS):
+                        await asyncio.sleep(0)  # a disconnect that arrived with it cancels us here
+                    relay.end()  # before the bytes go out: a client that read [DONE] finds it counted
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not relay.client_gone:
+                raise
+            task.uncancel()
         finally:
-            self.relay.abandon()
+            gone.remove_done_callback(on_gone)
+            gone.cancel()
+            relay.end()
 
 
 def _request_attributes(req: ParsedRequest) -> dict:
@@ -467,6 +540,34 @@ def _upstream_unavailable(exc: BaseException) -> Response:
     return Response(err.body(), err.status, media_type="application/json")
 
 
+# What the routing layer answers itself, as OpenAI error objects (code, type, what to do).
+_HTTP_ERRORS = {
+    404: ("not_found", errors.NOT_FOUND, "The gateway serves POST /v1/chat/completions, POST /v1/completions and "
+                                         "GET /v1/models."),
+    405: ("method_not_allowed", errors.INVALID_REQUEST, "Use the method this path allows."),
+}
+
+
+async def _openai_http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StarletteHTTPException)
+    code, error_type, hint = _HTTP_ERRORS.get(exc.status_code, ("http_error", errors.INVALID_REQUEST, ""))
+    message = f"{request.method} {request.url.path[:200]}: {exc.detail}. {hint}".strip()
+    return Response(errors.error_body(message, error_type, code), exc.status_code, media_type="application/json",
+                    headers=exc.headers)
+
+
+async def _until_disconnect(receive: Receive) -> None:
+    """Returns when the client has gone (the server turns a finished response into the same
+    message, so callers stop watching once they are done)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _cancel(task: asyncio.Future) -> None:
+    task.cancel()
+    await asyncio.wait((task,))
+
+
 async def _read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None:
@@ -523,6 +624,7 @@ def create_app(settings: GatewaySettings, registry: CollectorRegistry | None = N
     app = FastAPI(title="inferwatch gateway", version=__version__, lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url=None)
     app.state.gateway = gateway
+    app.add_exception_handler(StarletteHTTPException, _openai_http_error)
     app.router.add_route("/v1/chat/completions", gateway.chat, methods=["POST"])
     app.router.add_route("/v1/completions", gateway.completions, methods=["POST"])
     app.router.add_route("/v1/models", gateway.list_models, methods=["GET"])

@@ -32,8 +32,10 @@ class ParsedRequest:
     stream: bool
     client_wants_usage: bool  # stream_options.include_usage asked by the client
     client_wants_logprobs: bool
-    max_tokens: int | None
+    max_tokens: int | None  # what vLLM will generate at most, as far as the request says
     payload: dict[str, Any]
+    default_max_tokens: bool = False  # the client set no limit: the gateway sends max_tokens
+    n: int = 1  # choices asked for: vLLM processes (and counts) the prompt once per choice
 
 
 def parse_request(route: Route, body: bytes, models: Mapping[str, ModelInfo], max_tokens_limit: int) -> ParsedRequest:
@@ -80,40 +82,70 @@ def parse_request(route: Route, body: bytes, models: Mapping[str, ModelInfo], ma
                            param="stream_options")
     client_wants_usage = bool(stream_options and stream_options.get("include_usage"))
 
-    max_tokens = _max_tokens(route, payload, info, max_tokens_limit)
+    max_tokens, default = _max_tokens(route, payload, info, max_tokens_limit)
 
     logprobs = payload.get("logprobs")
     client_wants_logprobs = logprobs is not None and logprobs is not False
 
-    return ParsedRequest(route, model, stream, client_wants_usage, client_wants_logprobs, max_tokens, payload)
+    n = payload.get("n")
+    choices = n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else 1  # vLLM rejects the rest
+
+    return ParsedRequest(route, model, stream, client_wants_usage, client_wants_logprobs, max_tokens, payload,
+                         default_max_tokens=default, n=choices)
 
 
-def _max_tokens(route: Route, payload: dict[str, Any], info: ModelInfo, limit: int) -> int | None:
-    field = "max_tokens"
-    value = payload.get("max_tokens")
-    if route == "chat" and value is None and payload.get("max_completion_tokens") is not None:
-        field, value = "max_completion_tokens", payload["max_completion_tokens"]
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise GatewayError(400, "invalid_max_tokens", f"Field '{field}' must be an integer.", param=field)
+# The fields that cap generation, in the order vLLM reads them (the first one set wins):
+# chat takes max_completion_tokens over max_tokens; completions know only max_tokens.
+LIMIT_FIELDS: dict[Route, tuple[str, ...]] = {"chat": ("max_completion_tokens", "max_tokens"),
+                                               "completions": ("max_tokens",)}
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # the OpenAI API's (and vLLM's) default for /v1/completions
+
+
+def _max_tokens(route: Route, payload: dict[str, Any], info: ModelInfo, limit: int) -> tuple[int | None, bool]:
+    """The most tokens vLLM may generate for this request, and whether the gateway must send
+    it because the client set none.
+
+    Every limit field the client sets must be within the limit, whichever vLLM reads, so no
+    field can carry a larger value past the check. A chat request without one would run to
+    the end of the context, so it gets the limit (when the model's context is longer); a
+    completion without one gets the API's default of 16, capped by the limit.
+    """
     ceiling = min(limit, info.max_model_len) if info.max_model_len else limit
-    if not 1 <= value <= ceiling:
-        raise GatewayError(400, "invalid_max_tokens",
-                           f"Field '{field}' is {value}; it must be between 1 and {ceiling} for model '{info.id}'.",
-                           param=field)
-    return value
+    effective = None
+    for field in LIMIT_FIELDS[route]:
+        value = payload.get(field)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise GatewayError(400, "invalid_max_tokens", f"Field '{field}' must be an integer.", param=field)
+        if not 1 <= value <= ceiling:
+            raise GatewayError(400, "invalid_max_tokens",
+                               f"Field '{field}' is {value}; it must be between 1 and {ceiling} for model "
+                               f"'{info.id}'.", param=field)
+        if effective is None:
+            effective = value
+    if effective is not None:
+        return effective, False
+    if route == "completions":
+        return min(COMPLETIONS_DEFAULT_MAX_TOKENS, limit), limit < COMPLETIONS_DEFAULT_MAX_TOKENS
+    if info.max_model_len is not None and info.max_model_len <= limit:
+        return None, False  # vLLM stops at the end of the context, which is within the limit
+    return limit, True
 
 
 def upstream_payload(req: ParsedRequest, capture_logprobs: bool) -> tuple[dict[str, Any], bool]:
     """The body to send upstream and whether it differs from what the client sent.
 
-    Streams always ask for usage (token counts must come from vLLM, not be guessed), and
-    logprobs are requested when confidence capture is on; the relay removes whatever the
+    A request that sets no token limit gets the gateway's (see ``_max_tokens``). Streams
+    always ask for usage (token counts must come from vLLM, not be guessed), and logprobs are
+    requested when confidence capture is on; the relay removes whatever the
     client did not ask for, so the client sees the answer it would have got directly.
     """
     payload = req.payload
     changed = False
+    if req.default_max_tokens:
+        payload = {**payload, "max_tokens": req.max_tokens}
+        changed = True
     if req.stream and not req.client_wants_usage:
         payload = {**payload, "stream_options": {**(payload.get("stream_options") or {}), "include_usage": True}}
         changed = True

@@ -5,6 +5,7 @@ real vLLM cannot be made to stall or send garbage on demand; killing real vLLM m
 is tested in tests/integration.
 """
 
+import socket
 import time
 
 import orjson
@@ -230,3 +231,25 @@ def test_upstream_that_comes_back_is_seen_within_seconds_not_at_the_next_refresh
         with AppServer(models, port=port):
             assert eventually(lambda: metric_sum(gw.metrics_text(), "inferwatch_gateway_upstream_up") == 1,
                               timeout_s=5)
+
+
+@pytest.mark.parametrize("method, path, status, code", [
+    ("GET", CHAT, 405, "method_not_allowed"),
+    ("POST", "/v1/embeddings", 404, "not_found"),
+    ("GET", "/nope", 404, "not_found"),
+])
+def test_routing_errors_are_openai_error_objects(gw, method, path, status, code):
+    r = requests.request(method, gw.url + path, timeout=5)
+    assert r.status_code == status and r.headers["content-type"] == "application/json"
+    err = error_of(r)
+    assert err["code"] == code and err["type"] and path in err["message"]
+    if status == 405:
+        assert r.headers["allow"] == "POST"
+
+
+def test_a_request_the_http_parser_refuses_gets_an_openai_error_object(gw):
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=5) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n{}")
+        head, _, body = s.recv(65536).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and b"content-type: application/json" in head
+    assert orjson.loads(body)["error"]["code"] == "invalid_http_request"

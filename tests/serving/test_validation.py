@@ -62,6 +62,31 @@ def test_max_tokens_ceiling_is_the_smaller_of_limit_and_model_length():
     assert parse("chat", {**CHAT, "max_tokens": 512}).max_tokens == 512
 
 
+def test_no_limit_field_gets_past_the_check_whichever_vllm_reads():
+    """vLLM reads max_completion_tokens before max_tokens: a small max_tokens must not carry
+    a large max_completion_tokens through."""
+    rejects("chat", {**CHAT, "max_tokens": 4, "max_completion_tokens": 300}, 400, "invalid_max_tokens",
+            "max_completion_tokens", limit=16)
+    rejects("chat", {**CHAT, "max_tokens": 300, "max_completion_tokens": 4}, 400, "invalid_max_tokens",
+            "max_tokens", limit=16)
+    both = parse("chat", {**CHAT, "max_tokens": 12, "max_completion_tokens": 3}, limit=16)
+    assert (both.max_tokens, both.default_max_tokens) == (3, False)
+    assert upstream_payload(both, capture_logprobs=False) == (both.payload, False)
+
+
+@pytest.mark.parametrize("route, body, limit, sent", [
+    ("chat", CHAT, 16, 16),  # the context (512) is longer than the limit: the limit is sent
+    ("chat", CHAT, 512, None),  # vLLM stops at the end of the context, within the limit
+    ("completions", {"model": "m", "prompt": "x"}, 8, 8),  # the API default of 16 is over the limit
+    ("completions", {"model": "m", "prompt": "x"}, 100, None),  # vLLM's own default of 16 applies
+])
+def test_a_request_without_a_limit_gets_the_gateways(route, body, limit, sent):
+    req = parse(route, body, limit)
+    payload, changed = upstream_payload(req, capture_logprobs=False)
+    assert payload.get("max_tokens") == sent and changed == (sent is not None)
+    assert req.max_tokens == (sent if sent is not None else (16 if route == "completions" else None))
+
+
 def test_unknown_model_message_lists_served_models():
     err = rejects("chat", {**CHAT, "model": "x"}, 404, "model_not_found", "model")
     assert "Served models: m" in err.message

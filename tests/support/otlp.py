@@ -65,6 +65,7 @@ class GrpcOTLPReceiver:
 class OTLPReceiver:
     def __init__(self, host: str = "127.0.0.1") -> None:
         self.spans: list[ReceivedSpan] = []
+        self.payloads: list[bytes] = []  # every export as received (un-gzipped): what reached the wire
         self._lock = threading.Lock()
         receiver = self
 
@@ -79,6 +80,8 @@ class OTLPReceiver:
                     return
                 req = ExportTraceServiceRequest()
                 req.ParseFromString(body)
+                with receiver._lock:
+                    receiver.payloads.append(body)
                 receiver._add(req)
                 out = ExportTraceServiceResponse().SerializeToString()
                 self.send_response(200)

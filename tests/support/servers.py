@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from serving.gateway import create_app
+from serving.server import UVICORN_OPTIONS
 from serving.settings import GatewaySettings
 
 
@@ -45,12 +46,12 @@ def free_ports(n: int) -> list[int]:
 class AppServer:
     """An ASGI app under uvicorn in a thread, on a free loopback port."""
 
-    def __init__(self, app, port: int | None = None) -> None:
+    def __init__(self, app, port: int | None = None, **options) -> None:
         self.app = app
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", access_log=False,
-                                loop="uvloop", http="httptools")
+        options = {"access_log": False, "loop": "uvloop", "http": "httptools", **options}
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", **options)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True)
 
@@ -79,7 +80,7 @@ class GatewayServer(AppServer):
         base = {"port": port, "host": "127.0.0.1"}
         self.settings = settings.model_copy(update=base) if settings else GatewaySettings(**base)
         self.registry = CollectorRegistry()
-        super().__init__(create_app(self.settings, self.registry, **app_kwargs), port)
+        super().__init__(create_app(self.settings, self.registry, **app_kwargs), port, **UVICORN_OPTIONS)
 
     @property
     def gateway(self):

@@ -1,0 +1,208 @@
+"""The gateway under token limits and clients that go away, against real vLLM.
+
+Independent truths: vLLM's own counters (`vllm:generation_tokens_total` shows whether an
+abandoned request was aborted or ran to its end) and vLLM's `usage` in its answers.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import openai
+import pytest
+import requests
+
+from serving.settings import GatewaySettings
+from tests.conftest import TINY_MODEL_NAME
+from tests.integration.test_gateway_vllm import MSG, client, settled_vllm_metrics
+from tests.support.servers import GatewayServer, eventually, metric_sum
+
+pytestmark = pytest.mark.vllm
+
+LIMIT = 16
+LONG = 450  # tokens an abandoned request would generate if nobody aborted it (~0.5 s here)
+
+
+@pytest.fixture(scope="module")
+def limited(vllm_server):
+    with GatewayServer(GatewaySettings(upstream_url=vllm_server.url, max_tokens_limit=LIMIT)) as gw:
+        yield gw
+
+
+@pytest.fixture(scope="module")
+def gateway(vllm_server):
+    with GatewayServer(GatewaySettings(upstream_url=vllm_server.url)) as gw:
+        yield gw
+
+
+def test_a_small_max_tokens_cannot_carry_a_large_max_completion_tokens(limited):
+    c = client(limited.url)
+    with pytest.raises(openai.BadRequestError) as info:
+        c.chat.completions.create(model=TINY_MODEL_NAME, messages=MSG, max_tokens=4, max_completion_tokens=300)
+    assert info.value.body["code"] == "invalid_max_tokens" and info.value.body["param"] == "max_completion_tokens"
+    answer = c.chat.completions.create(model=TINY_MODEL_NAME, messages=MSG, max_completion_tokens=5,
+                                       temperature=0.0)
+    assert answer.usage.completion_tokens <= 5
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_without_a_limit_is_held_to_the_gateways(limited, stream):
+    """vLLM alone would generate to the end of the context (~500 tokens for the tiny model)."""
+    c = client(limited.url)
+    if stream:
+        chunks = list(c.chat.completions.create(model=TINY_MODEL_NAME, messages=MSG, temperature=0.0, stream=True,
+                                                stream_options={"include_usage": True}))
+        usage = chunks[-1].usage
+    else:
+        usage = c.chat.completions.create(model=TINY_MODEL_NAME, messages=MSG, temperature=0.0).usage
+    assert 0 < usage.completion_tokens <= LIMIT
+
+
+def _generated(vllm_server) -> float:
+    return metric_sum(settled_vllm_metrics(vllm_server, timeout_s=30), "vllm:generation_tokens_total")
+
+
+def _send_and_leave(url: str, body: dict, until: bytes, linger_s: float) -> bytes:
+    """A raw HTTP client that sends a request, reads the answer up to ``until`` and hangs up."""
+    host, port = url.removeprefix("http://").split(":")
+    raw = json.dumps(body).encode()
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(raw), raw))
+    got = b""
+    while until not in got:
+        got += sock.recv(65536)
+    time.sleep(linger_s)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST, like a killed tab
+    sock.close()
+    return got
+
+
+def test_a_non_streaming_client_that_leaves_aborts_the_upstream_request(gateway, vllm_server):
+    before, g0 = _generated(vllm_server), gateway.metrics_text()
+    body = {"model": TINY_MODEL_NAME, "messages": MSG, "max_tokens": LONG, "temperature": 0.0,
+            "ignore_eos": True}
+    _send_and_leave(gateway.url, body, until=b"", linger_s=0.05)
+    eventually(lambda: metric_sum(gateway.metrics_text(), "inferwatch_gateway_requests_total", status_class="4xx")
+               > metric_sum(g0, "inferwatch_gateway_requests_total", status_class="4xx"), timeout_s=30)
+    generated = _generated(vllm_server) - before
+    assert 0 < generated < LONG, f"vLLM generated {generated} tokens for a client that left after 50 ms"
+    g1 = gateway.metrics_text()
+    assert metric_sum(g1, "inferwatch_gateway_requests_total", status_class="2xx") \
+        == metric_sum(g0, "inferwatch_gateway_requests_total", status_class="2xx")
+    assert metric_sum(g1, "inferwatch_gateway_requests_in_flight") == 0
+
+
+def _block_loop(gw, seconds: float) -> None:
+    """Starve the gateway of its event loop, as a saturated CPU would."""
+    loop = gw.gateway.upstream.session._loop  # noqa: SLF001
+    loop.call_soon_threadsafe(time.sleep, seconds)
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_a_stream_whose_client_left_while_the_gateway_was_starved_is_a_499(gateway, vllm_server, attempt):
+    """The end of the upstream stream and the client's disconnect arrive together once the
+    loop runs again: the request must be a 499 with the tokens relayed, not a success."""
+    g0 = gateway.metrics_text()
+    body = {"model": TINY_MODEL_NAME, "messages": MSG, "max_tokens": 120, "temperature": 0.0, "ignore_eos": True,
+            "stream": True}
+    host, port = gateway.url.removeprefix("http://").split(":")
+    raw = json.dumps(body).encode()
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(raw), raw))
+    got = b""
+    while got.count(b"data: ") < 3:
+        got += sock.recv(65536)
+    _block_loop(gateway, 4.0)  # vLLM finishes the 120 tokens into the gateway's socket meanwhile
+    time.sleep(0.2)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    sock.close()
+    eventually(lambda: metric_sum(gateway.metrics_text(), "inferwatch_gateway_requests_in_flight") == 0
+               and metric_sum(gateway.metrics_text(), "inferwatch_gateway_requests_total")
+               > metric_sum(g0, "inferwatch_gateway_requests_total"), timeout_s=30)
+    g1 = gateway.metrics_text()
+    delta = {cls: metric_sum(g1, "inferwatch_gateway_requests_total", status_class=cls)
+             - metric_sum(g0, "inferwatch_gateway_requests_total", status_class=cls) for cls in ("2xx", "4xx")}
+    assert delta == {"2xx": 0, "4xx": 1}, delta
+    output = (metric_sum(g1, "inferwatch_gateway_output_tokens_total")
+              - metric_sum(g0, "inferwatch_gateway_output_tokens_total"))
+    assert 0 < output <= 120
+
+
+def test_a_stream_whose_client_left_aborts_vllm(gateway, vllm_server):
+    before = _generated(vllm_server)
+    body = {"model": TINY_MODEL_NAME, "messages": MSG, "max_tokens": LONG, "temperature": 0.0, "ignore_eos": True,
+            "stream": True}
+    _send_and_leave(gateway.url, body, until=b'"content"', linger_s=0.0)
+    eventually(lambda: metric_sum(gateway.metrics_text(), "inferwatch_gateway_requests_in_flight") == 0,
+               timeout_s=30)
+    generated = _generated(vllm_server) - before
+    assert 0 < generated < LONG, generated
+
+
+def test_input_token_counters_equal_vllms_with_several_choices(gateway, vllm_server):
+    v0, g0 = settled_vllm_metrics(vllm_server), gateway.metrics_text()
+    c = client(gateway.url)
+    c.chat.completions.create(model=TINY_MODEL_NAME, messages=MSG, max_tokens=3, n=2)
+    list(c.chat.completions.create(model=TINY_MODEL_NAME, messages=MSG, max_tokens=3, n=2, stream=True))
+    c.completions.create(model=TINY_MODEL_NAME, prompt="one two", max_tokens=2, n=3)
+    v1, g1 = settled_vllm_metrics(vllm_server), gateway.metrics_text()
+    for vllm_name, gw_name in (("vllm:prompt_tokens_total", "inferwatch_gateway_input_tokens_total"),
+                               ("vllm:generation_tokens_total", "inferwatch_gateway_output_tokens_total")):
+        vllm_delta = metric_sum(v1, vllm_name) - metric_sum(v0, vllm_name)
+        gw_delta = metric_sum(g1, gw_name) - metric_sum(g0, gw_name)
+        assert vllm_delta > 0 and gw_delta == vllm_delta, (vllm_name, vllm_delta, gw_delta)
+
+
+def test_request_histograms_agree_with_vllms(gateway, vllm_server):
+    """Prompt and completion lengths equal vLLM's per-request histograms; the gateway's
+    end-to-end time and time per output token enclose vLLM's own."""
+    pairs = {"prompt": ("vllm:request_prompt_tokens", "inferwatch_gateway_request_prompt_tokens"),
+             "completion": ("vllm:request_generation_tokens", "inferwatch_gateway_request_completion_tokens"),
+             "e2e": ("vllm:e2e_request_latency_seconds", "inferwatch_gateway_request_duration_seconds"),
+             "tpot": ("vllm:request_time_per_output_token_seconds",
+                      "inferwatch_gateway_time_per_output_token_seconds")}
+    v0, g0 = settled_vllm_metrics(vllm_server), gateway.metrics_text()
+    c = client(gateway.url)
+    for i in range(4):
+        list(c.chat.completions.create(model=TINY_MODEL_NAME, messages=MSG, max_tokens=6 + 3 * i, stream=True,
+                                       temperature=0.0, extra_body={"ignore_eos": True}))
+    v1, g1 = settled_vllm_metrics(vllm_server), gateway.metrics_text()
+
+    def delta(text0: str, text1: str, name: str, part: str) -> float:
+        return metric_sum(text1, f"{name}_{part}") - metric_sum(text0, f"{name}_{part}")
+
+    for what, (v, g) in pairs.items():
+        assert delta(v0, v1, v, "count") == delta(g0, g1, g, "count") == 4, what
+    for what in ("prompt", "completion"):
+        v, g = pairs[what]
+        assert delta(v0, v1, v, "sum") == delta(g0, g1, g, "sum") > 0, what
+    e2e_v, e2e_g = delta(v0, v1, *pairs["e2e"][:1], "sum"), delta(g0, g1, pairs["e2e"][1], "sum")
+    assert e2e_g >= e2e_v > 0 and e2e_g - e2e_v < 4 * 0.25, (e2e_v, e2e_g)
+    tpot_v, tpot_g = delta(v0, v1, pairs["tpot"][0], "sum"), delta(g0, g1, pairs["tpot"][1], "sum")
+    assert tpot_v > 0 and abs(tpot_g - tpot_v) / tpot_v < 0.5, (tpot_v, tpot_g)
+
+
+def test_prompt_and_completion_text_never_reach_spans_or_logs(vllm_server, otlp_receiver, caplog):
+    marker = "zebra-quartz-7731"
+    settings = GatewaySettings(upstream_url=vllm_server.url, otlp_endpoint=otlp_receiver.endpoint,
+                               capture_logprobs=True)
+    caplog.set_level("DEBUG")
+    seen = len(otlp_receiver.spans)
+    with GatewayServer(settings) as gw:
+        c = client(gw.url)
+        msg = [{"role": "user", "content": f"Repeat after me: {marker} {marker}"}]
+        c.chat.completions.create(model=TINY_MODEL_NAME, messages=msg, max_tokens=8)
+        list(c.chat.completions.create(model=TINY_MODEL_NAME, messages=msg, max_tokens=8, stream=True))
+        c.completions.create(model=TINY_MODEL_NAME, prompt=f"{marker} says", max_tokens=4)
+        with pytest.raises(openai.BadRequestError):  # an error path too: the body is quoted nowhere
+            c.chat.completions.create(model=TINY_MODEL_NAME, messages=msg, max_tokens=-1)
+        requests.post(f"{gw.url}/v1/chat/completions", data=f'{{"model": "{marker}", bad', timeout=10)
+        gw.gateway.tracer_provider.force_flush()
+        spans = [s for s in otlp_receiver.spans[seen:] if s.service == settings.service_name]
+    assert len(spans) >= 3 * 4  # server, preprocess, upstream call and relay spans per answered request
+    assert marker.encode() not in b"".join(otlp_receiver.payloads)
+    assert not [r for r in caplog.records if marker in r.getMessage()]
