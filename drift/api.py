@@ -113,11 +113,12 @@ class MethodResult(BaseModel):
     calibration_n: int | None = Field(description="window size the calibrated threshold was drawn at")
     p_value: float | None
     drifted: bool
-    status: Literal["ok", "insufficient_data"]
+    status: Literal["ok", "insufficient_data", "calibrating"]
 
 
 class FeatureResult(BaseModel):
-    status: Literal["ok", "insufficient_data"]
+    status: Literal["ok", "insufficient_data", "calibrating"] = Field(
+        description="calibrating: its threshold is being computed in the background; no verdict yet")
     reference_n: int
     current_n: int
     p_value: float | None = Field(description="calibrated p-value of 'some method flags this feature'")
@@ -128,7 +129,7 @@ class FeatureResult(BaseModel):
 class SegmentResult(BaseModel):
     model: str
     variant: str
-    status: Literal["drift", "no_drift", "insufficient_data", "no_baseline"]
+    status: Literal["drift", "no_drift", "insufficient_data", "calibrating", "no_baseline"]
     alpha: float
     window_records: int
     baseline_records: int

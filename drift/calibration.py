@@ -47,6 +47,17 @@ def size_band(n: int) -> int:
     return max(2 * BANDS_PER_DOUBLING, min(n, math.ceil(2 ** (step / BANDS_PER_DOUBLING))))
 
 
+def next_band(band: int) -> int:
+    """The size band above ``band``: where a growing window goes next, so it can be
+    calibrated before the window gets there."""
+    n = band + 1
+    if band >= 2 * BANDS_PER_DOUBLING:  # start near the next step; the loop settles rounding
+        n = max(n, math.ceil(2 ** ((math.floor(math.log2(band) * BANDS_PER_DOUBLING) + 1) / BANDS_PER_DOUBLING)) - 1)
+    while size_band(n) <= band:
+        n += 1
+    return size_band(n)
+
+
 def _smoothed(p: np.ndarray) -> np.ndarray:
     s = np.where(p == 0, EPSILON, p)
     return s / s.sum(axis=-1, keepdims=True)

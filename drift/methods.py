@@ -49,7 +49,7 @@ class DriftResult:
     score: float | None  # None when there is not enough data to say anything
     threshold: float
     drifted: bool
-    status: Literal["ok", "insufficient_data"] = "ok"
+    status: Literal["ok", "insufficient_data", "calibrating"] = "ok"
     detail: str = ""
     source: ThresholdSource = "fixed"  # where the threshold came from
     p_value: float | None = None  # calibrated: the bootstrap p-value of the score

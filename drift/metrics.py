@@ -29,6 +29,12 @@ FEATURE_P_VALUE = DriftMetric("inferwatch_drift_feature_p_value", "gauge",
 SEGMENT_DETECTED = DriftMetric("inferwatch_drift_segment_detected", "gauge",
                                "1 if any feature of the segment drifted (false-alarm rate alpha per evaluation); "
                                "absent while the data is insufficient.", SEGMENT_LABELS)
+SEGMENT_STATUS = DriftMetric("inferwatch_drift_segment_status", "gauge",
+                             "1 for the segment's status: drift, no_drift, calibrating (a threshold is being computed "
+                             "in the background) or insufficient_data.", (*SEGMENT_LABELS, "status"))
+FEATURE_STATUS = DriftMetric("inferwatch_drift_feature_status", "gauge",
+                             "1 for the feature's status: drift, no_drift, calibrating or insufficient_data.",
+                             (*SEGMENT_LABELS, "feature", "status"))
 ALPHA = DriftMetric("inferwatch_drift_alpha", "gauge", "False-alarm rate per evaluation the verdicts hold.", ())
 SEGMENTS = DriftMetric("inferwatch_drift_segments", "gauge", "(model, variant) segments held.", ())
 WINDOW_BYTES = DriftMetric("inferwatch_drift_window_bytes", "gauge", "Bytes held by all windows.", ())
@@ -41,8 +47,22 @@ WINDOW_RECORDS = DriftMetric("inferwatch_drift_window_records", "gauge", "Record
                              SEGMENT_LABELS)
 BASELINE_RECORDS = DriftMetric("inferwatch_drift_baseline_records", "gauge", "Records in the baseline.",
                                SEGMENT_LABELS)
+CALIBRATIONS = DriftMetric("inferwatch_drift_calibrations", "counter",
+                           "Null distributions computed by the background worker.", ())
+CALIBRATIONS_PENDING = DriftMetric("inferwatch_drift_calibrations_pending", "gauge",
+                                   "Calibrations queued or running in the background.", ())
+CALIBRATIONS_REFUSED = DriftMetric("inferwatch_drift_calibrations_refused", "counter",
+                                   "Calibrations asked for while the queue was full (asked for again at the next "
+                                   "evaluation).", ())
+CALIBRATION_FAILURES = DriftMetric("inferwatch_drift_calibration_failures", "counter",
+                                   "Calibrations that raised (logged with a traceback).", ())
+INTERNAL_ERRORS = DriftMetric("inferwatch_drift_internal_errors", "counter",
+                              "Requests answered 500 after an unexpected exception (logged with a traceback), by "
+                              "route.", ("route",))
 INGESTED = DriftMetric("inferwatch_drift_ingested_records", "counter", "Records accepted.", ())
 REJECTED = DriftMetric("inferwatch_drift_rejected_batches", "counter", "Batches refused, by reason.", ("reason",))
 
-DRIFT_METRICS = (SCORE, DETECTED, THRESHOLD, FEATURE_DETECTED, FEATURE_P_VALUE, SEGMENT_DETECTED, ALPHA, SEGMENTS,
-                 WINDOW_BYTES, WINDOW_RECORDS, BASELINE_RECORDS, INGESTED, REJECTED, OVERFLOW, EXPIRED)
+DRIFT_METRICS = (SCORE, DETECTED, THRESHOLD, FEATURE_DETECTED, FEATURE_P_VALUE, SEGMENT_DETECTED, SEGMENT_STATUS,
+                 FEATURE_STATUS, ALPHA, SEGMENTS, WINDOW_BYTES, WINDOW_RECORDS, BASELINE_RECORDS, INGESTED, REJECTED,
+                 OVERFLOW, EXPIRED, CALIBRATIONS, CALIBRATIONS_PENDING, CALIBRATIONS_REFUSED, CALIBRATION_FAILURES,
+                 INTERNAL_ERRORS)

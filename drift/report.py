@@ -124,6 +124,8 @@ def history_svg(points: list[tuple[float, float | None, float]], method: str) ->
 
 
 def _source(r: DriftResult) -> str:
+    if r.status == "calibrating":
+        return r.detail
     if r.source == "calibrated":
         return f"calibrated at n={r.calibration_n}"
     return "p-value vs alpha" if r.source == "alpha" else "fixed"
@@ -133,7 +135,7 @@ def _methods_table(methods: dict[str, DriftResult]) -> str:
     rows = ["<table><tr><th>method</th><th>score</th><th>threshold</th><th>threshold from</th><th>p-value</th>"
             "<th>drift when</th><th>verdict</th></tr>"]
     for r in methods.values():
-        verdict = "insufficient data" if r.status != "ok" else ("DRIFT" if r.drifted else "ok")
+        verdict = r.status.replace("_", " ") if r.status != "ok" else ("DRIFT" if r.drifted else "ok")
         cls = " class='drift'" if r.drifted else ""
         rows.append(f"<tr><td>{r.method}</td><td>{_fmt(r.score)}</td><td>{_fmt(r.threshold)}</td>"
                     f"<td>{_source(r)}</td><td>{_fmt(r.p_value)}</td>"
@@ -148,7 +150,7 @@ def _worst_p(v: SegmentVerdict) -> float:
 
 
 def _order(s: SegmentReport) -> tuple:
-    rank = {"drift": 0, "no_drift": 1, "insufficient_data": 2}[s.verdict.status]
+    rank = {"drift": 0, "calibrating": 1, "no_drift": 2, "insufficient_data": 3}[s.verdict.status]
     return rank, _worst_p(s.verdict), s.segment
 
 
@@ -172,7 +174,7 @@ def _feature(name: str, s: SegmentReport) -> str:
     if isinstance(ref, Histogram):
         merged = s.baseline.reference.merged(name)
         ref, cur = merged, merge(cur, s.baseline.starts[name], merged.edges)
-    state = "insufficient data" if f.status != "ok" else ("DRIFT" if f.drifted else "no drift")
+    state = f.status.replace("_", " ") if f.status != "ok" else ("DRIFT" if f.drifted else "no drift")
     cls = " class='drift'" if f.drifted else ""
     unit = UNITS[name]
     method = headline(name)

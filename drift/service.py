@@ -17,17 +17,20 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
 from drift import api, report
 from drift import metrics as drift_metrics
+from drift.errors import CatchAll, http_error
+from drift.errors import error_response as _error
 from drift.methods import DriftResult
 from drift.prometheus_source import PrometheusSource, SourceError
 from drift.schema import FEATURES, NUMERIC_FEATURES, RANGES, SEGMENT_TEXT_MAX, UNITS, BatchError
 from drift.state import Baseline, DriftState, SegmentLimit, WindowConfig
 from drift.store import Store
-from drift.verdicts import SegmentVerdict, analysis_edges
+from drift.verdicts import SegmentVerdict, analysis_edges, feature_status
 from drift.windows import Segment
 from inferwatch import __version__
 
@@ -51,11 +54,8 @@ class DriftSettings(BaseSettings):
     min_samples: int = Field(50, ge=2, description="fewer values in a window: insufficient_data")
     max_segments: int = Field(1000, ge=1, description="(model, variant) pairs kept; records of more count as 'other'")
     resamples: int = Field(1999, ge=99, le=100_000, description="bootstrap draws per calibration")
-
-
-def _error(status: int, message: str, code: str, **extra: object) -> Response:
-    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "code": code, **extra}},
-                        status_code=status)
+    calibration_queue: int = Field(4096, ge=1, description="calibrations waiting for the background worker; "
+                                                           "more are asked for again at the next evaluation")
 
 
 def result_json(r: DriftResult) -> dict:
@@ -86,20 +86,18 @@ def segment_json(state: DriftState, segment: Segment, feature: str | None = None
 
 class DriftCollector(Collector):
     """Scores computed at scrape time from the windows (cached until a window, baseline or
-    threshold changes). Series exist only for live segments: idle ones expire with theirs."""
+    threshold changes; never calibrated here: a missing threshold shows as ``calibrating``).
+    Series exist only for live segments: idle ones expire with theirs."""
+
+    PER_SEGMENT = (drift_metrics.SCORE, drift_metrics.DETECTED, drift_metrics.THRESHOLD, drift_metrics.FEATURE_DETECTED,
+                   drift_metrics.FEATURE_P_VALUE, drift_metrics.SEGMENT_DETECTED, drift_metrics.SEGMENT_STATUS,
+                   drift_metrics.FEATURE_STATUS, drift_metrics.WINDOW_RECORDS, drift_metrics.BASELINE_RECORDS)
 
     def __init__(self, state: DriftState) -> None:
         self.state = state
 
     def collect(self) -> Iterator[Metric]:
-        gauges = {m.name: GaugeMetricFamily(m.name, m.doc, labels=list(m.labels)) for m in (
-            drift_metrics.SCORE, drift_metrics.DETECTED, drift_metrics.THRESHOLD, drift_metrics.FEATURE_DETECTED,
-            drift_metrics.FEATURE_P_VALUE, drift_metrics.SEGMENT_DETECTED, drift_metrics.WINDOW_RECORDS,
-            drift_metrics.BASELINE_RECORDS)}
-        g = {m: gauges[m.name] for m in (
-            drift_metrics.SCORE, drift_metrics.DETECTED, drift_metrics.THRESHOLD, drift_metrics.FEATURE_DETECTED,
-            drift_metrics.FEATURE_P_VALUE, drift_metrics.SEGMENT_DETECTED, drift_metrics.WINDOW_RECORDS,
-            drift_metrics.BASELINE_RECORDS)}
+        g = {m: GaugeMetricFamily(m.name, m.doc, labels=list(m.labels)) for m in self.PER_SEGMENT}
         for segment in self.state.segments():
             seg = list(segment)
             if segment in self.state.windows:
@@ -110,25 +108,34 @@ class DriftCollector(Collector):
             verdict = self.state.verdict(segment)
             if verdict is None:
                 continue
-            if verdict.status != "insufficient_data":
+            g[drift_metrics.SEGMENT_STATUS].add_metric([*seg, verdict.status], 1.0)
+            decided = verdict.status in ("drift", "no_drift")
+            if decided:
                 g[drift_metrics.SEGMENT_DETECTED].add_metric(seg, 1.0 if verdict.status == "drift" else 0.0)
             for feature, f in verdict.features.items():
+                g[drift_metrics.FEATURE_STATUS].add_metric([*seg, feature, feature_status(verdict, feature)], 1.0)
                 if f.status != "ok":
                     continue
-                g[drift_metrics.FEATURE_DETECTED].add_metric([*seg, feature], 1.0 if f.drifted else 0.0)
                 g[drift_metrics.FEATURE_P_VALUE].add_metric([*seg, feature], f.p_value)
+                if decided:
+                    g[drift_metrics.FEATURE_DETECTED].add_metric([*seg, feature], 1.0 if f.drifted else 0.0)
                 for r in f.methods.values():
                     key = [*seg, feature, r.method]
                     g[drift_metrics.SCORE].add_metric(key, r.score)
                     g[drift_metrics.DETECTED].add_metric(key, 1.0 if r.drifted else 0.0)
                     g[drift_metrics.THRESHOLD].add_metric([*key, r.source], r.threshold)
-        yield from gauges.values()
+        yield from g.values()
+        calibrator = self.state.calibrator
         for metric, value in ((drift_metrics.ALPHA, self.state.alpha),
                               (drift_metrics.SEGMENTS, len(self.state.segments())),
-                              (drift_metrics.WINDOW_BYTES, self.state.memory_bytes())):
+                              (drift_metrics.WINDOW_BYTES, self.state.memory_bytes()),
+                              (drift_metrics.CALIBRATIONS_PENDING, calibrator.pending)):
             yield GaugeMetricFamily(metric.name, metric.doc, value=value)
         for metric, value in ((drift_metrics.OVERFLOW, self.state.overflow),
-                              (drift_metrics.EXPIRED, self.state.expired)):
+                              (drift_metrics.EXPIRED, self.state.expired),
+                              (drift_metrics.CALIBRATIONS, calibrator.calibrated),
+                              (drift_metrics.CALIBRATIONS_REFUSED, calibrator.refused),
+                              (drift_metrics.CALIBRATION_FAILURES, calibrator.failed)):
             yield CounterMetricFamily(metric.name, metric.doc, value=value)
 
 
@@ -145,10 +152,11 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
     store = state.store if state else Store(settings.db_path)
     state = state or DriftState(store, WindowConfig(
         settings.window_s, settings.buckets, settings.reservoir, settings.retention_s, alpha=settings.alpha,
-        min_samples=settings.min_samples, max_segments=settings.max_segments, resamples=settings.resamples))
+        min_samples=settings.min_samples, max_segments=settings.max_segments, resamples=settings.resamples,
+        calibration_queue=settings.calibration_queue))
     registry.register(DriftCollector(state))
-    ingested, rejected = (Counter(m.name, m.doc, m.labels, registry=registry)
-                          for m in (drift_metrics.INGESTED, drift_metrics.REJECTED))
+    ingested, rejected, internal_errors = (Counter(m.name, m.doc, m.labels, registry=registry) for m in (
+        drift_metrics.INGESTED, drift_metrics.REJECTED, drift_metrics.INTERNAL_ERRORS))
     token = settings.token.get_secret_value().encode() if settings.token else None
     source = PrometheusSource(settings.prometheus_url)
 
@@ -161,6 +169,9 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
     app = FastAPI(title="inferwatch drift", version=__version__, lifespan=lifespan,
                   description="Drift of LLM request features against baselines, with calibrated thresholds.")
     app.state.drift = state
+
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_middleware(CatchAll, errors=internal_errors)  # type: ignore[arg-type]
 
     @app.exception_handler(RequestValidationError)
     async def invalid_query(request: Request, exc: RequestValidationError) -> Response:
@@ -279,14 +290,16 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
     def selected(model: str | None, variant: str | None) -> list[Segment]:
         return [s for s in state.segments() if (model is None or s[0] == model) and (variant is None or s[1] == variant)]
 
+    # Handlers that score, calibrate (A/B, fleet) or wait on Prometheus are plain functions:
+    # FastAPI runs them on its thread pool, so /health and ingest never wait behind them.
     @app.get("/v1/drift", responses=_responses(api.DriftResponse, 400), summary="Verdicts per segment")
-    async def drift_get(model: SegmentParam = None, variant: SegmentParam = None,
+    def drift_get(model: SegmentParam = None, variant: SegmentParam = None,
                         feature: FeatureParam = None) -> Response:
         return JSONResponse({"segments": [segment_json(state, s, feature) for s in selected(model, variant)]})
 
     @app.get("/v1/compare", responses=_responses(api.CompareResponse, 400, 404),
              summary="A/B: variant b's window against variant a's")
-    async def compare(model: Annotated[str, Query(min_length=1, max_length=SEGMENT_TEXT_MAX)],
+    def compare(model: Annotated[str, Query(min_length=1, max_length=SEGMENT_TEXT_MAX)],
                       a: Annotated[str, Query(min_length=1, max_length=SEGMENT_TEXT_MAX)],
                       b: Annotated[str, Query(min_length=1, max_length=SEGMENT_TEXT_MAX)]) -> Response:
         if a == b:
@@ -309,7 +322,7 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
 
     @app.get("/v1/fleet-drift", responses=_responses(None, 400, 422, 502, 503),
              summary="Drift from Prometheus histogram buckets over the fleet")
-    async def fleet(metric: Annotated[str, Query(min_length=1, max_length=200)],
+    def fleet(metric: Annotated[str, Query(min_length=1, max_length=200)],
                     reference_end: Annotated[float, Query(ge=0, le=1e11, allow_inf_nan=False)],
                     selector: Annotated[str, Query(max_length=1000)] = "",
                     current_end: Annotated[float | None, Query(ge=0, le=1e11, allow_inf_nan=False)] = None,
@@ -323,7 +336,7 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
 
     @app.get("/report", response_class=HTMLResponse, responses={400: {"model": api.ErrorResponse}},
              summary="The HTML report")
-    async def report_get(model: SegmentParam = None, variant: SegmentParam = None) -> Response:
+    def report_get(model: SegmentParam = None, variant: SegmentParam = None) -> Response:
         rows = []
         for segment in selected(model, variant):
             verdict = state.verdict(segment)
@@ -334,7 +347,7 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
         return HTMLResponse(report.render(rows, state.clock()))
 
     @app.get("/metrics", response_class=PlainTextResponse, summary="Prometheus exposition")
-    async def metrics() -> Response:
+    def metrics() -> Response:
         return Response(generate_latest(registry), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/health", responses=_responses(api.Health), summary="Liveness")

@@ -5,18 +5,21 @@ No HTTP here: the service and the tests drive it with batches and clocks.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable
 
 import numpy as np
 
 from drift.binning import OTHER, CategoricalCounts, Histogram
 from drift.calibration import RESAMPLES
+from drift.calibrator import BackgroundCalibrator
 from drift.methods import METHODS, DriftResult, ks_exact, wasserstein_exact
 from drift.schema import CATEGORICAL_FEATURES, FEATURES, NUMERIC_FEATURES, UNITS, Batch, BatchError, parse_batch
 from drift.store import Store
@@ -42,6 +45,7 @@ class WindowConfig:
     resamples: int = RESAMPLES
     max_segments: int = 1000  # (model, variant) pairs kept; records of more go to OTHER_SEGMENT
     calibration_cache: int = 1024  # null distributions kept (about 48 KB each)
+    calibration_queue: int = 4096  # calibrations waiting for the background worker
     history: int = 240  # verdicts kept per segment for the report (one per time bucket)
 
 
@@ -54,9 +58,16 @@ class Baseline:
     starts: dict[str, np.ndarray]  # per numeric feature: how the fine bins merge (quantiles)
     created_at: float = 0.0
 
-    @property
+    @cached_property
     def reference(self) -> Reference:
-        return Reference(self.histograms, self.starts, f"baseline:{id(self)}")
+        """Keyed by content: calibrations depend on the counts alone, and a key that outlives
+        its baseline (a calibration still running when the baseline is replaced) can never
+        be taken for another baseline's."""
+        digest = hashlib.blake2b(digest_size=16)
+        for name in sorted(self.histograms):
+            digest.update(name.encode())
+            digest.update(self.histograms[name].counts.tobytes())
+        return Reference(self.histograms, self.starts, f"baseline:{digest.hexdigest()}")
 
 
 @dataclass(frozen=True)
@@ -73,7 +84,8 @@ def headline(feature: str) -> str:
 
 
 class DriftState:
-    def __init__(self, store: Store, config: WindowConfig, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, store: Store, config: WindowConfig, clock: Callable[[], float] = time.time,
+                 calibrator: BackgroundCalibrator | None = None) -> None:
         self.store = store
         self.config = config
         self.clock = clock
@@ -81,7 +93,8 @@ class DriftState:
         self.baselines: dict[Segment, Baseline] = {}
         self.alpha = config.alpha
         self.fixed: dict[str, float] = dict(config.thresholds)
-        self.cache = CalibrationCache(config.calibration_cache)
+        self.calibrator = calibrator or BackgroundCalibrator(CalibrationCache(config.calibration_cache),
+                                                             config.calibration_queue)
         self.ingested = 0
         self.overflow = 0  # records folded into OTHER_SEGMENT
         self.expired = 0  # idle segments dropped
@@ -163,6 +176,8 @@ class DriftState:
             self.alpha = float(saved.get("alpha", self.alpha))
             fixed = saved.get("fixed", {k: v for k, v in saved.items() if k in METHODS})  # older format: flat
             self.fixed.update({k: float(v) for k, v in fixed.items() if k in METHODS})
+        for segment in list(self.baselines):
+            self.verdict(segment)  # queues the calibrations the current windows need
         return replayed
 
     def set_thresholds(self, changes: dict[str, object]) -> dict:
@@ -248,10 +263,11 @@ class DriftState:
         with self._lock:
             old = self.baselines.get(segment)
             if old is not None:
-                self.cache.forget(old.reference.key)
+                self.calibrator.cache.forget(old.reference.key)
             self.baselines[segment] = baseline
             self._results.pop(segment, None)
             self._history.pop(segment, None)
+        self.verdict(segment)  # queues the calibrations the current window needs, computes nothing here
 
     # -- results --------------------------------------------------------------------------
     def segments(self) -> list[Segment]:
@@ -266,7 +282,10 @@ class DriftState:
 
     def verdict(self, segment: Segment) -> SegmentVerdict | None:
         """The segment's verdict against its baseline; None without a baseline or a window.
-        Cached until the window, the baseline or the thresholds change."""
+        Never calibrates on the caller's thread: a missing threshold is queued for the
+        background worker and the verdict is ``calibrating`` until it is ready. Cached until
+        the window, the baseline or the thresholds change (a calibrating one is not cached,
+        so the next call picks up what the worker finished)."""
         now = self.clock()
         with self._lock:
             baseline, window = self.baselines.get(segment), self.windows.get(segment)
@@ -277,10 +296,21 @@ class DriftState:
             cached = self._results.get(segment)
             if cached is not None and cached[0] == key:
                 return cached[1]
-            result = score(baseline.reference, window.histograms(now), self.policy, self.cache)
-            self._results[segment] = (key, result)
-            self._remember(segment, now, result)
+            result = score(baseline.reference, window.histograms(now), self.policy, self.calibrator)
+            if result.status != "calibrating":
+                self._results[segment] = (key, result)
+                self._remember(segment, now, result)
             return result
+
+    def calibrated_verdict(self, segment: Segment, timeout_s: float = 120.0) -> SegmentVerdict | None:
+        """``verdict``, after waiting for the background worker to calibrate what it needs: for
+        one-shot callers (reports written to a file, simulations), never for requests."""
+        deadline = time.monotonic() + timeout_s
+        result = self.verdict(segment)
+        while result is not None and result.status == "calibrating" and time.monotonic() < deadline:
+            self.calibrator.wait(max(deadline - time.monotonic(), 0.0))
+            result = self.verdict(segment)
+        return result
 
     def _remember(self, segment: Segment, now: float, result: SegmentVerdict) -> None:
         history = self._history.setdefault(segment, deque(maxlen=self.config.history))
@@ -309,14 +339,16 @@ class DriftState:
 
     def compare(self, model: str, variant_a: str, variant_b: str) -> SegmentVerdict | None:
         """A/B: variant b's current window scored against variant a's, feature by feature;
-        a's window is the reference (binned at its own quantiles, calibrated at b's size)."""
+        a's window is the reference (binned at its own quantiles, calibrated at b's size).
+        A reference that changes with every record has nothing to calibrate ahead of, so this
+        calibrates on the caller's thread (the service runs it off its event loop)."""
         a, b = self.current((model, variant_a)), self.current((model, variant_b))
         if not a or not b:
             return None
         with self._lock:
             version = self.windows[(model, variant_a)].version
         reference = reference_of(a, f"window:{model}:{variant_a}:{version}")
-        return score(reference, b, self.policy, self.cache)
+        return score(reference, b, self.policy, self.calibrator.cache)
 
     def exact(self, segment: Segment, feature: str) -> dict:
         """KS and Wasserstein on raw samples: the baseline's sample against the window's

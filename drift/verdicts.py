@@ -1,17 +1,18 @@
 """Scoring a segment: every feature and method against a reference, with calibrated
 thresholds, per-feature p-values and one per-segment verdict (Holm at alpha).
 
-Pure apart from the calibration cache it is handed: the state, the A/B comparison and the
-simulations in the tests and benchmarks all score through ``score``.
+Pure apart from the source of null distributions it is handed: the state, the A/B comparison
+and the simulations in the tests and benchmarks all score through ``score``.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import zlib
 from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, replace
+from typing import Literal, Protocol
 
 import numpy as np
 
@@ -59,42 +60,73 @@ def reference_of(histograms: Windows, key: str, bins: int = 20) -> Reference:
     return Reference(histograms, starts, key)
 
 
+CacheKey = tuple[str, str, int, int]  # reference key, feature, size band, resamples
+
+
+class NullSource(Protocol):
+    """Where scoring gets null distributions: computed on the spot (``CalibrationCache``) or
+    None while a background worker computes it (``drift.calibrator``)."""
+
+    def get(self, reference: Reference, feature: str, n_cur: int, resamples: int) -> NullDistribution | None: ...
+
+
 class CalibrationCache:
     """Null distributions by (reference, feature, size band), least recently used dropped
-    first; each entry is about 48 KB (6 x B float32)."""
+    first; each entry is about 48 KB (6 x B float32). Thread-safe: a background worker
+    fills it while requests read it."""
 
     def __init__(self, entries: int = 1024) -> None:
         self.entries = entries
-        self._cache: OrderedDict[tuple, NullDistribution] = OrderedDict()
-        self.misses = 0
+        self._cache: OrderedDict[CacheKey, NullDistribution] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(reference: Reference, feature: str, band: int, resamples: int) -> CacheKey:
+        return reference.key, feature, band, resamples
+
+    def peek(self, key: CacheKey) -> NullDistribution | None:
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+            return hit
+
+    def put(self, key: CacheKey, null: NullDistribution) -> None:
+        with self._lock:
+            self._cache[key] = null
+            while len(self._cache) > self.entries:
+                self._cache.popitem(last=False)
 
     def get(self, reference: Reference, feature: str, n_cur: int, resamples: int) -> NullDistribution:
-        band = size_band(n_cur)
-        key = (reference.key, feature, band, resamples)
-        hit = self._cache.get(key)
-        if hit is not None:
-            self._cache.move_to_end(key)
-            return hit
-        self.misses += 1
-        seed = zlib.crc32(f"{feature}:{band}".encode())
-        fine = reference.histograms[feature]
-        assert isinstance(fine, Histogram)
-        null = null_distribution(fine.counts, fine.edges, band, merged_bins(fine.total), resamples, seed)
-        null = NullDistribution(null.n_ref, null.n_cur, null.sorted_stats.astype(np.float32),
-                                null.sorted_min_p.astype(np.float32))
-        self._cache[key] = null
-        while len(self._cache) > self.entries:
-            self._cache.popitem(last=False)
+        """Computed on the spot when missing: for references that live for one request (A/B,
+        fleet drift), where there is nothing to compute ahead of."""
+        key = self.key(reference, feature, size_band(n_cur), resamples)
+        null = self.peek(key)
+        if null is None:
+            null = calibrate(reference, feature, size_band(n_cur), resamples)
+            self.put(key, null)
         return null
 
     def forget(self, reference_key: str) -> None:
-        for key in [k for k in self._cache if k[0] == reference_key]:
-            del self._cache[key]
+        with self._lock:
+            for key in [k for k in self._cache if k[0] == reference_key]:
+                del self._cache[key]
+
+
+def calibrate(reference: Reference, feature: str, band: int, resamples: int) -> NullDistribution:
+    """The null distribution of one reference feature at one size band (seeded by feature and
+    band, so a restart draws the same thresholds), stored as float32."""
+    fine = reference.histograms[feature]
+    assert isinstance(fine, Histogram)
+    seed = zlib.crc32(f"{feature}:{band}".encode())
+    null = null_distribution(fine.counts, fine.edges, band, merged_bins(fine.total), resamples, seed)
+    return NullDistribution(null.n_ref, null.n_cur, null.sorted_stats.astype(np.float32),
+                            null.sorted_min_p.astype(np.float32))
 
 
 @dataclass(frozen=True)
 class FeatureVerdict:
-    status: Literal["ok", "insufficient_data"]
+    status: Literal["ok", "insufficient_data", "calibrating"]
     n_ref: int
     n_cur: int
     p_value: float | None  # "some method flags this feature", calibrated
@@ -104,7 +136,7 @@ class FeatureVerdict:
 
 @dataclass(frozen=True)
 class SegmentVerdict:
-    status: Literal["drift", "no_drift", "insufficient_data"]
+    status: Literal["drift", "no_drift", "insufficient_data", "calibrating"]
     alpha: float
     features: dict[str, FeatureVerdict]
 
@@ -121,8 +153,27 @@ def _insufficient(method: str, threshold: float, n_ref: int, n_cur: int, minimum
                        source)  # type: ignore[arg-type]
 
 
+def _calibrating(ref: Histogram, cur: Histogram, policy: Policy) -> dict[str, DriftResult]:
+    """Scores while the threshold is being calibrated: no calibrated verdict or p-value yet,
+    said so; a fixed threshold needs no calibration and gives its verdict."""
+    fixed = dict(policy.fixed)
+    pp = prepare(ref, cur)
+    band = size_band(cur.total)
+    results = {}
+    for m in NUMERIC_METHODS:
+        base = evaluate(m, ref, cur, fixed.get(m), pp)
+        if m in fixed:
+            results[m] = replace(base, source="fixed")
+        else:
+            results[m] = replace(base, threshold=policy.alpha if base.kind == "p_value" else math.nan,
+                                 drifted=False, status="calibrating", source="alpha" if base.kind == "p_value"
+                                 else "calibrated", detail=f"threshold being calibrated at n={band}",
+                                 score=None if base.kind == "p_value" else base.score)
+    return results
+
+
 def _numeric(name: str, reference: Reference, current: Histogram, policy: Policy,
-             cache: CalibrationCache) -> tuple[FeatureVerdict, float | None]:
+             nulls: NullSource) -> tuple[FeatureVerdict, float | None]:
     fixed = dict(policy.fixed)
     ref = reference.merged(name)
     cur = merge(current, reference.starts[name], ref.edges)
@@ -132,7 +183,9 @@ def _numeric(name: str, reference: Reference, current: Histogram, policy: Policy
                                     n_ref, n_cur, policy.min_samples, "fixed" if m in fixed else "calibrated")
                    for m in NUMERIC_METHODS}
         return FeatureVerdict("insufficient_data", n_ref, n_cur, None, False, results), None
-    null = cache.get(reference, name, n_cur, policy.resamples)
+    null = nulls.get(reference, name, n_cur, policy.resamples)
+    if null is None:
+        return FeatureVerdict("calibrating", n_ref, n_cur, None, False, _calibrating(ref, cur, policy)), None
     results = method_results(ref, cur, null, policy)
     feature_p = null.feature_p_value(min(r.p_value for r in results.values()))  # type: ignore[type-var]
     return FeatureVerdict("ok", n_ref, n_cur, feature_p, False, results), feature_p
@@ -176,15 +229,17 @@ def _categorical(name: str, ref: CategoricalCounts, cur: CategoricalCounts,
     return FeatureVerdict("ok", ref.total, cur.total, p, False, {"chi2": result}), p
 
 
-def score(reference: Reference, current: Windows, policy: Policy, cache: CalibrationCache) -> SegmentVerdict:
+def score(reference: Reference, current: Windows, policy: Policy, nulls: NullSource) -> SegmentVerdict:
     """Every feature and method of ``current`` against ``reference``, then Holm across the
-    features that have enough data: the segment drifted if any feature is rejected."""
+    features that have enough data: the segment drifted if any feature is rejected. While a
+    feature's threshold is being calibrated the segment is ``calibrating``: Holm over part of
+    the features would be a different test from the one the alert and the docs state."""
     verdicts: dict[str, FeatureVerdict] = {}
     p_values: dict[str, float] = {}
     for f in NUMERIC_FEATURES:
         cur = current[f.name]
         assert isinstance(cur, Histogram)
-        verdicts[f.name], p = _numeric(f.name, reference, cur, policy, cache)
+        verdicts[f.name], p = _numeric(f.name, reference, cur, policy, nulls)
         if p is not None:
             p_values[f.name] = p
     for c in CATEGORICAL_FEATURES:
@@ -193,12 +248,26 @@ def score(reference: Reference, current: Windows, policy: Policy, cache: Calibra
         verdicts[c.name], p = _categorical(c.name, ref, cur, policy)
         if p is not None:
             p_values[c.name] = p
+    if any(v.status == "calibrating" for v in verdicts.values()):
+        return SegmentVerdict("calibrating", policy.alpha, verdicts)
     rejected = holm(p_values, policy.alpha)
     for name, drifted in rejected.items():
         v = verdicts[name]
         verdicts[name] = FeatureVerdict(v.status, v.n_ref, v.n_cur, v.p_value, drifted, v.methods)
     status = "insufficient_data" if not p_values else ("drift" if any(rejected.values()) else "no_drift")
     return SegmentVerdict(status, policy.alpha, verdicts)  # type: ignore[arg-type]
+
+
+def feature_status(verdict: SegmentVerdict, feature: str) -> str:
+    """One word per feature for metrics and dashboards: drift / no_drift once the segment's
+    verdict is in, else calibrating or insufficient_data (a feature with data waits for the
+    segment's calibration, since Holm decides all features at once)."""
+    f = verdict.features[feature]
+    if f.status == "insufficient_data":
+        return "insufficient_data"
+    if verdict.status == "calibrating":
+        return "calibrating"
+    return "drift" if f.drifted else "no_drift"
 
 
 def analysis_edges(reference: Reference) -> dict[str, Edges]:

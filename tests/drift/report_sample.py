@@ -29,8 +29,8 @@ def sample_html() -> str:
                                   prompt_mu=5.4 if shift else 5.0, ttft_scale=0.13 if shift else 0.1,
                                   length_share=0.35 if shift else 0.2)))
         for segment in state.segments():
-            state.verdict(segment)
-    rows = [report.SegmentReport(s, state.baselines[s], state.current(s), state.verdict(s), state.history(s),
+            state.calibrated_verdict(segment)
+    rows = [report.SegmentReport(s, state.baselines[s], state.current(s), state.calibrated_verdict(s), state.history(s),
                                  state.drifting_since(s), state.window_records(s)) for s in state.segments()]
     return report.render(rows, clock[0])
 

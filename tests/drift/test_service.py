@@ -37,6 +37,17 @@ def drift_of(server, **params):
     return requests.get(server.url + "/v1/drift", params=params, timeout=10).json()["segments"]
 
 
+def settled_drift_of(url, **params):
+    """/v1/drift once no segment is calibrating: thresholds are computed in the background,
+    and every read until then says so."""
+    deadline = time.monotonic() + 120
+    while True:
+        segments = requests.get(url + "/v1/drift", params=params, timeout=10).json()["segments"]
+        if all(s["status"] != "calibrating" for s in segments) or time.monotonic() > deadline:
+            return segments
+        time.sleep(0.05)
+
+
 def freeze_reference(server, now, **shape):
     ref = records(4000, now - 2 * HOUR, now - 1.5 * HOUR, seed=1, **shape)
     assert post(server, "/v1/ingest", body(ref)).status_code == 200
@@ -53,7 +64,7 @@ def test_ingest_then_drift_detected_and_exposed(service):
     r = post(service, "/v1/ingest", body(shifted))
     assert r.status_code == 200 and r.json() == {"accepted": 3000, "in_window": 3000}
 
-    (seg,) = drift_of(service, model="m", variant="v1")
+    (seg,) = settled_drift_of(service.url, model="m", variant="v1")
     assert seg["window_records"] == 3000 and seg["baseline_records"] == 4000
     assert seg["status"] == "drift" and set(seg["drifted_features"]) >= {"prompt_tokens", "ttft_s", "finish_reason"}
     assert "completion_tokens" not in seg["drifted_features"]  # untouched feature stays quiet
@@ -114,7 +125,7 @@ def test_same_distribution_is_not_detected(service):
     now = time.time()
     freeze_reference(service, now)
     post(service, "/v1/ingest", body(records(3000, now - 600, now, seed=3)))
-    (seg,) = drift_of(service)
+    (seg,) = settled_drift_of(service.url)
     assert seg["status"] == "no_drift" and seg["drifted_features"] == []
     for feature, f in seg["features"].items():
         assert f["status"] == "ok" and not f["drifted"], feature
@@ -135,7 +146,7 @@ def test_false_positive_rate_over_repeated_windows(tmp_path):
         clock[0] += 1200  # the previous window has slid out entirely
         state.ingest(body(records(2000, clock[0] - 500, clock[0], seed=200 + trial)))
         assert state.window_records(("m", "v1")) == 2000
-        verdict = state.verdict(("m", "v1"))
+        verdict = state.calibrated_verdict(("m", "v1"))
         alarms[("segment", "holm")] = alarms.get(("segment", "holm"), 0) + (verdict.status == "drift")
         for feature, methods in state.results(("m", "v1")).items():
             for name, r in methods.items():
@@ -219,7 +230,7 @@ def test_uploaded_baseline(service):
                       headers=service.auth, timeout=10)
     assert r.status_code == 201
     post(service, "/v1/ingest", body(records(500, now - 60, now, seed=6)))
-    (seg,) = drift_of(service)
+    (seg,) = settled_drift_of(service.url)
     assert seg["features"]["prompt_tokens"]["methods"]["js"]["drifted"]
     assert seg["features"]["ttft_s"]["status"] == "insufficient_data"  # the upload had no ttft
     assert seg["features"]["ttft_s"]["methods"]["js"]["status"] == "insufficient_data"
@@ -274,11 +285,11 @@ def test_kill_9_and_restart_keep_every_acknowledged_batch(tmp_path):
             assert r.status_code == 200
             acknowledged += 250
         assert requests.put(url + "/v1/thresholds", json={"psi": 0.2}, timeout=10).status_code == 200
-        before = requests.get(url + "/v1/drift", timeout=10).json()["segments"][0]
+        before = settled_drift_of(url)[0]
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
         proc = start()
-        after = requests.get(url + "/v1/drift", timeout=10).json()["segments"][0]
+        after = settled_drift_of(url)[0]
         assert after["window_records"] == acknowledged == before["window_records"]
         assert after["baseline_records"] == 2000
         psi_after = after["features"]["prompt_tokens"]["methods"]["psi"]
