@@ -6,6 +6,7 @@ import orjson
 
 # error.type values, as the OpenAI API and vLLM use them.
 INVALID_REQUEST = "invalid_request_error"
+RATE_LIMIT = "rate_limit_error"
 AUTHENTICATION = "authentication_error"
 NOT_FOUND = "not_found_error"
 UPSTREAM = "upstream_error"
@@ -19,13 +20,14 @@ class GatewayError(Exception):
     """
 
     def __init__(self, status: int, code: str, message: str, *, param: str | None = None,
-                 error_type: str = INVALID_REQUEST) -> None:
+                 error_type: str = INVALID_REQUEST, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
         self.param = param
         self.error_type = error_type
+        self.headers = headers
 
     def body(self) -> bytes:
         return error_body(self.message, self.error_type, self.code, self.param)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
+import math
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -32,6 +34,7 @@ from starlette.types import Receive
 
 from inferwatch import __version__
 from serving import errors
+from serving.admission import ANONYMOUS, Admission, PolicyFile, Rejection, Ticket, key_id
 from serving.errors import GatewayError, status_class
 from serving.features import FeatureQueue, FeatureRecord, FeatureSink, HttpSink
 from serving.metrics import GatewayMetrics, create_metrics
@@ -41,6 +44,8 @@ from serving.tracing import PROPAGATOR, build_tracer_provider, exemplar, get_tra
 from serving.upstream import Upstream
 from serving.validation import ROUTE_PATHS, ParsedRequest, Route, parse_request, upstream_payload
 
+
+log = logging.getLogger(__name__)
 
 UNKNOWN_MODEL = "unknown"  # label for requests whose model is not (yet) known: keeps labels bounded
 CLIENT_CLOSED = 499  # nginx's convention for "client went away before the answer was complete"
@@ -62,6 +67,8 @@ class RequestState:
     ctx: Context
     model: str = UNKNOWN_MODEL
     req: ParsedRequest | None = None
+    key: str = ANONYMOUS  # the API key's id (serving/admission.py), never the key
+    ticket: Ticket | None = None  # admission's, given back when the request ends
 
 
 class Gateway:
@@ -83,6 +90,12 @@ class Gateway:
             if feature_sink is not None else None
         )
         self._keys = [k.get_secret_value().encode() for k in settings.api_keys]
+        self._key_ids = [key_id(k.get_secret_value()) for k in settings.api_keys]
+        self.limits: PolicyFile | None = None
+        self.admission: Admission | None = None
+        if settings.limits_file is not None:
+            self.limits = PolicyFile(settings.limits_file, self._limits_error)
+            self.admission = Admission(self.limits.policy)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -97,6 +110,10 @@ class Gateway:
         await self.upstream.close()
         if self.tracer_provider is not None:
             self.tracer_provider.shutdown()
+
+    def _limits_error(self, message: str) -> None:
+        log.error("limits file: %s", message)
+        self.metrics.limits_reload_errors.inc()
 
     # -- endpoints -------------------------------------------------------------------
 
@@ -145,7 +162,7 @@ class Gateway:
         except GatewayError as exc:
             self.metrics.rejected.labels(path, exc.code).inc()
             self._finish(state, exc.status, None, error=exc.message)
-            return Response(exc.body(), exc.status, media_type="application/json")
+            return Response(exc.body(), exc.status, media_type="application/json", headers=exc.headers)
         self.metrics.in_flight.labels(state.model, self.settings.variant).inc()
         if req.stream:
             return await self._stream(state, req, body)
@@ -153,7 +170,7 @@ class Gateway:
 
     async def _preprocess(self, request: Request, state: RequestState) -> tuple[ParsedRequest, bytes]:
         with self.tracer.start_as_current_span("preprocess", context=state.ctx):
-            self._authorize(request)
+            state.key = self._authorize(request)
             body = await _read_body(request, self.settings.max_body_bytes)
             try:
                 req = parse_request(state.route, body, self.upstream.models, self.settings.max_tokens_limit)
@@ -169,24 +186,39 @@ class Gateway:
                     raise
                 req = parse_request(state.route, body, self.upstream.models, self.settings.max_tokens_limit)
             state.model, state.req = req.model, req
+            if self.admission is not None:
+                self._admit(state)
             payload, changed = upstream_payload(req, self.settings.capture_logprobs)
             span = state.span
             if span.is_recording():
                 span.set_attributes(_request_attributes(req))
             return req, orjson.dumps(payload) if changed else body
 
-    def _authorize(self, request: Request) -> None:
+    def _authorize(self, request: Request) -> str:
+        """The id of the API key presented (``ANONYMOUS`` when the gateway has none)."""
         if not self._keys:
-            return
+            return ANONYMOUS
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         presented = token.strip().encode()
-        ok = False
-        for key in self._keys:  # every key compared, so timing says nothing about which matched
-            ok |= hmac.compare_digest(key, presented)
-        if not ok or scheme.lower() != "bearer":
+        matched = -1
+        for i, key in enumerate(self._keys):  # every key compared, so timing says nothing about which matched
+            if hmac.compare_digest(key, presented):
+                matched = i
+        if matched < 0 or scheme.lower() != "bearer":
             raise GatewayError(401, "invalid_api_key",
                                "Missing or invalid API key: send 'Authorization: Bearer <key>'.",
                                error_type=errors.AUTHENTICATION)
+        return self._key_ids[matched]
+
+    def _admit(self, state: RequestState) -> None:
+        assert self.admission is not None and self.limits is not None
+        self.admission.policy = self.limits.current()
+        verdict = self.admission.admit(state.key, state.model)
+        if isinstance(verdict, Rejection):
+            self.metrics.admission_rejected.labels(state.model, verdict.scope, verdict.limit).inc()
+            raise GatewayError(429, "rate_limit_exceeded", verdict.message, error_type=errors.RATE_LIMIT,
+                               headers={"retry-after": str(max(1, math.ceil(verdict.retry_after_s)))})
+        state.ticket = verdict
 
     def _upstream_call_span(self, state: RequestState, req: ParsedRequest) -> tuple[trace.Span, dict[str, str]]:
         op = OPERATION[req.route]
@@ -293,8 +325,15 @@ class Gateway:
         return RelayResponse(StreamRelay(self, state, req, resp, span))  # type: ignore[return-value]
 
     def _done(self, state: RequestState, status: int, account: StreamAccount | None, error: str | None) -> None:
-        """A request that passed preprocessing ends: leave in-flight, record it."""
+        """A request that passed preprocessing ends: leave in-flight, give admission back
+        its ticket with the tokens vLLM used, record it."""
         self.metrics.in_flight.labels(state.model, self.settings.variant).dec()
+        if state.ticket is not None and self.admission is not None:
+            used = 0
+            if account is not None:
+                used = (account.prompt_tokens or 0) * (state.req.n if state.req else 1) + (
+                    account.completion_tokens if account.completion_tokens is not None else account.token_events)
+            self.admission.release(state.ticket, used)
         self._finish(state, status, account, error=error)
 
     # -- accounting --------------------------------------------------------------------

@@ -52,6 +52,8 @@ class GatewayMetrics:
     upstream_up: Gauge
     feature_records: Counter
     feature_queue_depth: Gauge
+    admission_rejected: Counter
+    limits_reload_errors: Counter
     build: Info
 
 
@@ -121,6 +123,15 @@ def create_metrics(registry: CollectorRegistry) -> GatewayMetrics:
         ),
         feature_queue_depth=Gauge(
             "feature_queue_depth", "Feature records waiting to be sent.", namespace=NAMESPACE, registry=registry,
+        ),
+        admission_rejected=Counter(
+            "admission_rejected", "Requests answered 429 by admission control, by the limit that refused them: "
+            "scope key or model; limit requests_per_minute, tokens_per_minute or in_flight.",
+            ("model", "scope", "limit"), namespace=NAMESPACE, registry=registry,
+        ),
+        limits_reload_errors=Counter(
+            "limits_reload_errors", "Times a changed limits file could not be read or parsed (the limits in force "
+            "stay).", namespace=NAMESPACE, registry=registry,
         ),
         build=Info("build", "Gateway version and configuration.", namespace=NAMESPACE, registry=registry),
     )

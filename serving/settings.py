@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field, SecretStr, field_validator
 from typing import Annotated
 
@@ -37,6 +39,9 @@ class GatewaySettings(BaseSettings):
 
     # Auth: empty means open. Comma-separated in the environment.
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
+    # Admission control: a YAML file of per-key and per-model limits (serving/admission.py),
+    # re-read when it changes. None: no limits beyond max_tokens_limit.
+    limits_file: Path | None = None
 
     # Tracing: no endpoint means no export (and no span recording).
     otlp_endpoint: str | None = None

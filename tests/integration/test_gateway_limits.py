@@ -206,3 +206,27 @@ def test_prompt_and_completion_text_never_reach_spans_or_logs(vllm_server, otlp_
     assert len(spans) >= 3 * 4  # server, preprocess, upstream call and relay spans per answered request
     assert marker.encode() not in b"".join(otlp_receiver.payloads)
     assert not [r for r in caplog.records if marker in r.getMessage()]
+
+
+def test_tokens_per_minute_are_charged_with_what_vllm_reports(vllm_server, tmp_path):
+    """Key a may use 40 tokens a minute: its second request overdraws, its third is refused
+    until the overdraft, as vLLM's usage reported it, has refilled. Key b is not held back."""
+    from serving.admission import key_id
+
+    limits = tmp_path / "limits.yml"
+    limits.write_text(f"default_key: {{tokens_per_minute: 40}}\nkeys: {{{key_id('b')}: {{}}}}\n")
+    settings = GatewaySettings(upstream_url=vllm_server.url, api_keys=["a", "b"], limits_file=limits)
+    with GatewayServer(settings) as gw:
+        a = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="a", max_retries=0)
+        b = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="b", max_retries=0)
+        ask = {"model": TINY_MODEL_NAME, "messages": MSG, "max_tokens": 16, "extra_body": {"ignore_eos": True}}
+        used = [a.chat.completions.create(**ask).usage.total_tokens for _ in range(2)]
+        with pytest.raises(openai.RateLimitError) as info:
+            a.chat.completions.create(**ask)
+        overdraft = sum(used) - 40
+        assert overdraft > 0 and "40 tokens per minute" in info.value.body["message"]
+        expected_wait = (overdraft + 1) * 60 / 40
+        assert abs(int(info.value.response.headers["retry-after"]) - expected_wait) <= 3, (used, expected_wait)
+        assert b.chat.completions.create(**ask).usage.completion_tokens == 16
+        assert metric_sum(gw.metrics_text(), "inferwatch_gateway_admission_rejected_total",
+                          limit="tokens_per_minute", scope="key") == 1

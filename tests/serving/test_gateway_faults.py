@@ -253,3 +253,55 @@ def test_a_request_the_http_parser_refuses_gets_an_openai_error_object(gw):
         head, _, body = s.recv(65536).partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400") and b"content-type: application/json" in head
     assert orjson.loads(body)["error"]["code"] == "invalid_http_request"
+
+
+def test_admission_answers_429_with_retry_after_per_key_and_per_model(stub, tmp_path):
+    import openai
+
+    from serving.admission import key_id
+
+    limits = tmp_path / "limits.yml"
+    limits.write_text("default_key: {requests_per_minute: 2}\n"
+                      f"keys: {{{key_id('key-b')}: {{requests_per_minute: 100}}}}\n"
+                      "models: {stall_stream: {max_in_flight: 1}}\n")
+    settings = GatewaySettings(upstream_url=stub.url, api_keys=["key-a", "key-b"], limits_file=limits)
+    with GatewayServer(settings) as g:
+        a = openai.OpenAI(base_url=f"{g.url}/v1", api_key="key-a", max_retries=0)
+        for _ in range(2):
+            a.chat.completions.create(model="ok", messages=[{"role": "user", "content": "hi"}])
+        with pytest.raises(openai.RateLimitError) as info:
+            a.chat.completions.create(model="ok", messages=[{"role": "user", "content": "hi"}])
+        assert info.value.response.headers["retry-after"] == "30"
+        assert info.value.body["code"] == "rate_limit_exceeded" and "2 requests per minute" in info.value.body["message"]
+        # another key is not starved by the first
+        assert chat(g, headers={"authorization": "Bearer key-b"}).status_code == 200
+        # one stream in flight for the model, the next is refused until it ends
+        held = chat(g, "stall_stream", stream=True, headers={"authorization": "Bearer key-b"})
+        reading = held.iter_content(chunk_size=None)  # kept: a dropped iterator closes the connection
+        assert next(reading)
+        r = chat(g, "stall_stream", stream=True, headers={"authorization": "Bearer key-b"})
+        assert r.status_code == 429 and r.headers["retry-after"] == "1" and "in flight" in error_of(r)["message"]
+        held.close()
+        text = g.metrics_text()
+        assert metric_sum(text, "inferwatch_gateway_admission_rejected_total", scope="key",
+                          limit="requests_per_minute", model="ok") == 1
+        assert metric_sum(text, "inferwatch_gateway_admission_rejected_total", scope="model", limit="in_flight",
+                          model="stall_stream") == 1
+        # limits change without a restart; a broken file keeps them and is counted
+        limits.write_text("default_key: {requests_per_minute: 1000}\n")
+        eventually(lambda: chat(g, headers={"authorization": "Bearer key-a"}).status_code == 200, timeout_s=5)
+        limits.write_text("default_key: {requests_per_minute: [}\n")
+        eventually(lambda: metric_sum(g.metrics_text(), "inferwatch_gateway_limits_reload_errors_total") == 1
+                   and chat(g, headers={"authorization": "Bearer key-a"}).status_code == 200, timeout_s=5)
+
+
+def test_a_missing_or_broken_limits_file_stops_the_start_with_a_clear_error(stub, tmp_path):
+    from serving.admission import PolicyError
+    from serving.gateway import create_app
+
+    with pytest.raises(FileNotFoundError):
+        create_app(GatewaySettings(upstream_url=stub.url, limits_file=tmp_path / "nope.yml"))
+    bad = tmp_path / "bad.yml"
+    bad.write_text("default_key: {tokens_per_minute: -5}\n")
+    with pytest.raises(PolicyError, match="default_key.tokens_per_minute"):
+        create_app(GatewaySettings(upstream_url=stub.url, limits_file=bad))
