@@ -13,7 +13,7 @@ import hmac
 import logging
 import math
 import time
-from contextlib import asynccontextmanager
+from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass
 from typing import AsyncIterator
 
@@ -135,9 +135,12 @@ class Gateway:
             return _upstream_unavailable(exc)
 
     async def render_metrics(self, request: Request) -> Response:
-        """Prometheus text, or OpenMetrics (with exemplars) when the scraper asks for it."""
+        """Prometheus text, or OpenMetrics (with exemplars) when the scraper asks for it.
+
+        Rendered on a worker thread: tens of milliseconds of formatting at many models and
+        variants would otherwise stall every request on the event loop for that long."""
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
-        return Response(encoder(self.registry), headers={"content-type": content_type})
+        return Response(await asyncio.to_thread(encoder, self.registry), headers={"content-type": content_type})
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -169,7 +172,7 @@ class Gateway:
         return await self._unary(state, req, body, request.receive)
 
     async def _preprocess(self, request: Request, state: RequestState) -> tuple[ParsedRequest, bytes]:
-        with self.tracer.start_as_current_span("preprocess", context=state.ctx):
+        with self._child_span("preprocess", state):
             state.key = self._authorize(request)
             body = await _read_body(request, self.settings.max_body_bytes)
             try:
@@ -220,33 +223,52 @@ class Gateway:
                                headers={"retry-after": str(max(1, math.ceil(verdict.retry_after_s)))})
         state.ticket = verdict
 
+    def _child_span(self, name: str, state: RequestState) -> AbstractContextManager:
+        """A child of the request's span, or nothing when that span is not recorded (tracing
+        off or sampled out): unsampled requests pay for no span they would not export."""
+        if state.span.is_recording():
+            return self.tracer.start_as_current_span(name, context=state.ctx)
+        return nullcontext()
+
     def _upstream_call_span(self, state: RequestState, req: ParsedRequest) -> tuple[trace.Span, dict[str, str]]:
+        headers = dict(self.upstream.headers)
+        if not state.span.is_recording():  # vLLM still joins the trace (sampled out, like ours)
+            PROPAGATOR.inject(headers, context=state.ctx)
+            return trace.INVALID_SPAN, headers
         op = OPERATION[req.route]
         span = self.tracer.start_span(f"{op} {req.model}", context=state.ctx, kind=SpanKind.CLIENT)
-        if span.is_recording():
-            span.set_attributes(_request_attributes(req))
-            span.set_attribute("server.address", self.upstream.base_url)
-        headers = dict(self.upstream.headers)
+        span.set_attributes(_request_attributes(req))
+        span.set_attribute("server.address", self.upstream.base_url)
         PROPAGATOR.inject(headers, context=trace.set_span_in_context(span, state.ctx))
         return span, headers
 
     async def _unary(self, state: RequestState, req: ParsedRequest, body: bytes, receive: Receive) -> Response:
         """The upstream exchange runs against the client's disconnect: a client that goes away
-        closes the upstream connection, so vLLM aborts the request instead of finishing it."""
-        exchange = asyncio.ensure_future(self._unary_exchange(state, req, body))
+        cancels it, which closes the upstream connection, so vLLM aborts the request instead
+        of finishing it."""
+        task = asyncio.current_task()
+        assert task is not None
         gone = asyncio.ensure_future(_until_disconnect(receive))
+        left = False
+
+        def on_gone(_: asyncio.Future) -> None:
+            nonlocal left
+            if not gone.cancelled():
+                left = True
+                task.cancel()
+
+        gone.add_done_callback(on_gone)
         try:
-            await asyncio.wait((exchange, gone), return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:  # we are cancelled ourselves (shutdown)
-            await _cancel(exchange)
-            gone.cancel()
-            raise
-        gone.cancel()
-        if not exchange.done():  # the client left first; the exchange records the 499
-            await _cancel(exchange)
+            return await self._unary_exchange(state, req, body)
+        except asyncio.CancelledError:
+            if not left:
+                raise  # we are cancelled ourselves (shutdown)
+            task.uncancel()  # the exchange has recorded the 499
             return Response(errors.error_body("client closed the connection", errors.INVALID_REQUEST, "client_closed"),
                             CLIENT_CLOSED, media_type="application/json")
-        return exchange.result()
+        finally:
+            gone.remove_done_callback(on_gone)
+            gone.cancel()
 
     async def _unary_exchange(self, state: RequestState, req: ParsedRequest, body: bytes) -> Response:
         status, account, error = 502, StreamAccount(state.started), None
@@ -270,7 +292,7 @@ class Gateway:
                 _end_span(span, "client closed the connection")
                 raise
             _end_span(span, None if upstream_status < 400 else f"upstream answered {upstream_status}")
-            with self.tracer.start_as_current_span("relay", context=state.ctx):
+            with self._child_span("relay", state):
                 if upstream_status >= 400:
                     status, error = upstream_status, f"upstream answered {upstream_status}"
                     self._upstream_error(state, "http_4xx" if upstream_status < 500 else "http_5xx")
@@ -407,7 +429,8 @@ class StreamRelay:
         self.processor = EventProcessor(self.account, req.route, strip_usage=not req.client_wants_usage,
                                         read_logprobs=capture,
                                         strip_logprobs=capture and not req.client_wants_logprobs)
-        self.relay_span = gateway.tracer.start_span("relay", context=state.ctx)
+        self.relay_span = (gateway.tracer.start_span("relay", context=state.ctx) if state.span.is_recording()
+                           else trace.INVALID_SPAN)
         self.status, self.error, self.reason, self.code = 200, None, None, ""
         self.settled = False
         self.client_gone = False

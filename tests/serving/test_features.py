@@ -1,6 +1,7 @@
 """Feature records: bounded queue, drops counted, batches delivered over HTTP."""
 
 import asyncio
+import dataclasses
 
 import orjson
 from aiohttp import web
@@ -115,12 +116,12 @@ def test_http_sink_posts_batches_and_counts_failures():
     assert c == {"queued": 5, "sent": 3, "dropped_full": 0, "dropped_send_error": 2}
     first = received[0]["records"]
     assert [r["started_at"] for r in first] == [1000.0, 1001.0, 1002.0]
-    assert first[0] == record(0).to_dict()
+    assert first[0] == dataclasses.asdict(record(0))
 
 
 def test_record_carries_exactly_the_design_contract():
     """DESIGN.md: numbers and small categoricals only; no prompt or completion text."""
-    assert set(record().to_dict()) == {
+    assert set(orjson.loads(orjson.dumps(record()))) == {
         "model", "variant", "route", "stream", "started_at", "finished_at", "status", "prompt_tokens",
         "completion_tokens", "ttft_s", "tpot_s", "e2e_s", "finish_reason", "mean_logprob",
     }

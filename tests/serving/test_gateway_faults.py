@@ -305,3 +305,29 @@ def test_a_missing_or_broken_limits_file_stops_the_start_with_a_clear_error(stub
     bad.write_text("default_key: {tokens_per_minute: -5}\n")
     with pytest.raises(PolicyError, match="default_key.tokens_per_minute"):
         create_app(GatewaySettings(upstream_url=stub.url, limits_file=bad))
+
+
+def test_metrics_render_off_the_event_loop(gw):
+    """A scrape that takes long to render (many models and variants) must not hold requests
+    up: while a collector is stuck inside /metrics, requests are still answered."""
+    import threading
+
+    release, rendering = threading.Event(), threading.Event()
+
+    class Slow:
+        def collect(self):
+            rendering.set()
+            release.wait(10)
+            return []
+
+    gw.registry.register(Slow())
+    scrape = threading.Thread(target=gw.metrics_text)
+    scrape.start()
+    assert rendering.wait(5)
+    try:
+        body = {"model": "ok", "messages": [{"role": "user", "content": "hi"}]}
+        answered = requests.post(gw.url + CHAT, json=body, timeout=3)  # the collector holds /metrics for 10 s
+        assert answered.status_code == 200
+    finally:
+        release.set()
+        scrape.join(10)
