@@ -1,10 +1,14 @@
-"""What the gateway costs: added latency, throughput on one core, CPU per streamed token,
-and /metrics render time. Prints markdown tables; medians of several runs.
+"""What the gateway costs: added latency, throughput on one core, CPU per request and per
+streamed token, and /metrics render time. Prints markdown tables; medians of several runs.
 
-Set-up (2-core box): the gateway runs pinned to core 0; the mock upstream
-(bench/mock_upstream.py) and the load generator (wrk, C) share core 1, so the gateway's
-core is its own. "direct" is wrk against the mock; "gateway" is wrk against the gateway in
-front of the same mock, in the same run.
+Set-up (2-core box): the proxy under test runs pinned to core 0; the mock upstream
+(bench/mock_upstream.py) and the load generator (wrk, C) share core 1, so the proxy's core
+is its own. "direct" is wrk against the mock. Yardsticks in the same run, in front of the
+same mock: nginx as a plain reverse proxy (the floor for one proxy hop: Debian's nginx,
+one process, keep-alive upstream, no buffering) and LiteLLM's proxy (when
+bench/.venv-litellm exists: `make bench` makes it). "gateway (production)" has API-key
+auth, feature records to a drift sink and tracing sampled at 10 % on; ratios are CPU per
+request against nginx's.
 
     python bench/gateway_overhead.py [--runs 3] [--seconds 4]
 """
@@ -22,6 +26,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from contextlib import ExitStack
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -50,13 +55,63 @@ def mock(port: int, tokens: int, interval_ms: float):
                    f"http://127.0.0.1:{port}/health", cpus=LOAD_CPU)
 
 
-def gateway(port: int, upstream_port: int, otlp: str | None = None):
+API_KEY = "bench-key"
+LITELLM_VENV = ROOT / "bench" / ".venv-litellm"
+
+
+def gateway(port: int, upstream_port: int, otlp: str | None = None, sample_ratio: float = 1.0,
+            production_sink: str | None = None):
     env = {"INFERWATCH_GATEWAY_UPSTREAM_URL": f"http://127.0.0.1:{upstream_port}",
            "INFERWATCH_GATEWAY_MAX_TOKENS_LIMIT": "32768"}
     if otlp:
         env["INFERWATCH_GATEWAY_OTLP_ENDPOINT"] = otlp
+        env["INFERWATCH_GATEWAY_TRACE_SAMPLE_RATIO"] = str(sample_ratio)
+    if production_sink:
+        env["INFERWATCH_GATEWAY_API_KEYS"] = API_KEY
+        env["INFERWATCH_GATEWAY_DRIFT_URL"] = production_sink
     return running("gateway", [sys.executable, "-m", "inferwatch", "gateway", "--port", str(port)],
                    f"http://127.0.0.1:{port}/health", cpus=GATEWAY_CPU, env=env)
+
+
+NGINX_CONF = """
+master_process off; daemon off; worker_processes 1;
+error_log {dir}/error.log warn; pid {dir}/nginx.pid;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  client_body_temp_path {dir}/body; proxy_temp_path {dir}/proxy; fastcgi_temp_path {dir}/fcgi;
+  uwsgi_temp_path {dir}/uwsgi; scgi_temp_path {dir}/scgi;
+  upstream mock {{ server 127.0.0.1:{upstream}; keepalive 256; }}
+  server {{
+    listen 127.0.0.1:{port};
+    location = /health {{ return 200 "ok"; }}
+    location / {{
+      proxy_pass http://mock; proxy_http_version 1.1; proxy_set_header Connection "";
+      proxy_buffering off;
+    }}
+  }}
+}}
+"""
+
+
+def nginx(port: int, upstream_port: int):
+    """One nginx process (master_process off), so its pid is the one doing the work."""
+    workdir = Path(tempfile.mkdtemp(prefix="inferwatch-bench-nginx-"))
+    conf = workdir / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(dir=workdir, port=port, upstream=upstream_port))
+    return running("nginx", [shutil.which("nginx") or "/usr/sbin/nginx", "-c", str(conf), "-p", str(workdir)],
+                   f"http://127.0.0.1:{port}/health", cpus=GATEWAY_CPU)
+
+
+def litellm(port: int, upstream_port: int):
+    workdir = Path(tempfile.mkdtemp(prefix="inferwatch-bench-litellm-"))
+    conf = workdir / "config.yaml"
+    conf.write_text(f"model_list:\n  - model_name: bench-model\n    litellm_params:\n      model: openai/bench-model\n"
+                    f"      api_base: http://127.0.0.1:{upstream_port}/v1\n      api_key: unused\n")
+    env = {"LITELLM_TELEMETRY": "False", "LITELLM_LOG": "ERROR", "DISABLE_SCHEMA_UPDATE": "true"}
+    return running("litellm", [str(LITELLM_VENV / "bin" / "litellm"), "--config", str(conf), "--port", str(port),
+                               "--num_workers", "1"],
+                   f"http://127.0.0.1:{port}/health/liveliness", cpus=GATEWAY_CPU, env=env)
 
 
 class OTLPSink:
@@ -75,15 +130,18 @@ class OTLPSink:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"  # also takes drift ingest batches
+        self.endpoint = f"{self.base}/v1/traces"
 
 
 UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
 
 
-def wrk(url: str, body: str, connections: int, seconds: float) -> dict:
+def wrk(url: str, body: str, connections: int, seconds: float, auth: bool = False) -> dict:
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
         f.write(f'wrk.method = "POST"\nwrk.body = \'{body}\'\nwrk.headers["Content-Type"] = "application/json"\n')
+        if auth:
+            f.write(f'wrk.headers["Authorization"] = "Bearer {API_KEY}"\n')
         script = f.name
     out = subprocess.run(["taskset", "-c", LOAD_CPU, "wrk", "-t1", f"-c{connections}", f"-d{int(seconds)}s", "--latency",
                           "-s", script, url], capture_output=True, text=True, check=True).stdout
@@ -97,9 +155,9 @@ def wrk(url: str, body: str, connections: int, seconds: float) -> dict:
             "requests": requests}
 
 
-def measure(url: str, body: str, conns: int, seconds: float, pid: int | None) -> dict:
+def measure(url: str, body: str, conns: int, seconds: float, pid: int | None, auth: bool = False) -> dict:
     c0 = cpu_seconds(pid) if pid else (0.0, 0.0)
-    r = wrk(url, body, conns, seconds)
+    r = wrk(url, body, conns, seconds, auth)
     if pid:
         c1 = cpu_seconds(pid)
         r["user_per_req"] = (c1[0] - c0[0]) / r["requests"]
@@ -113,66 +171,88 @@ def med(runs: list[dict], key: str) -> float:
 
 
 def latency_table(runs: int, seconds: float) -> list[str]:
-    mock_port, gw_port, gw_traced_port = free_port(), free_port(), free_port()
+    ports = {name: free_port() for name in ("mock", "nginx", "gateway", "production", "traced", "litellm")}
     sink = OTLPSink()
-    rows = ["| concurrency | path | p50 | p99 | added p50 | added p99 | req/s | gateway CPU/req (user + sys) |",
-            "|---|---|---|---|---|---|---|---|"]
-    with mock(mock_port, 100, 2.0), gateway(gw_port, mock_port) as gw, \
-            gateway(gw_traced_port, mock_port, otlp=sink.endpoint) as gwt:
-        targets = [("direct", f"http://127.0.0.1:{mock_port}", None),
-                   ("gateway", f"http://127.0.0.1:{gw_port}", gw.pid),
-                   ("gateway + tracing", f"http://127.0.0.1:{gw_traced_port}", gwt.pid)]
-        for _, base, _pid in targets:  # warm up connections, caches, the JIT-free-but-lazy imports
-            wrk(f"{base}/v1/chat/completions", CHAT_BODY, 4, 1)
+    rows = ["| concurrency | path | p50 | p99 | added p50 | added p99 | req/s | proxy CPU/req (user + sys) "
+            "| CPU/req vs nginx |", "|---|---|---|---|---|---|---|---|---|"]
+    with ExitStack() as stack:
+        stack.enter_context(mock(ports["mock"], 100, 2.0))
+        targets = [("direct", ports["mock"], None, False),
+                   ("nginx", ports["nginx"], stack.enter_context(nginx(ports["nginx"], ports["mock"])).pid, False),
+                   ("gateway", ports["gateway"],
+                    stack.enter_context(gateway(ports["gateway"], ports["mock"])).pid, False),
+                   ("gateway (production)", ports["production"],
+                    stack.enter_context(gateway(ports["production"], ports["mock"], otlp=sink.endpoint,
+                                                sample_ratio=0.1, production_sink=sink.base)).pid, True),
+                   ("gateway + tracing (all)", ports["traced"],
+                    stack.enter_context(gateway(ports["traced"], ports["mock"], otlp=sink.endpoint)).pid, False)]
+        if (LITELLM_VENV / "bin" / "litellm").exists():
+            targets.append(("LiteLLM proxy", ports["litellm"],
+                            stack.enter_context(litellm(ports["litellm"], ports["mock"])).pid, False))
+        for _, port, _pid, auth in targets:  # warm up connections, caches, lazy imports
+            wrk(f"http://127.0.0.1:{port}/v1/chat/completions", CHAT_BODY, 4, 1, auth)
         for conns in (1, 32):
-            results = {name: [] for name, _, _ in targets}
+            results = {name: [] for name, *_ in targets}
             for _ in range(runs):  # interleaved, so drift in machine load hits every path alike
-                for name, base, pid in targets:
-                    results[name].append(measure(f"{base}/v1/chat/completions", CHAT_BODY, conns, seconds, pid))
+                for name, port, pid, auth in targets:
+                    results[name].append(measure(f"http://127.0.0.1:{port}/v1/chat/completions", CHAT_BODY, conns,
+                                                 seconds, pid, auth))
             d50, d99 = med(results["direct"], "p50"), med(results["direct"], "p99")
-            for name, _, pid in targets:
+            floor = med(results["nginx"], "cpu_per_req")
+            for name, _, pid, _ in targets:
                 r = results[name]
                 p50, p99 = med(r, "p50"), med(r, "p99")
                 added = (f"{(p50 - d50) * 1e3:.3f} ms", f"{(p99 - d99) * 1e3:.3f} ms") if pid else ("—", "—")
                 cpu = (f"{med(r, 'cpu_per_req') * 1e6:.0f} µs ({med(r, 'user_per_req') * 1e6:.0f} + "
                        f"{med(r, 'sys_per_req') * 1e6:.0f})" if pid else "—")
+                ratio = f"{med(r, 'cpu_per_req') / floor:.1f}×" if pid else "—"
                 rows.append(f"| {conns} | {name} | {p50 * 1e3:.3f} ms | {p99 * 1e3:.3f} ms | {added[0]} | "
-                            f"{added[1]} | {med(r, 'rps'):,.0f} | {cpu} |")
+                            f"{added[1]} | {med(r, 'rps'):,.0f} | {cpu} | {ratio} |")
     return rows
 
 
 def stream_table(runs: int, seconds: float, tokens: int = 200) -> list[str]:
-    """Gateway CPU per relayed token: streams of ``tokens`` tokens minus 1-token streams
-    (same request count basis), so per-request costs (routing, spans, metrics) cancel out."""
-    long_mock, short_mock, gw_long, gw_short = free_port(), free_port(), free_port(), free_port()
-    rows = ["| streams | tokens/stream | gateway CPU/stream | CPU/token (raw) | net CPU/token | net user | net sys "
-            "| tokens/s relayed |", "|---|---|---|---|---|---|---|---|"]
-    with mock(long_mock, tokens, 2.0), mock(short_mock, 1, 0.0), gateway(gw_long, long_mock) as gl, \
-            gateway(gw_short, short_mock) as gs:
-        per_stream: dict[int, list[float]] = {tokens: [], 1: []}
-        user: dict[int, list[float]] = {tokens: [], 1: []}
-        relayed: dict[int, list[float]] = {tokens: [], 1: []}
+    """Proxy CPU per relayed chunk (one token per chunk, flushed one by one): streams of
+    ``tokens`` tokens minus 1-token streams (same request count basis), so per-request costs
+    (routing, spans, metrics) cancel out. nginx relays the same streams as the floor."""
+    long_mock, short_mock = free_port(), free_port()
+    rows = ["| proxy | streams | CPU/stream | net CPU/chunk | net user | net sys | vs nginx | chunks/s relayed |",
+            "|---|---|---|---|---|---|---|---|"]
+    with ExitStack() as stack:
+        stack.enter_context(mock(long_mock, tokens, 2.0))
+        stack.enter_context(mock(short_mock, 1, 0.0))
+        proxies = {}
+        for name, factory in (("nginx", nginx), ("gateway", gateway)):
+            pl, ps = free_port(), free_port()
+            proxies[name] = {tokens: (pl, stack.enter_context(factory(pl, long_mock)).pid),
+                             1: (ps, stack.enter_context(factory(ps, short_mock)).pid)}
+        per_stream = {name: {tokens: [], 1: []} for name in proxies}
+        user = {name: {tokens: [], 1: []} for name in proxies}
+        rps = {name: [] for name in proxies}
         for _ in range(runs):
-            for n, port, proc in ((tokens, gw_long, gl), (1, gw_short, gs)):
-                url = f"http://127.0.0.1:{port}"
-                before = metric_sum(urllib.request.urlopen(f"{url}/metrics").read().decode(),
-                                    "inferwatch_gateway_output_tokens_total")
-                r = measure(f"{url}/v1/chat/completions", STREAM_BODY, 32, seconds, proc.pid)
-                after = metric_sum(urllib.request.urlopen(f"{url}/metrics").read().decode(),
-                                   "inferwatch_gateway_output_tokens_total")
-                if after - before < r["requests"] * n * 0.99:
-                    raise RuntimeError(f"gateway relayed {after - before} tokens for {r['requests']} x {n}")
-                per_stream[n].append(r["cpu_per_req"])
-                user[n].append(r["user_per_req"])
-                relayed[n].append((after - before) / seconds)
-        long_cpu, short_cpu = statistics.median(per_stream[tokens]), statistics.median(per_stream[1])
-        net = (long_cpu - short_cpu) / (tokens - 1)
-        net_user = (statistics.median(user[tokens]) - statistics.median(user[1])) / (tokens - 1)
-        rows.append(f"| 32 | {tokens} | {long_cpu * 1e6:.0f} µs | {long_cpu / tokens * 1e6:.2f} µs | "
-                    f"{net * 1e6:.2f} µs | {net_user * 1e6:.2f} µs | {(net - net_user) * 1e6:.2f} µs | "
-                    f"{statistics.median(relayed[tokens]):,.0f} |")
-        rows.append(f"| 32 | 1 | {short_cpu * 1e6:.0f} µs | — | — | — | — | {statistics.median(relayed[1]):,.0f} |")
+            for name, by_n in proxies.items():
+                for n, (port, pid) in by_n.items():
+                    url = f"http://127.0.0.1:{port}"
+                    before = _relayed(url) if name == "gateway" else 0
+                    r = measure(f"{url}/v1/chat/completions", STREAM_BODY, 32, seconds, pid)
+                    if name == "gateway" and _relayed(url) - before < r["requests"] * n * 0.99:
+                        raise RuntimeError(f"gateway relayed {_relayed(url) - before} tokens for {r['requests']} x {n}")
+                    per_stream[name][n].append(r["cpu_per_req"])
+                    user[name][n].append(r["user_per_req"])
+                    if n == tokens:
+                        rps[name].append(r["requests"] * n / seconds)
+        net = {name: (statistics.median(per_stream[name][tokens]) - statistics.median(per_stream[name][1]))
+               / (tokens - 1) for name in proxies}
+        for name in proxies:
+            net_user = (statistics.median(user[name][tokens]) - statistics.median(user[name][1])) / (tokens - 1)
+            rows.append(f"| {name} | 32 × {tokens} tokens | {statistics.median(per_stream[name][tokens]) * 1e6:.0f} µs | "
+                        f"{net[name] * 1e6:.2f} µs | {net_user * 1e6:.2f} µs | {(net[name] - net_user) * 1e6:.2f} µs | "
+                        f"{net[name] / net['nginx']:.2f}× | {statistics.median(rps[name]):,.0f} |")
     return rows
+
+
+def _relayed(url: str) -> float:
+    return metric_sum(urllib.request.urlopen(f"{url}/metrics").read().decode(), "inferwatch_gateway_output_tokens_total")
 
 
 def populated_registry(models: int, variants: int):
@@ -237,7 +317,7 @@ def main() -> None:
     os.sched_setaffinity(0, {int(LOAD_CPU)})  # this driver (and its OTLP sink) stays off the gateway's core
     print(f"## Non-streaming chat completions (median of {args.runs} runs x {args.seconds:g}s)\n")
     print("\n".join(latency_table(args.runs, args.seconds)))
-    print(f"\n## Streaming: gateway CPU per relayed token (median of {args.runs} runs)\n")
+    print(f"\n## Streaming: CPU per relayed chunk (median of {args.runs} runs)\n")
     print("\n".join(stream_table(args.runs, args.seconds)))
     print("\n## /metrics render\n")
     print("\n".join(render_table()))

@@ -103,22 +103,36 @@ def gateway(
     otlp_protocol: Annotated[Optional[str], typer.Option(help="http/protobuf or grpc.")] = None,
     trace_sample_ratio: Annotated[Optional[float], typer.Option(help="Share of new traces sampled, 0..1.")] = None,
     drift_url: Annotated[Optional[str], typer.Option(help="Drift service base URL for feature records.")] = None,
+    limits_file: Annotated[Optional[Path], typer.Option(
+        help="YAML limits per API key and model, re-read when it changes [INFERWATCH_GATEWAY_LIMITS_FILE].")] = None,
     log_level: str = "warning",
 ) -> None:
     """Run the instrumented OpenAI-compatible gateway. Every setting also reads INFERWATCH_GATEWAY_*."""
     import uvicorn
 
+    from serving.admission import PolicyError
     from serving.gateway import create_app
     from serving.server import UVICORN_OPTIONS
     from serving.settings import GatewaySettings
 
     settings = _settings(GatewaySettings, "gateway", host=host, port=port, upstream_url=upstream_url,
                          variant=variant, otlp_endpoint=otlp_endpoint, otlp_protocol=otlp_protocol,
-                         trace_sample_ratio=trace_sample_ratio, drift_url=drift_url)
+                         trace_sample_ratio=trace_sample_ratio, drift_url=drift_url, limits_file=limits_file)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_app(settings)
+    try:
+        app = create_app(settings)
+    except (OSError, PolicyError) as exc:
+        _fail(f"gateway: cannot use the limits file: {exc}")
     _tune_gc()
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level, **UVICORN_OPTIONS)
+
+
+@app.command("key-id")
+def key_id_command(key: Annotated[str, typer.Argument(help="An API key of the gateway.")]) -> None:
+    """Print the id a limits file and the logs use for an API key (never the key itself)."""
+    from serving.admission import key_id
+
+    typer.echo(key_id(key))
 
 
 @app.command()

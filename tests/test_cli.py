@@ -73,3 +73,14 @@ def test_up_refuses_an_unreadable_or_empty_pagerduty_key_file(tmp_path):
                                  "--pagerduty-routing-key-file", str(path), "--run-dir", str(tmp_path)],
                                 capture_output=True, text=True, timeout=60)
         assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def test_gateway_refuses_a_broken_limits_file_and_key_id_names_keys(tmp_path):
+    bad = tmp_path / "limits.yml"
+    bad.write_text("default_key: {requests_per_minute: many}\n")
+    result = run("gateway", "--limits-file", str(bad), "--port", "1")
+    assert result.returncode == 2 and "default_key.requests_per_minute" in result.stderr + result.stdout
+    assert "Traceback" not in result.stderr
+    from serving.admission import key_id
+
+    assert run("key-id", "s3cret").stdout.strip() == key_id("s3cret") != "s3cret"
