@@ -68,9 +68,18 @@ $(SYSTEM_STAMP): $(VENV_STAMP)
 model: install
 	$(VENV)/bin/inferwatch model build
 
-bench: install
-	@command -v wrk >/dev/null || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get install -y -qq --no-install-recommends wrk; }
+# The gateway's yardsticks: nginx (Debian's) as the floor for one proxy hop, and LiteLLM's
+# proxy in its own venv (1.77.7: the last release whose [proxy] extra installs from PyPI
+# alone), never a dependency of the project.
+LITELLM_VENV := bench/.venv-litellm
+$(LITELLM_VENV)/.installed:
+	$(PYTHON) -m venv $(LITELLM_VENV)
+	$(LITELLM_VENV)/bin/pip install --quiet "litellm[proxy]==1.77.7"
+	touch $@
+
+bench: install $(LITELLM_VENV)/.installed
+	@command -v wrk >/dev/null && command -v nginx >/dev/null || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get install -y -qq --no-install-recommends wrk nginx; }
 	$(PY) bench/gateway_overhead.py
 	$(PY) bench/exporter.py
 	$(PY) bench/drift_ingest.py
