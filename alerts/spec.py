@@ -168,12 +168,13 @@ ALERTS = (
           description=f"{GPU} could not remap a failing memory row: it needs service (RMA)."),
     # -- ticket: will hurt soon, or needs a look this week ---------------------------------------
     Alert("DriftDetected",
-          f'count by (model, variant, feature) ({m("inferwatch_drift_detected")} == 1)'
+          f'max by (model, variant, feature) ({m("inferwatch_drift_feature_detected")} == 1)'
           f' and on (model, variant) {m("inferwatch_drift_window_records")} >= {DRIFT_MIN_WINDOW_RECORDS}',
           "warning", for_="15m", dashboard=uids.DRIFT,
           summary="Drift in {{ $labels.feature }} of {{ $labels.model }}/{{ $labels.variant }}",
-          description="{{ $value }} drift method(s) have flagged {{ $labels.feature }} of model "
-                      "{{ $labels.model }} variant {{ $labels.variant }} against its baseline for 15m."),
+          description="{{ $labels.feature }} of model {{ $labels.model }} variant {{ $labels.variant }} has "
+                      "differed from its baseline for 15m: the segment's verdict (calibrated p-values, Holm across "
+                      "its features) holds its false-alarm rate at the drift service's alpha per evaluation."),
     Alert("VLLMKVCacheSaturated",
           f'max by (model, instance) ({m("vllm:kv_cache_usage_perc")}) > {KV_CACHE_HIGH}'
           f' and on (model, instance) sum by (model, instance) ({m("vllm:num_requests_waiting")}) > 0',

@@ -77,13 +77,16 @@ SCENARIOS = [
              resolved_at="14m"),
     Scenario("row remap failed", "GPURowRemapFailure", {gpu("inferwatch_gpu_row_remap_failure"): "0 0 1 1 0"},
              quiet_at=("1m",), fires_at="2m", labels=crit(**GPU), value="1", resolved_at="4m"),
-    Scenario("two methods flag drift for 15m", "DriftDetected",
-             {selector("inferwatch_drift_detected", {**BASE, "model": "m1", "variant": "v1", "feature": "prompt_tokens",
-                                                     "method": method}): values
-              for method, values in (("psi", "0 1x30 0x10"), ("js", "0 1x30 0x10"), ("ks", "0x40"))}
-             | {selector("inferwatch_drift_window_records", {**BASE, "model": "m1", "variant": "v1"}): "500x40"},
+    Scenario("the segment's verdict flags a feature for 15m", "DriftDetected",
+             {selector("inferwatch_drift_feature_detected", {**BASE, "model": "m1", "variant": "v1",
+                                                             "feature": feature}): values
+              for feature, values in (("prompt_tokens", "0 1x30 0x10"), ("ttft_s", "0x40"))}
+             | {selector("inferwatch_drift_feature_detected", {**BASE, "model": "m2", "variant": "v1",
+                                                               "feature": "prompt_tokens"}): "1x40",
+                selector("inferwatch_drift_window_records", {**BASE, "model": "m1", "variant": "v1"}): "500x40",
+                selector("inferwatch_drift_window_records", {**BASE, "model": "m2", "variant": "v1"}): "60x40"},
              quiet_at=("10m",), fires_at="20m", labels=warn(model="m1", variant="v1", feature="prompt_tokens"),
-             value="2", resolved_at="33m"),
+             value="1", resolved_at="33m"),
     Scenario("KV cache full with requests waiting", "VLLMKVCacheSaturated",
              {selector("vllm:kv_cache_usage_perc", {**VLLM, "model_name": "m1", "engine": "0"}): "0.5 0.95x30",
               selector("vllm:num_requests_waiting", {**VLLM, "model_name": "m1", "engine": "0"}): "0 3x20 0x10"},
