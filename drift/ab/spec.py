@@ -1,0 +1,47 @@
+"""The guardrail metrics an A/B verdict judges, as frozen data: what each measures, which
+test fits it, which direction is worse, and the margin within which a difference does not
+matter (for promotion). One entry per metric, read by the analysis, the JSON, the gauges,
+the report and the alert rules alike."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Kind = Literal["proportion", "rank", "mean"]
+Direction = Literal["higher_is_worse", "lower_is_worse"]
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str
+    title: str
+    kind: Kind  # proportion: two-proportion z / Fisher; rank: Mann-Whitney; mean: Welch
+    direction: Direction
+    # Non-inferiority margin on the scale the sequential test runs on: a rate difference for
+    # proportions, P(treatment > control) - 1/2 for ranks, a difference of means for means.
+    margin: float
+    unit: str = ""
+    feature: str | None = None  # drift feature its values come from (rank and mean kinds)
+    pages: bool = False  # worse while the canary takes more than PAGE_SHARE of traffic: a page
+
+    def worse(self, effect: float) -> bool:
+        return effect > 0 if self.direction == "higher_is_worse" else effect < 0
+
+
+PAGE_SHARE = 0.10
+
+METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec("error_rate", "server errors (5xx) per request", "proportion", "higher_is_worse", 0.005, pages=True),
+    MetricSpec("truncation_rate", "answers cut at max_tokens (finish_reason length)", "proportion",
+               "higher_is_worse", 0.01),
+    MetricSpec("ttft", "time to first token", "rank", "higher_is_worse", 0.05, "s", "ttft_s", pages=True),
+    MetricSpec("tpot", "time per output token", "rank", "higher_is_worse", 0.05, "s", "tpot_s"),
+    MetricSpec("e2e_latency", "end-to-end latency", "rank", "higher_is_worse", 0.05, "s", "e2e_s"),
+    MetricSpec("completion_tokens", "answer length", "rank", "higher_is_worse", 0.05, "tokens", "completion_tokens"),
+    MetricSpec("mean_logprob", "mean token logprob (model confidence)", "mean", "lower_is_worse", 0.1, "nats/token",
+               "mean_logprob"),
+    MetricSpec("feedback", "positive user feedback", "proportion", "lower_is_worse", 0.02),
+)
+BY_NAME = {m.name: m for m in METRICS}
+PAGING = tuple(m.name for m in METRICS if m.pages)
