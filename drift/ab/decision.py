@@ -194,7 +194,8 @@ def _mean(spec: MetricSpec, control: Arm, treatment: Arm, exp: Experiment) -> Me
                         note=f"on uniform samples of {sc.size:,} / {st.size:,} values; the variants share a tokenizer")
 
 
-def _metric(spec: MetricSpec, control: Arm, treatment: Arm, exp: Experiment) -> MetricResult:
+def evaluate_metric(spec: MetricSpec, control: Arm, treatment: Arm, exp: Experiment) -> MetricResult:
+    """One guardrail, before Holm: its fixed-sample and always-valid results."""
     if spec.name == "error_rate":
         return _proportion(spec, control.errors, control.requests, treatment.errors, treatment.requests, exp,
                            exp.min_requests)
@@ -247,7 +248,7 @@ def analyse(exp: Experiment, control: Arm, treatment: Arm) -> AbResult:
     srm = SampleRatioCheck(source, stats.sample_ratio(observed, exp.weights), False)  # type: ignore[arg-type]
     srm = SampleRatioCheck(srm.source, srm.result, sum(observed) > 0 and srm.result.p_value < exp.srm_alpha)
     empty = tuple(arm.name for arm, n, a in zip((control, treatment), requests, observed) if n == 0 or a == 0)
-    metrics = _judge({spec.name: _metric(spec, control, treatment, exp) for spec in METRICS}, exp.alpha)
+    metrics = _judge({spec.name: evaluate_metric(spec, control, treatment, exp) for spec in METRICS}, exp.alpha)
     worse = [m for m in metrics.values() if m.verdict == "worse"]
     reasons: list[str] = []
     if empty:
