@@ -50,6 +50,8 @@ def _bin_labels(h: Histogram | CategoricalCounts) -> list[str]:
     if isinstance(h, CategoricalCounts):
         return list(h.labels)
     upper = h.edges.values[1:]
+    if upper.size == 1:  # a baseline whose values all fell in one bin
+        return ["all values"]
     return [f"≤{v:.3g}" for v in upper[:-1]] + [f">{upper[-2]:.3g}"]
 
 

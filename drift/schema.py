@@ -39,13 +39,15 @@ class CategoricalFeature:
 # bins of equal baseline mass per feature (``drift.binning.quantile_starts``), chosen when
 # a baseline is frozen and stored with it: resolution goes where the traffic is.
 NUMERIC_FEATURES: tuple[NumericFeature, ...] = (
-    NumericFeature("prompt_tokens", log_edges(1, 131072, 68), "prompt length, tokens"),
-    NumericFeature("completion_tokens", log_edges(1, 32768, 60), "answer length, tokens"),
-    NumericFeature("ttft_s", log_edges(0.001, 64, 64), "time to first token, seconds (streams)"),
-    NumericFeature("tpot_s", log_edges(0.0005, 2, 48), "time per output token, seconds (streams)"),
-    NumericFeature("e2e_s", log_edges(0.01, 640, 64), "end-to-end latency, seconds"),
-    NumericFeature("mean_logprob", linear_edges(-20, 0, 80), "mean token logprob: model confidence"),
+    NumericFeature("prompt_tokens", log_edges(1, 131072, 68), "prompt length"),
+    NumericFeature("completion_tokens", log_edges(1, 32768, 60), "answer length"),
+    NumericFeature("ttft_s", log_edges(0.001, 64, 64), "time to first token, streamed requests"),
+    NumericFeature("tpot_s", log_edges(0.0005, 2, 48), "time per output token, streamed requests"),
+    NumericFeature("e2e_s", log_edges(0.01, 640, 64), "end-to-end latency"),
+    NumericFeature("mean_logprob", linear_edges(-20, 0, 80), "mean token logprob, model confidence"),
 )
+# Units apart from the descriptions: the report and /v1/features show both, so a description
+# never repeats its unit.
 UNITS = {"prompt_tokens": "tokens", "completion_tokens": "tokens", "ttft_s": "s", "tpot_s": "s", "e2e_s": "s",
          "mean_logprob": "nats/token", "finish_reason": "", "status_class": ""}
 

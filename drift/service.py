@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
@@ -28,7 +28,7 @@ from drift.errors import error_response as _error
 from drift.methods import DriftResult
 from drift.prometheus_source import PrometheusSource, SourceError
 from drift.schema import FEATURES, NUMERIC_FEATURES, RANGES, SEGMENT_TEXT_MAX, UNITS, BatchError
-from drift.state import Baseline, DriftState, SegmentLimit, WindowConfig
+from drift.state import Baseline, DriftState, SegmentLimit, WindowConfig, smallest_alpha
 from drift.store import Store
 from drift.verdicts import SegmentVerdict, analysis_edges, feature_status
 from drift.windows import Segment
@@ -56,6 +56,13 @@ class DriftSettings(BaseSettings):
     resamples: int = Field(1999, ge=99, le=100_000, description="bootstrap draws per calibration")
     calibration_queue: int = Field(4096, ge=1, description="calibrations waiting for the background worker; "
                                                            "more are asked for again at the next evaluation")
+
+    @model_validator(mode="after")
+    def _alpha_resolvable(self) -> "DriftSettings":
+        if self.alpha < smallest_alpha(self.resamples):
+            raise ValueError(f"alpha {self.alpha:g} is below what {self.resamples} resamples can resolve "
+                             f"(1/{self.resamples + 1}): raise resamples or alpha")
+        return self
 
 
 def result_json(r: DriftResult) -> dict:
@@ -334,7 +341,8 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
             return _error(exc.status, str(exc), "fleet_drift_failed")
         return JSONResponse(result)
 
-    @app.get("/report", response_class=HTMLResponse, responses={400: {"model": api.ErrorResponse}},
+    @app.get("/report", response_class=HTMLResponse, responses={400: {"content": {"application/json": {
+        "schema": {"$ref": "#/components/schemas/ErrorResponse"}}}}},
              summary="The HTML report")
     def report_get(model: SegmentParam = None, variant: SegmentParam = None) -> Response:
         rows = []
@@ -375,12 +383,21 @@ def _body(model: type[BaseModel]) -> dict:
 
 
 def _publish_request_schemas(app: FastAPI) -> None:
+    """Add the hand-parsed bodies' schemas, and drop FastAPI's automatic 422: query errors are
+    a 400 in the service's error shape (routes that answer 422 declare it themselves)."""
     build = app.openapi
 
     def openapi() -> dict:
         if app.openapi_schema is None:
             doc = build()
-            doc.setdefault("components", {}).setdefault("schemas", {}).update(_REQUEST_SCHEMAS)
+            schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+            schemas.update(_REQUEST_SCHEMAS)
+            for operation in (op for path in doc["paths"].values() for op in path.values()):
+                automatic = operation["responses"].get("422", {}).get("content", {}).get("application/json", {})
+                if automatic.get("schema", {}).get("$ref", "").endswith("/HTTPValidationError"):
+                    del operation["responses"]["422"]
+            for name in ("HTTPValidationError", "ValidationError"):
+                schemas.pop(name, None)
             app.openapi_schema = doc
         return app.openapi_schema
 

@@ -188,6 +188,10 @@ class DriftState:
                 if not _number(value) or not 0 < value <= 0.5:  # type: ignore[operator]
                     raise BatchError("'alpha' must be a number in (0, 0.5]: the false-alarm rate per evaluation",
                                      field="alpha")
+                if value < smallest_alpha(self.config.resamples):  # type: ignore[operator]
+                    raise BatchError(f"'alpha' {value:g} is below what {self.config.resamples} resamples can resolve "
+                                     f"(1/{self.config.resamples + 1}); raise INFERWATCH_DRIFT_RESAMPLES or alpha",
+                                     field="alpha")
                 continue
             spec = METHODS.get(key)
             if spec is None:
@@ -369,6 +373,16 @@ class DriftState:
         scale = std if std > 0 else (abs(float(np.mean(ref))) or 1.0)
         return {**out, "status": "ok", "ks_statistic": d, "ks_p_value": p, "wasserstein": w1 / scale, "w1": w1}
 
+    def window_view(self, segment: Segment, since: float | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]] | None:
+        """The segment's window from ``since`` on: flat counts and each numeric feature's raw
+        sample (what an A/B arm is read from); None without a window."""
+        now = self.clock()
+        with self._lock:
+            window = self.windows.get(segment)
+            if window is None:
+                return None
+            return window.counts(now, since), {f.name: window.samples(f.name, now, since) for f in NUMERIC_FEATURES}
+
     def window_records(self, segment: Segment) -> int:
         with self._lock:
             window = self.windows.get(segment)
@@ -382,6 +396,12 @@ class DriftState:
 
 class SegmentLimit(BatchError):
     """A new segment would exceed INFERWATCH_DRIFT_MAX_SEGMENTS."""
+
+
+def smallest_alpha(resamples: int) -> float:
+    """Below 1/(B + 1) no calibrated p-value can reach alpha: every calibrated threshold would
+    be infinite, a verdict that can never fire."""
+    return 1 / (resamples + 1)
 
 
 def _number(value: object) -> bool:

@@ -99,6 +99,9 @@ def test_ingest_then_drift_detected_and_exposed(service):
     report = requests.get(service.url + "/report", timeout=10).text
     assert report.count("<svg") >= 8 and "prompt_tokens" in report and "DRIFT" in report
     assert "Summary" in report and "calibrated at n=" in report and "reference n=4,000" in report
+    # each feature's unit once, after its description (not "prompt length, tokens (tokens)")
+    assert "prompt length (tokens)." in report and "time to first token, streamed requests (s)." in report
+    assert "tokens (tokens)" not in report and "seconds" not in report
 
 
 def test_ab_comparison_between_variants(service):
@@ -211,7 +214,8 @@ def test_baseline_errors(service):
 
 
 @pytest.mark.parametrize("doc, field", [({"hellinger": 0.1}, "hellinger"), ({"ks": 1.5}, "ks"),
-                                        ({"psi": -1}, "psi"), ({"psi": "high"}, "psi")])
+                                        ({"psi": -1}, "psi"), ({"psi": "high"}, "psi"),
+                                        ({"alpha": 1e-4}, "alpha")])  # below 1/(1,999 + 1): thresholds infinite
 def test_threshold_changes_are_validated(service, doc, field):
     r = requests.put(service.url + "/v1/thresholds", json=doc, headers=service.auth, timeout=10)
     assert r.status_code == 422 and r.json()["error"]["field"] == field
@@ -234,6 +238,8 @@ def test_uploaded_baseline(service):
     assert seg["features"]["prompt_tokens"]["methods"]["js"]["drifted"]
     assert seg["features"]["ttft_s"]["status"] == "insufficient_data"  # the upload had no ttft
     assert seg["features"]["ttft_s"]["methods"]["js"]["status"] == "insufficient_data"
+    report = requests.get(service.url + "/report", timeout=10)  # a baseline in one bin has one bar
+    assert report.status_code == 200 and "all values" in report.text
 
 
 def test_window_memory_does_not_grow_with_traffic(tmp_path):
@@ -326,3 +332,8 @@ def test_window_slides(tmp_path):
     clock[0] += 200  # the first 100 slid out of the 600 s window
     assert state.window_records(("m", "v1")) == 50
     assert int(np.sum(state.current(("m", "v1"))["prompt_tokens"].counts)) == 50
+
+
+def test_settings_refuse_an_alpha_the_resamples_cannot_resolve():
+    with pytest.raises(ValueError, match="resamples"):
+        DriftSettings(alpha=0.001, resamples=99)  # 1/(99 + 1) = 0.01: every calibrated threshold infinite
