@@ -62,7 +62,28 @@ INTERNAL_ERRORS = DriftMetric("inferwatch_drift_internal_errors", "counter",
 INGESTED = DriftMetric("inferwatch_drift_ingested_records", "counter", "Records accepted.", ())
 REJECTED = DriftMetric("inferwatch_drift_rejected_batches", "counter", "Batches refused, by reason.", ("reason",))
 
+# A/B verdicts (drift.ab): per watched experiment, labelled model, control, treatment.
+AB_LABELS = ("model", "control", "treatment")
+AB_DECISION = DriftMetric("inferwatch_ab_decision", "gauge",
+                          "1 for the A/B decision: rollback, hold, continue or promote.", (*AB_LABELS, "decision"))
+AB_WORSE = DriftMetric("inferwatch_ab_guardrail_worse", "gauge",
+                       "1 if the treatment is worse on the guardrail metric (always-valid p-value, Holm across "
+                       "guardrails, family-wise false-rollback rate alpha over all looks).", (*AB_LABELS, "metric"))
+AB_P_VALUE = DriftMetric("inferwatch_ab_p_value", "gauge",
+                         "Always-valid (sequential) p-value of the guardrail's difference.", (*AB_LABELS, "metric"))
+AB_EFFECT_RELATIVE = DriftMetric("inferwatch_ab_effect_relative", "gauge",
+                                 "Treatment minus control over control (a rate, or the Hodges-Lehmann shift over the "
+                                 "control's median).", (*AB_LABELS, "metric"))
+AB_REQUESTS = DriftMetric("inferwatch_ab_requests", "gauge", "Requests per arm in the analysed window.",
+                          (*AB_LABELS, "arm"))
+AB_TREATMENT_SHARE = DriftMetric("inferwatch_ab_treatment_share_ratio", "gauge",
+                                 "Treatment's share of the experiment's traffic (assignments, else records).",
+                                 AB_LABELS)
+AB_SRM_P_VALUE = DriftMetric("inferwatch_ab_srm_p_value", "gauge",
+                             "Chi-square p-value of the split against the weights (mismatch below 0.001).", AB_LABELS)
+AB_METRICS = (AB_DECISION, AB_WORSE, AB_P_VALUE, AB_EFFECT_RELATIVE, AB_REQUESTS, AB_TREATMENT_SHARE, AB_SRM_P_VALUE)
+
 DRIFT_METRICS = (SCORE, DETECTED, THRESHOLD, FEATURE_DETECTED, FEATURE_P_VALUE, SEGMENT_DETECTED, SEGMENT_STATUS,
                  FEATURE_STATUS, ALPHA, SEGMENTS, WINDOW_BYTES, WINDOW_RECORDS, BASELINE_RECORDS, INGESTED, REJECTED,
                  OVERFLOW, EXPIRED, CALIBRATIONS, CALIBRATIONS_PENDING, CALIBRATIONS_REFUSED, CALIBRATION_FAILURES,
-                 INTERNAL_ERRORS)
+                 INTERNAL_ERRORS, *AB_METRICS)

@@ -22,6 +22,8 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
 from drift import api, report
+from drift.ab import http as ab_http
+from drift.ab.exposition import AbCollector, Watchlist
 from drift import metrics as drift_metrics
 from drift.errors import CatchAll, http_error
 from drift.errors import error_response as _error
@@ -162,6 +164,8 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
         min_samples=settings.min_samples, max_segments=settings.max_segments, resamples=settings.resamples,
         calibration_queue=settings.calibration_queue))
     registry.register(DriftCollector(state))
+    watchlist = Watchlist()
+    registry.register(AbCollector(state, watchlist))
     ingested, rejected, internal_errors = (Counter(m.name, m.doc, m.labels, registry=registry) for m in (
         drift_metrics.INGESTED, drift_metrics.REJECTED, drift_metrics.INTERNAL_ERRORS))
     token = settings.token.get_secret_value().encode() if settings.token else None
@@ -363,6 +367,7 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
         return JSONResponse({"status": "ok", "segments": len(state.segments()), "ingested": state.ingested,
                              "overflow_records": state.overflow, "window_bytes": state.memory_bytes()})
 
+    ab_http.install(app, state, watchlist)
     _publish_request_schemas(app)
     return app
 

@@ -1,0 +1,278 @@
+"""GET/POST /v1/ab/{model}: the A/B verdict as JSON, shaped for rollout controllers.
+
+- Argo Rollouts' ``web`` metric provider: GET with the experiment in the query string,
+  ``jsonPath: "{$.decision}"``, ``successCondition: result == "continue" || result == "promote"``,
+  ``failureCondition: result == "rollback"`` (``hold`` is inconclusive). Always 200 with a
+  verdict: Argo counts a non-2xx answer as a measurement error, not as a failure.
+- Flagger webhooks judge by status code alone and POST their own payload
+  (``name``, ``namespace``, ``phase``, ``checksum``, ``metadata``). The experiment comes from
+  the query string or the webhook's ``metadata`` (strings); ``pass_on`` lists the decisions
+  that answer 200, the others answer 412 with the same body. A ``rollout`` webhook with
+  ``pass_on=continue,promote,hold`` fails the canary's check on ``rollback`` only; a
+  ``confirm-promotion`` webhook with ``pass_on=promote`` holds promotion until it is earned.
+- A JSON body of the same fields works too (assignment and feedback counts fit better there).
+
+Assignment counts (``control_assignments``, ``treatment_assignments``) come from the
+gateway's routing-time counter; without them the sample-ratio check counts records.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal
+
+import orjson
+from fastapi import FastAPI, Path, Query
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from drift.ab.decision import DECISIONS, AbResult, Arm, Experiment, MetricResult, analyse
+from drift.ab.exposition import Watchlist
+from drift.ab.source import read_arm
+from drift.api import ErrorResponse
+from drift.errors import error_response
+from drift.schema import RANGES, SEGMENT_TEXT_MAX
+from drift.state import DriftState
+
+Decision = Literal["rollback", "hold", "continue", "promote"]
+Variant = Field(min_length=1, max_length=SEGMENT_TEXT_MAX, pattern=r"^\S+$")
+COUNT_MAX = 10**15
+
+
+class AbRequest(BaseModel):
+    """The experiment to judge: two variants of the model, the configured split, and what the
+    gateway counted. Weights are the configured shares and must add up to 1."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    control: str = Variant
+    treatment: str = Variant
+    control_weight: float = Field(gt=0, lt=1, allow_inf_nan=False)
+    treatment_weight: float = Field(gt=0, lt=1, allow_inf_nan=False)
+    control_assignments: int | None = Field(None, ge=0, le=COUNT_MAX, description="gateway routing count")
+    treatment_assignments: int | None = Field(None, ge=0, le=COUNT_MAX, description="gateway routing count")
+    control_feedback_positive: int | None = Field(None, ge=0, le=COUNT_MAX)
+    control_feedback_total: int | None = Field(None, ge=0, le=COUNT_MAX)
+    treatment_feedback_positive: int | None = Field(None, ge=0, le=COUNT_MAX)
+    treatment_feedback_total: int | None = Field(None, ge=0, le=COUNT_MAX)
+    shared_tokenizer: bool = Field(False, description="compare mean token logprob only when true")
+    since: float | None = Field(None, ge=RANGES["finished_at"][0], le=RANGES["finished_at"][1], allow_inf_nan=False,
+                                description="experiment start, unix seconds (rounded down to the window's bucket)")
+    alpha: float = Field(0.05, gt=0, le=0.2, allow_inf_nan=False, description="false-rollback rate over all looks")
+    min_requests: int = Field(100, ge=10, le=COUNT_MAX)
+    promote_requests: int = Field(1000, ge=10, le=COUNT_MAX)
+    pass_on: list[Decision] = Field(list(DECISIONS), description="decisions answered 200; others 412 (Flagger)")
+
+
+class Interval(BaseModel):
+    low: float
+    high: float
+
+
+class MetricJson(BaseModel):
+    title: str
+    test: str
+    direction: Literal["higher_is_worse", "lower_is_worse"]
+    unit: str
+    status: Literal["ok", "insufficient_data", "not_applicable"]
+    verdict: Literal["worse", "better", "non_inferior", "inconclusive", "insufficient_data", "not_applicable"]
+    n: dict[str, int]
+    control: float | None
+    treatment: float | None
+    effect: float | None = Field(description="treatment - control in the unit (Hodges-Lehmann shift for ranks)")
+    relative: float | None
+    interval: Interval | None
+    relative_interval: Interval | None
+    p_value: float | None = Field(description="fixed-sample test, for reference")
+    p_value_sequential: float | None = Field(description="always-valid: what the decision uses (Holm)")
+    sequential_scale: str
+    sequential_effect: float | None
+    confidence_sequence: Interval | None
+    margin: float
+    p95: dict[str, float | Interval] | None
+    note: str
+
+
+class SrmJson(BaseModel):
+    source: Literal["assignments", "records"]
+    observed: dict[str, int]
+    expected_share: dict[str, float]
+    chi2: float
+    p_value: float
+    alarm: bool
+    threshold: float
+
+
+class AbResponse(BaseModel):
+    model: str
+    control: str
+    treatment: str
+    decision: Decision
+    reasons: list[str]
+    requests: dict[str, int]
+    treatment_share: float
+    no_traffic: list[str]
+    srm: SrmJson
+    alpha: float
+    sequential: str
+    correction: str
+    since: float | None
+    worse: list[str]
+    metrics: dict[str, MetricJson]
+
+
+def _interval(pair: tuple[float, float] | None) -> dict | None:
+    return None if pair is None else {"low": _finite(pair[0]), "high": _finite(pair[1])}
+
+
+def _finite(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else x
+
+
+def metric_json(r: MetricResult) -> dict:
+    p95 = None
+    if r.p95 is not None:
+        p95 = {"q": r.p95.q, "control": r.p95.control, "treatment": r.p95.treatment, "difference": r.p95.difference,
+               "interval": _interval(r.p95.interval)}
+    return {"title": r.spec.title, "test": r.test, "direction": r.spec.direction, "unit": r.spec.unit,
+            "status": r.status, "verdict": r.verdict, "n": {"control": r.n_control, "treatment": r.n_treatment},
+            "control": r.control, "treatment": r.treatment, "effect": r.effect, "relative": r.relative,
+            "interval": _interval(r.interval), "relative_interval": _interval(r.relative_interval),
+            "p_value": r.p_value, "p_value_sequential": r.p_value_sequential, "sequential_scale": r.sequential_scale,
+            "sequential_effect": r.sequential_effect, "confidence_sequence": _interval(r.confidence_sequence),
+            "margin": r.spec.margin, "p95": p95, "note": r.note}
+
+
+def result_json(model: str, result: AbResult, since: float | None) -> dict:
+    exp = result.experiment
+    arms = (exp.control, exp.treatment)
+    srm = result.srm
+    return {"model": model, "control": exp.control, "treatment": exp.treatment, "decision": result.decision,
+            "reasons": list(result.reasons), "requests": dict(zip(("control", "treatment"), result.requests)),
+            "treatment_share": result.treatment_share, "no_traffic": list(result.no_traffic),
+            "srm": {"source": srm.source, "observed": dict(zip(arms, srm.result.observed)),
+                    "expected_share": dict(zip(arms, srm.result.expected_share)), "chi2": srm.result.statistic,
+                    "p_value": srm.result.p_value, "alarm": srm.alarm, "threshold": exp.srm_alpha},
+            "alpha": exp.alpha,
+            "sequential": f"normal-mixture always-valid p-values (mSPRT), tuned at {exp.tune_n:g} effective requests",
+            "correction": "holm", "since": since, "worse": result.worse,
+            "metrics": {name: metric_json(r) for name, r in result.metrics.items()}}
+
+
+class InputError(ValueError):
+    def __init__(self, message: str, field: str, status: int = 422) -> None:
+        super().__init__(message)
+        self.field, self.status = field, status
+
+
+def _pair(req: AbRequest, name: str) -> tuple[int, int] | None:
+    a, b = getattr(req, f"control_{name}"), getattr(req, f"treatment_{name}")
+    if (a is None) != (b is None):
+        raise InputError(f"give both control_{name} and treatment_{name}, or neither",
+                         f"{'treatment' if b is None else 'control'}_{name}")
+    return None if a is None else (a, b)
+
+
+def experiment_of(req: AbRequest) -> tuple[Experiment, tuple[int, int] | None, tuple[int, int] | None]:
+    """The experiment, and the per-arm feedback (positive, total), after the rules that span fields."""
+    if req.control == req.treatment:
+        raise InputError("control and treatment must be different variants", "treatment")
+    if abs(req.control_weight + req.treatment_weight - 1) > 1e-6:
+        raise InputError(f"control_weight + treatment_weight must be 1 (the configured split), got "
+                         f"{req.control_weight + req.treatment_weight:g}", "treatment_weight")
+    assignments = _pair(req, "assignments")
+    positive, total = _pair(req, "feedback_positive"), _pair(req, "feedback_total")
+    if (positive is None) != (total is None):
+        raise InputError("feedback needs both *_feedback_positive and *_feedback_total", "control_feedback_total")
+    feedback = None
+    if positive is not None and total is not None:
+        for arm, p, t in zip(("control", "treatment"), positive, total):
+            if p > t:
+                raise InputError(f"{arm}_feedback_positive ({p}) exceeds {arm}_feedback_total ({t})",
+                                 f"{arm}_feedback_positive")
+        feedback = (positive[0], total[0]), (positive[1], total[1])
+    if req.promote_requests < req.min_requests:
+        raise InputError("promote_requests must be at least min_requests", "promote_requests")
+    exp = Experiment(req.control, req.treatment, (req.control_weight, req.treatment_weight), assignments,
+                     req.shared_tokenizer, req.alpha, min_requests=req.min_requests,
+                     promote_requests=req.promote_requests)
+    return exp, (feedback[0] if feedback else None), (feedback[1] if feedback else None)  # type: ignore[return-value]
+
+
+def verdict(state: DriftState, watchlist: Watchlist, model: str, req: AbRequest) -> Response:
+    exp, fb_control, fb_treatment = experiment_of(req)
+    arms: list[Arm] = []
+    known = sorted(v for m, v in state.segments() if m == model)
+    for field, variant, fb in (("control", exp.control, fb_control), ("treatment", exp.treatment, fb_treatment)):
+        arm = read_arm(state, model, variant, req.since, fb)
+        if arm is None:
+            raise InputError(f"no records of model '{model}' variant '{variant}' in the current window "
+                             f"(variants seen: {', '.join(known) or 'none'})", field, 404)
+        arms.append(arm)
+    result = analyse(exp, arms[0], arms[1])
+    watchlist.watch(model, exp, req.since)
+    status = 200 if result.decision in req.pass_on else 412
+    return JSONResponse(result_json(model, result, req.since), status_code=status)
+
+
+def _flagger_or_body(doc: object) -> dict:
+    """Our fields, from a JSON object of them or from a Flagger webhook's ``metadata``."""
+    if not isinstance(doc, dict):
+        raise InputError("body must be a JSON object", "body")
+    if {"name", "namespace", "phase"} <= doc.keys():
+        metadata = doc.get("metadata") or {}
+        if not isinstance(metadata, dict):
+            raise InputError("Flagger payload's metadata must be an object", "metadata")
+        return {k: (v.split(",") if k == "pass_on" and isinstance(v, str) else v) for k, v in metadata.items()}
+    return doc
+
+
+def _validation_error(exc: ValidationError, status: int) -> Response:
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first.get("loc", ())) or "request"
+    return error_response(status, f"'{where}': {first.get('msg', 'invalid')}", "invalid_experiment", field=where)
+
+
+ModelPath = Annotated[str, Path(min_length=1, max_length=SEGMENT_TEXT_MAX)]
+RESPONSES: dict = {200: {"model": AbResponse}, 412: {"model": AbResponse, "description": "decision not in pass_on"},
+                   **{code: {"model": ErrorResponse} for code in (400, 404, 422)}}
+
+
+def install(app: FastAPI, state: DriftState, watchlist: Watchlist) -> None:
+    """Declare the routes (plain functions: FastAPI runs them on its thread pool, so the
+    event loop never waits on an analysis)."""
+
+    @app.get("/v1/ab/{model}", responses=RESPONSES, summary="A/B verdict: rollback, hold, continue or promote")
+    def ab_get(model: ModelPath, query: Annotated[AbRequest, Query()]) -> Response:
+        try:
+            return verdict(state, watchlist, model, query)
+        except InputError as exc:
+            return error_response(400 if exc.status == 422 else exc.status, str(exc), "invalid_experiment",
+                                  field=exc.field)
+
+    @app.post("/v1/ab/{model}", responses=RESPONSES, summary="A/B verdict for a JSON body or a Flagger webhook",
+              openapi_extra={"requestBody": {"required": False, "content": {"application/json": {
+                  "schema": AbRequest.model_json_schema()}}}})
+    async def ab_post(model: ModelPath, request: Request) -> Response:
+        raw = await request.body()
+        try:
+            fields = dict(request.query_params)
+            if "pass_on" in fields:
+                fields["pass_on"] = request.query_params.getlist("pass_on")  # type: ignore[assignment]
+            if raw.strip():
+                try:
+                    doc = orjson.loads(raw)
+                except orjson.JSONDecodeError as exc:
+                    raise InputError(f"body is not valid JSON: {exc}", "body") from None
+                fields.update(_flagger_or_body(doc))
+            req = AbRequest.model_validate(fields)
+        except InputError as exc:
+            return error_response(exc.status, str(exc), "invalid_experiment", field=exc.field)
+        except ValidationError as exc:
+            return _validation_error(exc, 422)
+        try:
+            return await run_in_threadpool(verdict, state, watchlist, model, req)
+        except InputError as exc:
+            return error_response(exc.status, str(exc), "invalid_experiment", field=exc.field)
