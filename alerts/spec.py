@@ -12,6 +12,7 @@ from prometheus_client.utils import floatToGoString
 
 from alerts.model import SLO, Alert, BurnTier, BurnWindow
 from dashboards import uids
+from drift.ab.spec import PAGE_SHARE, PAGING
 from inferwatch.catalog import metric as m
 from serving.metrics import REQUEST_DURATION_BUCKETS, TTFT_BUCKETS
 
@@ -166,7 +167,27 @@ ALERTS = (
           dashboard=uids.GPUS,
           summary=f"Row remapping failed on {GPU}",
           description=f"{GPU} could not remap a failing memory row: it needs service (RMA)."),
+    # A canary worse on errors or time to first token while it takes a real share of traffic:
+    # users are hurting now. The verdict is sequential (always-valid, Holm across guardrails),
+    # so one evaluation is evidence; `for` only rides out a scrape of a window in flux.
+    Alert("ABCanaryHurtingUsers",
+          f'max by (model, control, treatment, metric) ({m("inferwatch_ab_guardrail_worse")}'
+          f'{{metric=~"{"|".join(PAGING)}"}}) == 1'
+          f' and on (model, control, treatment) max by (model, control, treatment) '
+          f'({m("inferwatch_ab_treatment_share_ratio")}) > {PAGE_SHARE:g}',
+          "critical", for_="2m", dashboard=uids.DRIFT,
+          summary="Canary {{ $labels.treatment }} of {{ $labels.model }} is worse on {{ $labels.metric }}",
+          description="Variant {{ $labels.treatment }} of model {{ $labels.model }} is significantly worse than "
+                      "{{ $labels.control }} on {{ $labels.metric }} while it takes over "
+                      f"{PAGE_SHARE:.0%} of the traffic: roll it back (send all traffic to the control)."),
     # -- ticket: will hurt soon, or needs a look this week ---------------------------------------
+    Alert("ABCanaryWorse",
+          f'max by (model, control, treatment, metric) ({m("inferwatch_ab_guardrail_worse")}) == 1',
+          "warning", for_="5m", dashboard=uids.DRIFT,
+          summary="Canary {{ $labels.treatment }} of {{ $labels.model }} is worse on {{ $labels.metric }}",
+          description="The A/B verdict finds variant {{ $labels.treatment }} of model {{ $labels.model }} "
+                      "worse than {{ $labels.control }} on {{ $labels.metric }} (always-valid p-value, Holm "
+                      "across guardrails) for 5m: look at GET /v1/ab/{{ $labels.model }} and roll back."),
     Alert("DriftDetected",
           f'max by (model, variant, feature) ({m("inferwatch_drift_feature_detected")} == 1)'
           f' and on (model, variant) {m("inferwatch_drift_window_records")} >= {DRIFT_MIN_WINDOW_RECORDS}',

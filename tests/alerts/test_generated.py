@@ -72,7 +72,7 @@ def test_every_alert_is_documented_and_linked():
 def test_pages_are_what_the_issue_lists():
     pages = {r["alert"] for r in alerting_rules() if r["labels"]["severity"] == "critical"}
     assert {"SLOErrorBudgetBurn", "VLLMDown", "GatewayDown", "GatewayUpstreamDown", "GPUFatalXID", "GPUDeviceFailed",
-            "GPUUncorrectableECC", "GPURowRemapFailure", "InferwatchCrashLooping"} == pages
+            "GPUUncorrectableECC", "GPURowRemapFailure", "InferwatchCrashLooping", "ABCanaryHurtingUsers"} == pages
 
 
 def test_cap_for_shortens_only_longer_durations():

@@ -30,6 +30,11 @@ def warn(**labels: str) -> dict[str, str]:
 
 
 GPU_ALERT = {k: GPU[k] for k in GPU}
+AB = {"model": "m1", "control": "v1", "treatment": "v2"}
+
+
+def ab(name: str, **labels: str) -> str:
+    return selector(name, {"job": "inferwatch-drift", "instance": "d:8090", **AB, **labels})
 
 SCENARIOS = [
     Scenario("vLLM misses two scrapes, then is back", "VLLMDown", {selector("up", VLLM): "1 1 0 0 0 0 0 1 1"},
@@ -87,6 +92,17 @@ SCENARIOS = [
                 selector("inferwatch_drift_window_records", {**BASE, "model": "m2", "variant": "v1"}): "60x40"},
              quiet_at=("10m",), fires_at="20m", labels=warn(model="m1", variant="v1", feature="prompt_tokens"),
              value="1", resolved_at="33m"),
+    Scenario("canary worse on TTFT while it takes 25% of traffic pages", "ABCanaryHurtingUsers",
+             {ab("inferwatch_ab_guardrail_worse", metric="ttft"): "0 1x10 0x5",
+              ab("inferwatch_ab_guardrail_worse", metric="completion_tokens"): "1x16",
+              ab("inferwatch_ab_treatment_share_ratio"): "0.25x16"},
+             quiet_at=("2m",), fires_at="4m", labels=crit(**AB, metric="ttft"), value="1", resolved_at="14m"),
+    Scenario("canary worse on answer length is a ticket after 5m", "ABCanaryWorse",
+             {ab("inferwatch_ab_guardrail_worse", metric="completion_tokens"): "0 1x10 0x5",
+              ab("inferwatch_ab_guardrail_worse", metric="error_rate"): "0x16",
+              ab("inferwatch_ab_treatment_share_ratio"): "0.05x16"},
+             quiet_at=("5m",), fires_at="7m", labels=warn(**AB, metric="completion_tokens"), value="1",
+             resolved_at="13m"),
     Scenario("KV cache full with requests waiting", "VLLMKVCacheSaturated",
              {selector("vllm:kv_cache_usage_perc", {**VLLM, "model_name": "m1", "engine": "0"}): "0.5 0.95x30",
               selector("vllm:num_requests_waiting", {**VLLM, "model_name": "m1", "engine": "0"}): "0 3x20 0x10"},
@@ -225,6 +241,9 @@ MONITORING_BESIDE_A_VLLM = dict([
     (selector("vllm:num_requests_running", VLLM), "0x20")])
 
 OTHER_QUIET = [
+    _quiet("a canary worse on TTFT at 5% of traffic is a ticket, not a page",
+           {ab("inferwatch_ab_guardrail_worse", metric="ttft"): "1x15",
+            ab("inferwatch_ab_treatment_share_ratio"): "0.05x15"}, "10m", "ABCanaryHurtingUsers"),
     _quiet("jobs configured with no targets open no absent() tickets", MONITORING_BESIDE_A_VLLM, "15m",
            "InferwatchTargetAbsent"),
     _quiet("nor metric-absent ones", MONITORING_BESIDE_A_VLLM, "15m", "InferwatchMetricAbsent"),
