@@ -188,7 +188,8 @@ def _feature(name: str, s: SegmentReport) -> str:
             f"{bars_svg(ref, cur, unit)}{history_svg(points, method)}{_methods_table(f.methods)}</div>")
 
 
-def render(segments: list[SegmentReport], now: float | None = None) -> str:
+def render(segments: list[SegmentReport], now: float | None = None, ab: str = "") -> str:
+    """The report; ``ab`` is the A/B section (drift.ab.report), placed after the summary."""
     now = time.time() if now is None else now
     segments = sorted(segments, key=_order)
     alpha = segments[0].verdict.alpha if segments else None
@@ -206,6 +207,7 @@ def render(segments: list[SegmentReport], now: float | None = None) -> str:
         out.append("<p>No segment has both a baseline and a current window yet.</p>")
     else:
         out.append("<h2>Summary</h2>" + _summary(segments))
+    out.append(ab)
     for s in segments:
         model, variant = s.segment
         out.append(f"<h2 id='{_esc(model)}/{_esc(variant)}'>{_esc(model)} / {_esc(variant)}: "

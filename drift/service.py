@@ -23,6 +23,7 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 
 from drift import api, report
 from drift.ab import http as ab_http
+from drift.ab import report as ab_report
 from drift.ab.exposition import AbCollector, Watchlist
 from drift import metrics as drift_metrics
 from drift.errors import CatchAll, http_error
@@ -356,7 +357,7 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
                 rows.append(report.SegmentReport(segment, state.baselines[segment], state.current(segment), verdict,
                                                  state.history(segment), state.drifting_since(segment),
                                                  state.window_records(segment)))
-        return HTMLResponse(report.render(rows, state.clock()))
+        return HTMLResponse(report.render(rows, state.clock(), ab_report.sections(state, watchlist, model)))
 
     @app.get("/metrics", response_class=PlainTextResponse, summary="Prometheus exposition")
     def metrics() -> Response:

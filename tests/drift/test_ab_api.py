@@ -116,3 +116,11 @@ def test_openapi_lists_the_route_with_its_models(client):
     names = {p["name"] for p in ops["get"]["parameters"]}
     assert {"control", "treatment", "control_weight", "treatment_weight", "since", "pass_on"} <= names
     assert "AbResponse" in doc["components"]["schemas"]
+
+
+def test_report_shows_the_watched_experiment_with_plots(client):
+    client.get("/v1/ab/m", params=SPLIT)
+    page = client.get("/report", params={"model": "m"}).text
+    assert "A/B m: v1 (control) vs v2 (treatment)" in page and "ROLLBACK" in page
+    assert page.count("<polyline") >= 8  # two arms' distribution functions per latency and length metric
+    assert "treatment worse on ttft" in page
