@@ -184,6 +184,8 @@ def flood_rows(runs: int) -> list[str]:
         state.ingest(body(records(60, clock[0] - 60, clock[0], seed=1000 + i, model=seg[0])))
         state.freeze_baseline(seg, clock[0] - 7200, clock[0] - 5400)
     t_first = median_time(lambda: generate_latest(registry), 1)
+    state.calibrator.wait()  # the background worker calibrates what the first scrape asked for
+    generate_latest(registry)  # verdicts computed once, then cached until a window changes
     t_warm = median_time(lambda: generate_latest(registry), runs)
     size_b = len(generate_latest(registry))
     return ["| what | value |", "|---|---|",
@@ -192,8 +194,9 @@ def flood_rows(runs: int) -> list[str]:
             f"({windows / 10_000 / 1e3:.1f} KB per one-bucket segment) |",
             f"| process peak RSS growth during the flood | {grown:.0f} MB |",
             f"| /metrics, 10,000 segments without baselines | {size / 1e6:.2f} MB in {t_metrics * 1e3:.0f} ms |",
-            f"| /metrics, + 200 baselines, first scrape (calibrates) | {size_b / 1e6:.2f} MB in {t_first:.2f} s |",
-            f"| /metrics, + 200 baselines, next scrapes (cached) | {t_warm * 1e3:.0f} ms |",
+            f"| /metrics, + 200 baselines, first scrape (calibration queued, not waited for) | {t_first:.2f} s |",
+            f"| /metrics, + 200 baselines, once calibrated (cached) | {size_b / 1e6:.2f} MB in {t_warm * 1e3:.0f} ms |",
+            "| the first scrape with every threshold calibrated inline, as before | see bench/drift_first_scrape.py |",
             "| service default bound | INFERWATCH_DRIFT_MAX_SEGMENTS=1000 (records of more go to model=variant=other) |"]
 
 

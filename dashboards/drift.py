@@ -13,21 +13,55 @@ RES = f'{SEG}, feature=~"$feature", method=~"$method"'
 
 
 def drift() -> list:
+    feature = f'{SEG}, feature=~"$feature"'
     return [
+        stat_panel("Segment verdict (1 = drift)", "short",
+                   q(f'max by (model, variant) ({m("inferwatch_drift_segment_detected")}{{{SEG}}})',
+                     "{{model}}/{{variant}}"),
+                   thresholds=[(None, "green"), (1, "red")], width=6, height=9,
+                   description="Holm's procedure across the segment's features at alpha: 1 if any feature "
+                               "drifted. No value while a threshold is being calibrated or data is short "
+                               "(see Features by status)."),
+        timeseries_panel("Features by status", "short",
+                         q(f'count by (model, variant, status) ({m("inferwatch_drift_feature_status")}{{{feature}}})',
+                           "{{model}}/{{variant}} {{status}}"),
+                         width=9, height=9,
+                         description="Features per segment that drifted (drift), did not (no_drift), wait for their "
+                                     "threshold to be calibrated in the background (calibrating) or have too few "
+                                     "values (insufficient_data)."),
+        timeseries_panel("Feature p-values vs alpha", "short",
+                         q(f'{m("inferwatch_drift_feature_p_value")}{{{feature}}}', "{{variant}} {{feature}}"),
+                         q(f'max({m("inferwatch_drift_alpha")}{{instance=~"$drift"}})', "alpha"),
+                         width=9, height=9,
+                         description="Each feature's calibrated p-value for 'some method flags it'. Holm compares the "
+                                     "smallest with alpha / (number of features), the next with alpha / (one fewer), "
+                                     "and so on."),
+        timeseries_panel("Feature verdict (1 = drifted)", "short",
+                         q(f'max by (model, variant, feature) ({m("inferwatch_drift_feature_detected")}{{{feature}}})',
+                           "{{variant}} {{feature}}"),
+                         width=12, height=9, description="What DriftDetected alerts on (for 15m, with at least 100 "
+                                                         "records in the window)."),
         timeseries_panel("Drift score vs threshold", "short",
                          q(f'{m("inferwatch_drift_score")}{{{RES}}}', "{{variant}} {{feature}} {{method}}"),
                          q(f'{m("inferwatch_drift_threshold")}{{{RES}}}',
-                           "threshold {{variant}} {{feature}} {{method}}"),
+                           "threshold ({{source}}) {{variant}} {{feature}} {{method}}"),
                          width=12, height=9,
                          description="Each method's score of the current window against the baseline, with the "
-                                     "threshold its verdict used."),
-        timeseries_panel("Drift detected", "short",
-                         q(f'sum by (model, variant, feature) ({m("inferwatch_drift_detected")}{{{RES}}})',
-                           "{{variant}} {{feature}}"),
-                         width=12, height=9, description="Methods that flag each feature (0 = none)."),
+                                     "threshold its verdict used and where it came from: calibrated (from the "
+                                     "baseline at the window's size and alpha), alpha (a p-value) or fixed."),
         timeseries_panel("Window and baseline sizes", "short",
                          q(f'{m("inferwatch_drift_window_records")}{{{SEG}}}', "window {{model}}/{{variant}}"),
                          q(f'{m("inferwatch_drift_baseline_records")}{{{SEG}}}', "baseline {{model}}/{{variant}}")),
+        timeseries_panel("Calibration", "short",
+                         q(f'sum({m("inferwatch_drift_calibrations_pending")}{{instance=~"$drift"}})', "pending"),
+                         q(f'sum(rate({m("inferwatch_drift_calibrations_total")}{{instance=~"$drift"}}[{RATE}]))',
+                           "calibrations/s"),
+                         q(f'sum(rate({m("inferwatch_drift_calibrations_refused_total")}{{instance=~"$drift"}}'
+                           f'[{RATE}]))', "refused/s (queue full)"),
+                         q(f'sum(rate({m("inferwatch_drift_calibration_failures_total")}{{instance=~"$drift"}}'
+                           f'[{RATE}]))', "failures/s"),
+                         description="Thresholds are calibrated in the background; verdicts say calibrating until "
+                                     "theirs is ready."),
         timeseries_panel("Ingest", "short",
                          q(f'sum(rate({m("inferwatch_drift_ingested_records_total")}{{instance=~"$drift"}}[{RATE}]))',
                            "records/s accepted"),
@@ -36,7 +70,7 @@ def drift() -> list:
         timeseries_panel("Feature records at the gateway", "short",
                          q(f'sum by (outcome) (rate({m("inferwatch_gateway_feature_records_total")}[{RATE}]))',
                            "{{outcome}}"),
-                         description="queued, sent, dropped_full, dropped_send_error."),
+                         width=24, description="queued, sent, dropped_full, dropped_send_error."),
     ]
 
 

@@ -5,7 +5,7 @@ resampled windows). Done inside a request, 200 baselines meeting a new size band
 first ``/metrics`` scrape for 35 s, past Prometheus's 10 s scrape timeout. Here a request
 only looks the null distribution up; on a miss it queues the work and scoring says
 ``calibrating`` for that feature until the worker is done. A hit also queues the next size
-band up, so a growing window usually finds its next threshold ready.
+band up while the cache has room, so a growing window usually finds its next threshold ready.
 
 The queue is bounded: work asked for while it is full is refused (counted) and asked for
 again at the next evaluation that still misses, so a flood costs waiting, not memory. One
@@ -47,7 +47,7 @@ class BackgroundCalibrator:
         null = self.cache.peek(self.cache.key(reference, feature, band, resamples))
         if null is None:
             self.request(reference, feature, band, resamples)
-        else:
+        elif self.cache.has_room():
             self.request(reference, feature, next_band(band), resamples)
         return null
 

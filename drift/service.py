@@ -57,6 +57,9 @@ class DriftSettings(BaseSettings):
     min_samples: int = Field(50, ge=2, description="fewer values in a window: insufficient_data")
     max_segments: int = Field(1000, ge=1, description="(model, variant) pairs kept; records of more count as 'other'")
     resamples: int = Field(1999, ge=99, le=100_000, description="bootstrap draws per calibration")
+    calibration_cache: int = Field(8192, ge=64, description="null distributions kept, about 48 KB each; keep at "
+                                                            "least 6 per segment with a baseline, or they are "
+                                                            "calibrated again and again")
     calibration_queue: int = Field(4096, ge=1, description="calibrations waiting for the background worker; "
                                                            "more are asked for again at the next evaluation")
 
@@ -163,7 +166,7 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
     state = state or DriftState(store, WindowConfig(
         settings.window_s, settings.buckets, settings.reservoir, settings.retention_s, alpha=settings.alpha,
         min_samples=settings.min_samples, max_segments=settings.max_segments, resamples=settings.resamples,
-        calibration_queue=settings.calibration_queue))
+        calibration_cache=settings.calibration_cache, calibration_queue=settings.calibration_queue))
     registry.register(DriftCollector(state))
     watchlist = Watchlist()
     registry.register(AbCollector(state, watchlist))

@@ -44,7 +44,7 @@ class WindowConfig:
     min_samples: int = 50  # fewer values in either window: insufficient_data, not a verdict
     resamples: int = RESAMPLES
     max_segments: int = 1000  # (model, variant) pairs kept; records of more go to OTHER_SEGMENT
-    calibration_cache: int = 1024  # null distributions kept (about 48 KB each)
+    calibration_cache: int = 8192  # null distributions kept (about 48 KB each; 6 per segment and size band)
     calibration_queue: int = 4096  # calibrations waiting for the background worker
     history: int = 240  # verdicts kept per segment for the report (one per time bucket)
 

@@ -107,6 +107,12 @@ class CalibrationCache:
             self.put(key, null)
         return null
 
+    def has_room(self) -> bool:
+        """Below 90 % full: room for calibrations asked for ahead of need, which must not evict
+        ones in use (that would calibrate the same thresholds again and again)."""
+        with self._lock:
+            return len(self._cache) < 0.9 * self.entries
+
     def forget(self, reference_key: str) -> None:
         with self._lock:
             for key in [k for k in self._cache if k[0] == reference_key]:

@@ -143,6 +143,10 @@ def test_a_hit_calibrates_the_next_size_band_ahead():
     assert calibrator.wait(60)
     above = next_band(size_band(1000))
     assert above > 1000 and calibrator.cache.peek(calibrator.cache.key(ref, "ttft_s", above, 99)) is not None
+    full = BackgroundCalibrator(CalibrationCache(entries=1))  # ahead-of-need work must not evict what is used
+    assert full.get(ref, "ttft_s", 1000, 99) is None and full.wait(60)
+    assert full.get(ref, "ttft_s", 1000, 99) is not None and full.pending == 0 and full.wait(60)
+    assert full.calibrated == 1
 
 
 def test_next_band_is_the_band_above():
