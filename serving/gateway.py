@@ -38,6 +38,7 @@ from serving.admission import ANONYMOUS, Admission, PolicyFile, Rejection, Ticke
 from serving.errors import GatewayError, status_class
 from serving.features import FeatureQueue, FeatureRecord, FeatureSink, HttpSink
 from serving.metrics import GatewayMetrics, create_metrics
+from serving.relay_client import UpstreamResponse
 from serving.settings import GatewaySettings
 from serving.sse import EventProcessor, SSESplitter, StreamAccount, chunk_logprobs, strip_logprobs
 from serving.tracing import PROPAGATOR, build_tracer_provider, exemplar, get_tracer
@@ -127,7 +128,7 @@ class Gateway:
         try:
             self._authorize(request)
             async with self.upstream.session.get(f"{self.upstream.base_url}/v1/models", headers=self.upstream.headers,
-                                                 timeout=self.upstream.timeout(False)) as resp:
+                                                 timeout=self.upstream.timeout()) as resp:
                 return Response(await resp.read(), resp.status, media_type="application/json")
         except GatewayError as exc:
             return Response(exc.body(), exc.status, media_type="application/json")
@@ -274,15 +275,18 @@ class Gateway:
         status, account, error = 502, StreamAccount(state.started), None
         try:
             span, headers = self._upstream_call_span(state, req)
+            timeout_s = self.settings.upstream_timeout_s
             try:
-                resp = await self.upstream.session.post(f"{self.upstream.base_url}{state.path}", data=body,
-                                                        headers=headers, timeout=self.upstream.timeout(False))
+                resp = await self.upstream.pool.post(state.path, body, headers, timeout_s)
                 try:
-                    raw = await resp.read()
+                    raw = await resp.read(asyncio.get_running_loop().time() + timeout_s)
                 finally:
-                    resp.close()  # read or not, the connection goes: an unfinished one must not be reused
+                    if resp.complete:
+                        resp.release()
+                    else:
+                        resp.close()  # cut short (the client left, a timeout): vLLM aborts the request
                 upstream_status = resp.status
-            except (aiohttp.ClientError, TimeoutError) as exc:
+            except (ConnectionError, TimeoutError) as exc:
                 status, reason, failure = _classify_failure(exc)
                 error = str(failure.message)
                 self._upstream_error(state, reason)
@@ -324,10 +328,10 @@ class Gateway:
 
     async def _stream(self, state: RequestState, req: ParsedRequest, body: bytes) -> Response:
         span, headers = self._upstream_call_span(state, req)
+        idle_s = self.settings.upstream_stream_idle_timeout_s
         try:
-            resp = await self.upstream.session.post(f"{self.upstream.base_url}{state.path}", data=body,
-                                                    headers=headers, timeout=self.upstream.timeout(True))
-        except (aiohttp.ClientError, TimeoutError) as exc:
+            resp = await self.upstream.pool.post(state.path, body, headers, idle_s)
+        except (ConnectionError, TimeoutError) as exc:
             status, reason, failure = _classify_failure(exc)
             self._upstream_error(state, reason)
             _end_span(span, failure.message)
@@ -335,8 +339,8 @@ class Gateway:
             return Response(failure.body(), status, media_type="application/json")
         if resp.status != 200:
             try:
-                raw = await resp.read()
-            except (aiohttp.ClientError, TimeoutError):
+                raw = await resp.read(asyncio.get_running_loop().time() + idle_s)
+            except (ConnectionError, TimeoutError):
                 raw = errors.error_body("upstream failed while answering", errors.UPSTREAM, "bad_response")
             resp.release()
             error = f"upstream answered {resp.status}"
@@ -421,7 +425,7 @@ class StreamRelay:
     and a client that went away settle in ``end``, once ``RelayResponse`` knows which it was.
     """
 
-    def __init__(self, gateway: Gateway, state: RequestState, req: ParsedRequest, resp: aiohttp.ClientResponse,
+    def __init__(self, gateway: Gateway, state: RequestState, req: ParsedRequest, resp: UpstreamResponse,
                  upstream_span: trace.Span) -> None:
         self.gateway, self.state, self.resp, self.upstream_span = gateway, state, resp, upstream_span
         self.account = StreamAccount(state.started)
@@ -467,9 +471,9 @@ class StreamRelay:
         splitter = SSESplitter()
         perf_counter = time.perf_counter
         first_seen = False
-        read = self.resp.content.readany  # one coroutine layer less than iter_any() per chunk
+        read, idle = self.resp.readany, self.gateway.settings.upstream_stream_idle_timeout_s
         try:
-            while chunk := await read():
+            while chunk := await read(idle):
                 events = splitter.feed(chunk)
                 if not events:
                     continue
@@ -490,9 +494,8 @@ class StreamRelay:
                     yield out
             self.fail(502, "stream_interrupted", "upstream closed the stream before [DONE]")
         except TimeoutError:
-            idle = self.gateway.settings.upstream_stream_idle_timeout_s
             self.fail(504, "timeout", f"upstream sent nothing for {idle}s", code="upstream_timeout")
-        except aiohttp.ClientError as exc:
+        except ConnectionError as exc:
             self.fail(502, "stream_interrupted", f"upstream connection lost mid-stream: {type(exc).__name__}")
         if self.status != 200:
             self.settle()
@@ -583,7 +586,7 @@ def _end_span(span: trace.Span, error: str | None) -> None:
 
 
 def _classify_failure(exc: BaseException) -> tuple[int, str, GatewayError]:
-    """Map an aiohttp failure before the response started to (status, metric reason, error)."""
+    """Map an upstream failure before the response ended to (status, metric reason, error)."""
     if isinstance(exc, TimeoutError):
         return 504, "timeout", GatewayError(504, "upstream_timeout", "The model server did not answer in time.",
                                             error_type=errors.UPSTREAM)

@@ -10,6 +10,7 @@ import aiohttp
 import orjson
 
 from serving.metrics import GatewayMetrics
+from serving.relay_client import UpstreamPool
 from serving.settings import GatewaySettings
 from serving.validation import ModelInfo
 
@@ -17,7 +18,8 @@ log = logging.getLogger(__name__)
 
 
 class Upstream:
-    """One vLLM OpenAI server: a pooled aiohttp session and its cached model list.
+    """One vLLM OpenAI server: the proxy routes' connection pool, an aiohttp session for
+    everything else, and its cached model list.
 
     The model list is refreshed in the background and on a miss (at most once a second),
     so a model vLLM starts serving is found quickly and an unknown name never costs vLLM
@@ -35,6 +37,8 @@ class Upstream:
         self.up = True  # as of the last probe
         self._up = metrics.upstream_up.labels(settings.upstream_url)
         self._session: aiohttp.ClientSession | None = None
+        self.pool = UpstreamPool(settings.upstream_url, settings.upstream_connect_timeout_s,
+                                 settings.upstream_max_connections)  # the proxy routes' own client
         self._refresh_task: asyncio.Task | None = None
         self._refresh_lock = asyncio.Lock()
         self.headers = {"content-type": "application/json"}
@@ -48,10 +52,8 @@ class Upstream:
             self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         return self._session
 
-    def timeout(self, stream: bool) -> aiohttp.ClientTimeout:
+    def timeout(self) -> aiohttp.ClientTimeout:
         s = self._settings
-        if stream:
-            return aiohttp.ClientTimeout(connect=s.upstream_connect_timeout_s, sock_read=s.upstream_stream_idle_timeout_s)
         return aiohttp.ClientTimeout(total=s.upstream_timeout_s, connect=s.upstream_connect_timeout_s)
 
     async def start(self) -> None:
@@ -64,6 +66,7 @@ class Upstream:
             await asyncio.gather(self._refresh_task, return_exceptions=True)
         if self._session is not None:
             await self._session.close()
+        self.pool.close()
 
     async def refresh_models(self) -> bool:
         """Re-read /v1/models; True on success. Failure keeps the previous list."""

@@ -1,0 +1,285 @@
+"""The gateway's hot path to vLLM: HTTP/1.1 over a pool of keep-alive connections, parsed by
+httptools (the parser uvicorn itself uses).
+
+A general client (aiohttp) cost the gateway more CPU per request than everything else it
+does (bench/gateway_overhead.py); the proxy routes need far less of it: POST a body, read a
+status, then the body whole or as it arrives. Model listing and probes stay on aiohttp
+(serving/upstream.py). A response whose connection is closed before it ends makes vLLM
+abort the request, which is how a client that goes away stops the engine's work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from collections import deque
+from urllib.parse import urlsplit
+
+import httptools
+
+HIGH_WATER = 1 << 20  # bytes buffered from vLLM before reading pauses (a client slower than vLLM)
+IDLE_KEEP_S = 4.0  # reuse a pooled connection only this long: uvicorn (vLLM's server) closes after 5 s
+
+
+class UpstreamConnectError(ConnectionError):
+    """The request got no response: refused, unreachable, TLS, or closed before an answer."""
+
+
+class UpstreamDisconnected(ConnectionError):
+    """The connection broke after the response started (or vLLM spoke something not HTTP)."""
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.response: UpstreamResponse | None = None
+        self.lost = False
+        self.idle_since = 0.0
+
+    # asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            if self.response is not None:
+                self.response.fail(UpstreamDisconnected(f"upstream answered something that is not HTTP/1.1: {exc}"))
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        response = self.response
+        if response is not None and not response.complete:
+            error = (UpstreamDisconnected if response.status else UpstreamConnectError)(
+                f"upstream closed the connection{': ' + str(exc) if exc else ''}")
+            response.fail(error)
+            if response.release_pending:
+                response.close()
+
+    def pause_writing(self) -> None:  # a request body larger than the socket buffer is rare here
+        return None
+
+    def resume_writing(self) -> None:
+        return None
+
+    # httptools callbacks
+    def on_headers_complete(self) -> None:
+        response = self.response
+        if response is not None:
+            response.status = self.parser.get_status_code()
+            response.keep_alive = self.parser.should_keep_alive()
+            response.wake()
+
+    def on_body(self, body: bytes) -> None:
+        if self.response is not None:
+            self.response.feed(body)
+
+    def on_message_complete(self) -> None:
+        response = self.response
+        if response is not None:
+            response.complete = True
+            response.wake()
+            if response.release_pending:
+                response.release()
+
+    def close(self) -> None:
+        if self.transport is not None and not self.lost:
+            self.transport.close()
+
+
+class UpstreamResponse:
+    """One response: its status, then its body whole (``read``) or as it comes (``readany``).
+
+    End it with ``release`` (the connection goes back to the pool if the response was read
+    to its end) or ``close`` (the connection is dropped: vLLM aborts an unfinished request)."""
+
+    def __init__(self, pool: UpstreamPool, conn: _Connection) -> None:
+        self._pool, self._conn = pool, conn
+        self.status = 0
+        self.keep_alive = False
+        self.complete = False
+        self._chunks: deque[bytes] = deque()
+        self._buffered = 0
+        self._paused = False
+        self._error: Exception | None = None
+        self._waiter: asyncio.Future | None = None
+        self._ended = False
+        self.release_pending = False  # released before the body's last bytes: pooled once they come
+
+    # fed by the connection
+    def feed(self, body: bytes) -> None:
+        self._chunks.append(body)
+        self._buffered += len(body)
+        if self._buffered > HIGH_WATER and not self._paused and self._conn.transport is not None:
+            self._paused = True
+            self._conn.transport.pause_reading()
+        self.wake()
+
+    def fail(self, error: Exception) -> None:
+        self._error = error
+        self.wake()
+
+    def wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _wait(self, timeout_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = loop.call_later(timeout_s, _expire, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+
+    async def headers(self, timeout_s: float) -> None:
+        while not self.status:
+            if self._error is not None:
+                raise self._error
+            await self._wait(timeout_s)
+
+    async def readany(self, timeout_s: float) -> bytes:
+        """The body bytes that have arrived (waiting up to ``timeout_s`` for some), or b"" at
+        the end of the body."""
+        chunks = self._chunks
+        while not chunks:
+            if self._error is not None:
+                raise self._error
+            if self.complete:
+                return b""
+            await self._wait(timeout_s)
+        data = chunks.popleft() if len(chunks) == 1 else b"".join([chunks.popleft() for _ in range(len(chunks))])
+        self._buffered -= len(data)
+        if self._paused and self._conn.transport is not None:
+            self._paused = False
+            self._conn.transport.resume_reading()
+        return data
+
+    async def read(self, deadline: float) -> bytes:
+        """The whole body, by ``deadline`` (``loop.time()`` seconds)."""
+        loop = asyncio.get_running_loop()
+        parts = []
+        while part := await self.readany(max(0.0, deadline - loop.time())):
+            parts.append(part)
+        return b"".join(parts)
+
+    def release(self) -> None:
+        """Done with the response: its connection is reused once the body has ended (vLLM
+        sends a stream's last empty chunk just after [DONE], often in a later packet)."""
+        if self._ended:
+            return
+        if not self.complete and self.keep_alive and self._error is None and not self._conn.lost:
+            self.release_pending = True
+            return
+        self._ended = True
+        self._conn.response = None
+        if self.complete and self.keep_alive and self._error is None:
+            self._pool.put(self._conn)
+        else:
+            self._pool.discard(self._conn)
+
+    def close(self) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        self._conn.response = None
+        self._pool.discard(self._conn)
+
+
+def _expire(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
+
+
+class UpstreamPool:
+    """Keep-alive connections to one vLLM server, at most ``max_connections`` open."""
+
+    def __init__(self, base_url: str, connect_timeout_s: float, max_connections: int) -> None:
+        url = urlsplit(base_url)
+        self.host = url.hostname or "127.0.0.1"
+        self.port = url.port or (443 if url.scheme == "https" else 80)
+        self.ssl = ssl.create_default_context() if url.scheme == "https" else None
+        self.prefix = url.path.rstrip("/").encode()
+        self.host_header = url.netloc.encode()
+        self.connect_timeout_s = connect_timeout_s
+        self._idle: list[_Connection] = []
+        self._slots = asyncio.Semaphore(max_connections)
+        self._open = 0
+
+    async def post(self, path: str, body: bytes, headers: dict[str, str], timeout_s: float) -> UpstreamResponse:
+        """Send the request and wait up to ``timeout_s`` for the response's status line.
+
+        A pooled connection that turns out closed before any answer (vLLM's server drops
+        idle ones) is replaced once: nothing of the request reached vLLM."""
+        head = [b"POST %s%s HTTP/1.1\r\nhost: %s\r\ncontent-length: %d\r\n" % (
+            self.prefix, path.encode(), self.host_header, len(body))]
+        head.extend(b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in headers.items())
+        request = b"".join(head) + b"\r\n" + body
+        for attempt in (0, 1):
+            conn, reused = await self._acquire()
+            response = UpstreamResponse(self, conn)
+            conn.response = response
+            assert conn.transport is not None
+            conn.transport.write(request)
+            try:
+                await response.headers(timeout_s)
+                return response
+            except UpstreamConnectError:
+                response.close()
+                if not reused or attempt:
+                    raise
+            except BaseException:
+                response.close()
+                raise
+        raise AssertionError("unreachable")
+
+    async def _acquire(self) -> tuple[_Connection, bool]:
+        now = time.monotonic()
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.lost and now - conn.idle_since < IDLE_KEEP_S:
+                return conn, True
+            self._drop(conn)
+        await self._slots.acquire()
+        self._open += 1
+        try:
+            loop = asyncio.get_running_loop()
+            _, conn = await asyncio.wait_for(
+                loop.create_connection(_Connection, self.host, self.port, ssl=self.ssl,
+                                       server_hostname=self.host if self.ssl else None),
+                self.connect_timeout_s)
+        except (OSError, TimeoutError) as exc:
+            self._open -= 1
+            self._slots.release()
+            if isinstance(exc, TimeoutError):
+                raise
+            raise UpstreamConnectError(f"cannot connect to {self.host}:{self.port}: {exc}") from None
+        except BaseException:
+            self._open -= 1
+            self._slots.release()
+            raise
+        return conn, False
+
+    def put(self, conn: _Connection) -> None:
+        conn.idle_since = time.monotonic()
+        self._idle.append(conn)
+
+    def discard(self, conn: _Connection) -> None:
+        conn.close()
+        self._drop(conn)
+
+    def _drop(self, conn: _Connection) -> None:
+        conn.close()
+        self._open -= 1
+        self._slots.release()
+
+    def close(self) -> None:
+        for conn in self._idle:
+            conn.close()
+        self._idle.clear()
