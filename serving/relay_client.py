@@ -46,8 +46,10 @@ class _Connection(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            if self.response is not None:
-                self.response.fail(UpstreamDisconnected(f"upstream answered something that is not HTTP/1.1: {exc}"))
+            response = self.response
+            if response is not None:
+                error_type = UpstreamDisconnected if response.status else UpstreamConnectError
+                response.fail(error_type(f"upstream answered something that is not HTTP/1.1: {exc}"))
             self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -209,7 +211,8 @@ class UpstreamPool:
         self.host_header = url.netloc.encode()
         self.connect_timeout_s = connect_timeout_s
         self._idle: list[_Connection] = []
-        self._slots = asyncio.Semaphore(max_connections)
+        self._waiters: deque[asyncio.Future[_Connection | None]] = deque()
+        self._limit = max_connections
         self._open = 0
 
     async def post(self, path: str, body: bytes, headers: dict[str, str], timeout_s: float) -> UpstreamResponse:
@@ -240,13 +243,29 @@ class UpstreamPool:
         raise AssertionError("unreachable")
 
     async def _acquire(self) -> tuple[_Connection, bool]:
+        """A pooled connection, a new one while fewer than the limit are open, or else the
+        first one handed back (or slot freed) while waiting in line."""
         now = time.monotonic()
         while self._idle:
             conn = self._idle.pop()
             if not conn.lost and now - conn.idle_since < IDLE_KEEP_S:
                 return conn, True
             self._drop(conn)
-        await self._slots.acquire()
+        while self._open >= self._limit:
+            waiter: asyncio.Future[_Connection | None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                handed = await waiter
+            except BaseException:
+                if waiter.done() and not waiter.cancelled() and waiter.result() is not None:
+                    self.put(waiter.result())  # handed over just as we were cancelled: pass it on
+                elif waiter in self._waiters:
+                    self._waiters.remove(waiter)
+                raise
+            if handed is not None:
+                if not handed.lost:
+                    return handed, True
+                self._drop(handed)
         self._open += 1
         try:
             loop = asyncio.get_running_loop()
@@ -254,30 +273,35 @@ class UpstreamPool:
                 loop.create_connection(_Connection, self.host, self.port, ssl=self.ssl,
                                        server_hostname=self.host if self.ssl else None),
                 self.connect_timeout_s)
-        except (OSError, TimeoutError) as exc:
+        except BaseException as exc:
             self._open -= 1
-            self._slots.release()
-            if isinstance(exc, TimeoutError):
-                raise
-            raise UpstreamConnectError(f"cannot connect to {self.host}:{self.port}: {exc}") from None
-        except BaseException:
-            self._open -= 1
-            self._slots.release()
+            self._hand_over(None)
+            if isinstance(exc, OSError):
+                raise UpstreamConnectError(f"cannot connect to {self.host}:{self.port}: {exc}") from None
             raise
         return conn, False
 
     def put(self, conn: _Connection) -> None:
         conn.idle_since = time.monotonic()
-        self._idle.append(conn)
+        if not self._hand_over(conn):
+            self._idle.append(conn)
 
     def discard(self, conn: _Connection) -> None:
-        conn.close()
         self._drop(conn)
 
     def _drop(self, conn: _Connection) -> None:
         conn.close()
         self._open -= 1
-        self._slots.release()
+        self._hand_over(None)
+
+    def _hand_over(self, conn: _Connection | None) -> bool:
+        """Give a connection (or, with None, a free slot) to the longest waiting request."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(conn)
+                return True
+        return False
 
     def close(self) -> None:
         for conn in self._idle:
