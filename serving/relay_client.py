@@ -111,6 +111,8 @@ class UpstreamResponse:
         self._waiter: asyncio.Future | None = None
         self._ended = False
         self.release_pending = False  # released before the body's last bytes: pooled once they come
+        self._timer: asyncio.TimerHandle | None = None
+        self._deadline = 0.0
 
     # fed by the connection
     def feed(self, body: bytes) -> None:
@@ -131,14 +133,36 @@ class UpstreamResponse:
             waiter.set_result(None)
 
     async def _wait(self, timeout_s: float) -> None:
+        """Wait for the connection to report something, for at most ``timeout_s``.
+
+        One timer per response, not one per wait: it is moved on lazily when it fires early,
+        so a stream of chunks arriving faster than the timeout schedules almost none."""
         loop = asyncio.get_running_loop()
         waiter = self._waiter = loop.create_future()
-        timer = loop.call_later(timeout_s, _expire, waiter)
+        self._deadline = loop.time() + timeout_s
+        if self._timer is None:
+            self._timer = loop.call_at(self._deadline, self._on_timer)
         try:
             await waiter
         finally:
-            timer.cancel()
             self._waiter = None
+
+    def _on_timer(self) -> None:
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            self._timer = None
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() >= self._deadline:
+            self._timer = None
+            waiter.set_exception(TimeoutError())
+        else:
+            self._timer = loop.call_at(self._deadline, self._on_timer)
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     async def headers(self, timeout_s: float) -> None:
         while not self.status:
@@ -180,6 +204,7 @@ class UpstreamResponse:
             self.release_pending = True
             return
         self._ended = True
+        self._stop_timer()
         self._conn.response = None
         if self.complete and self.keep_alive and self._error is None:
             self._pool.put(self._conn)
@@ -190,13 +215,9 @@ class UpstreamResponse:
         if self._ended:
             return
         self._ended = True
+        self._stop_timer()
         self._conn.response = None
         self._pool.discard(self._conn)
-
-
-def _expire(waiter: asyncio.Future) -> None:
-    if not waiter.done():
-        waiter.set_exception(TimeoutError())
 
 
 class UpstreamPool:
