@@ -36,10 +36,18 @@ class FeatureRecord(BaseModel):
     e2e_s: float = _range("e2e_s", "seconds", nullable=False)
     finish_reason: str | None = Field(None, min_length=1, max_length=SEGMENT_TEXT_MAX)
     mean_logprob: float | None = _range("mean_logprob", "mean token logprob")
+    experiment: str | None = Field(None, min_length=1, max_length=SEGMENT_TEXT_MAX,
+                                   description="the gateway experiment that assigned the request (not stored)")
+    unit: str | None = Field(None, min_length=1, max_length=SEGMENT_TEXT_MAX,
+                             description="hashed unit key of the assignment (not stored)")
 
 
 class IngestRequest(BaseModel):
     records: list[FeatureRecord] = Field(min_length=1, max_length=10_000)
+
+
+class FeedbackResponse(BaseModel):
+    accepted: int = Field(description="ratings kept (not those of variants beyond the segment bound)")
 
 
 class IngestResponse(BaseModel):

@@ -83,6 +83,9 @@ _FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "e2e_s": ((int, float), False),
     "finish_reason": ((str,), True),
     "mean_logprob": ((int, float), True),
+    # the gateway's experiment and hashed unit id: accepted, checked, not counted on
+    "experiment": ((str,), True),
+    "unit": ((str,), True),
 }
 REQUIRED = tuple(k for k, (_, nullable) in _FIELDS.items() if not nullable)
 
@@ -143,7 +146,7 @@ def _columns(records: list, now: float, max_future_s: float) -> Batch | None:
     for name, allowed in _ALLOWED.items():
         if not set(map(type, cols[name])) <= allowed:
             return None
-    for name in ("model", "variant", "route", "finish_reason"):
+    for name in ("model", "variant", "route", "finish_reason", "experiment", "unit"):
         lengths = [len(v) for v in cols[name] if v is not None]
         if lengths and (min(lengths) == 0 or max(lengths) > SEGMENT_TEXT_MAX):
             return None

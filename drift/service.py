@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from pydantic import BaseModel, Field, SecretStr, model_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
@@ -27,6 +27,7 @@ from drift.ab import report as ab_report
 from drift.ab.exposition import AbCollector, Watchlist
 from drift import metrics as drift_metrics
 from drift.errors import CatchAll, http_error
+from drift.feedback import FeedbackBatch, FeedbackLog
 from drift.errors import error_response as _error
 from drift.methods import DriftResult
 from drift.prometheus_source import PrometheusSource, SourceError
@@ -169,6 +170,7 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
         calibration_cache=settings.calibration_cache, calibration_queue=settings.calibration_queue))
     registry.register(DriftCollector(state))
     watchlist = Watchlist()
+    feedback = FeedbackLog(settings.window_s, settings.max_segments)
     registry.register(AbCollector(state, watchlist))
     ingested, rejected, internal_errors = (Counter(m.name, m.doc, m.labels, registry=registry) for m in (
         drift_metrics.INGESTED, drift_metrics.REJECTED, drift_metrics.INTERNAL_ERRORS))
@@ -243,6 +245,20 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
             return _error(422, str(exc), "invalid_batch", record=exc.record, field=exc.field)
         ingested.inc(accepted)
         return JSONResponse({"accepted": accepted, "in_window": in_window})
+
+    @app.post("/v1/feedback", responses=_responses(api.FeedbackResponse, 401, 413, 422),
+              openapi_extra=_body(FeedbackBatch), summary="User ratings joined to their variant, from the gateway")
+    async def feedback_post(request: Request) -> Response:
+        doc = await read_object(request)
+        if isinstance(doc, Response):
+            return doc
+        try:
+            batch = FeedbackBatch.model_validate(doc)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first.get("loc", ())) or "body"
+            return _error(422, f"'{where}': {first.get('msg', 'invalid')}", "invalid_feedback", field=where)
+        return JSONResponse({"accepted": feedback.add(batch)})
 
     @app.post("/v1/baselines", status_code=201, responses={201: {"model": api.BaselineInfo},
                                                            **_responses(None, 401, 409, 413, 422)},
@@ -371,7 +387,7 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
         return JSONResponse({"status": "ok", "segments": len(state.segments()), "ingested": state.ingested,
                              "overflow_records": state.overflow, "window_bytes": state.memory_bytes()})
 
-    ab_http.install(app, state, watchlist)
+    ab_http.install(app, state, watchlist, feedback)
     _publish_request_schemas(app)
     return app
 

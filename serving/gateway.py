@@ -12,6 +12,7 @@ import asyncio
 import hmac
 import logging
 import math
+import re
 import time
 from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass
@@ -36,7 +37,10 @@ from inferwatch import __version__
 from serving import errors
 from serving.admission import ANONYMOUS, Admission, PolicyFile, Rejection, Ticket, key_id
 from serving.errors import GatewayError, status_class
+from serving.experiment import FORCE_HEADER, ExperimentError, Split
+from serving.experiments import Experiments
 from serving.features import FeatureQueue, FeatureRecord, FeatureSink, HttpSink
+from serving.feedback import AnswerMemory, FeedbackSink, parse_rating, unknown_answer
 from serving.metrics import GatewayMetrics, create_metrics
 from serving.relay_client import UpstreamResponse
 from serving.settings import GatewaySettings
@@ -52,6 +56,8 @@ UNKNOWN_MODEL = "unknown"  # label for requests whose model is not (yet) known: 
 CLIENT_CLOSED = 499  # nginx's convention for "client went away before the answer was complete"
 RELAY_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
                  (b"x-accel-buffering", b"no")]
+VARIANT_HEADER = "x-inferwatch-variant"  # on answers an experiment routed: which variant gave it
+_RESPONSE_ID = re.compile(rb'"id":"([^"\\]{1,256})"')
 DISCONNECT_TURNS = 4  # loop turns before the last chunk: see RelayResponse
 OPERATION = {"chat": "chat", "completions": "text_completion"}
 
@@ -66,20 +72,31 @@ class RequestState:
     started_at: float  # unix time
     span: trace.Span
     ctx: Context
+    variant: str  # the settings' one, or the variant an experiment routed the request to
+    upstream: Upstream
     model: str = UNKNOWN_MODEL
     req: ParsedRequest | None = None
     key: str = ANONYMOUS  # the API key's id (serving/admission.py), never the key
     ticket: Ticket | None = None  # admission's, given back when the request ends
+    experiment: str | None = None  # set when the experiment's split assigned the request
+    unit: str | None = None  # the hashed unit key the assignment used
+    rename: tuple[bytes, bytes] | None = None  # the variant's served model name → the public one
+    response_id: str | None = None  # the answer's id, remembered for feedback
+    routed: bool = False  # an experiment chose the variant: the response says which
 
 
 class Gateway:
     def __init__(self, settings: GatewaySettings, registry: CollectorRegistry, *,
-                 feature_sink: FeatureSink | None = None, span_exporter: SpanExporter | None = None) -> None:
+                 feature_sink: FeatureSink | None = None, span_exporter: SpanExporter | None = None,
+                 feedback_sink: FeedbackSink | None = None) -> None:
         self.settings = settings
         self.registry = registry
         self.metrics: GatewayMetrics = create_metrics(registry)
         self.metrics.build.info({"version": __version__, "variant": settings.variant, "upstream": settings.upstream_url})
         self.upstream = Upstream(settings, self.metrics)
+        self.experiments = (Experiments(settings.experiment_file, settings, self.metrics, self.upstream)
+                            if settings.experiment_file is not None else None)
+        self._admin_token = settings.admin_token.get_secret_value().encode() if settings.admin_token else None
         self.tracer_provider: TracerProvider | None = build_tracer_provider(settings, span_exporter)
         self.tracer = get_tracer(self.tracer_provider)
         if feature_sink is None and settings.drift_url:
@@ -90,6 +107,12 @@ class Gateway:
                          batch_size=settings.feature_batch_size, flush_s=settings.feature_flush_s)
             if feature_sink is not None else None
         )
+        if feedback_sink is None and settings.drift_url:
+            token = settings.drift_token.get_secret_value() if settings.drift_token else None
+            feedback_sink = FeedbackSink(settings.drift_url, token)
+        self.feedback_sink = feedback_sink
+        self.answers = AnswerMemory(settings.feedback_memory, settings.feedback_ttl_s) if settings.feedback_memory \
+            else None
         self._keys = [k.get_secret_value().encode() for k in settings.api_keys]
         self._key_ids = [key_id(k.get_secret_value()) for k in settings.api_keys]
         self.limits: PolicyFile | None = None
@@ -102,6 +125,8 @@ class Gateway:
 
     async def start(self) -> None:
         await self.upstream.start()
+        if self.experiments is not None:
+            await self.experiments.start()
         if self.features is not None:
             self.features.start()
 
@@ -109,6 +134,10 @@ class Gateway:
         if self.features is not None:
             await self.features.stop()
         await self.upstream.close()
+        if self.experiments is not None:
+            await self.experiments.close()
+        if self.feedback_sink is not None:
+            await self.feedback_sink.close()
         if self.tracer_provider is not None:
             self.tracer_provider.shutdown()
 
@@ -129,11 +158,96 @@ class Gateway:
             self._authorize(request)
             async with self.upstream.session.get(f"{self.upstream.base_url}/v1/models", headers=self.upstream.headers,
                                                  timeout=self.upstream.timeout()) as resp:
-                return Response(await resp.read(), resp.status, media_type="application/json")
+                raw = await resp.read()
+                if self.experiments is not None and resp.status == 200:
+                    raw = _with_public_models(raw, self.experiments)
+                return Response(raw, resp.status, media_type="application/json")
         except GatewayError as exc:
             return Response(exc.body(), exc.status, media_type="application/json")
         except (aiohttp.ClientError, TimeoutError) as exc:
             return _upstream_unavailable(exc)
+
+    async def feedback(self, request: Request) -> Response:
+        """POST /v1/feedback: a rating of an answer, forwarded to the drift service with the
+        variant that gave the answer. Each answer can be rated once."""
+        try:
+            self._authorize(request)
+            if self.answers is None:
+                raise GatewayError(404, "feedback_disabled", "Feedback is off: this gateway runs with "
+                                   "INFERWATCH_GATEWAY_FEEDBACK_MEMORY=0.", error_type=errors.NOT_FOUND)
+            rating = parse_rating(await _read_body(request, self.settings.max_body_bytes))
+            answer = self.answers.find(rating.response_id)
+            if answer is None:
+                raise unknown_answer(rating.response_id, self.answers)
+            if answer.rated:
+                raise GatewayError(409, "already_rated", f"The answer '{rating.response_id[:80]}' has been rated "
+                                   "already; each answer counts once.", param="response_id")
+            if self.feedback_sink is None:
+                raise GatewayError(503, "feedback_unavailable", "Feedback has nowhere to go: set "
+                                   "INFERWATCH_GATEWAY_DRIFT_URL.", error_type=errors.UPSTREAM)
+            record = {"model": answer.model, "variant": answer.variant, "experiment": answer.experiment,
+                      "score": rating.score, "at": time.time()}
+            try:
+                await self.feedback_sink.send([record])
+            except Exception as exc:  # the drift service's failure: the client may retry
+                self.metrics.feedback.labels(answer.model, answer.variant, "undelivered").inc()
+                log.warning("feedback for %s not delivered: %s", answer.variant, exc)
+                raise GatewayError(503, "feedback_unavailable", "The drift service did not take the rating; "
+                                   "retry later.", error_type=errors.UPSTREAM) from None
+            answer.rated = True
+            self.metrics.feedback.labels(answer.model, answer.variant,
+                                         "positive" if rating.score >= 0.5 else "negative").inc()
+            return JSONResponse({"response_id": rating.response_id, "model": answer.model, "variant": answer.variant,
+                                 "experiment": answer.experiment, "score": rating.score})
+        except GatewayError as exc:
+            self.metrics.rejected.labels("/v1/feedback", exc.code).inc()
+            return Response(exc.body(), exc.status, media_type="application/json")
+
+    async def experiments_get(self, request: Request) -> Response:
+        """GET /admin/experiments: every experiment with its current weights."""
+        try:
+            self._authorize_admin(request)
+        except GatewayError as exc:
+            return Response(exc.body(), exc.status, media_type="application/json")
+        return JSONResponse(self.experiments.describe() if self.experiments else {"experiments": []})
+
+    async def weights_put(self, request: Request) -> Response:
+        """PUT /admin/experiments/{model}/weights with ``{"weights": {variant: weight}}``."""
+        model = request.path_params["model"]
+        try:
+            self._authorize_admin(request)
+            split = self.experiments.splits.get(model) if self.experiments else None
+            if split is None or self.experiments is None:
+                raise GatewayError(404, "experiment_not_found", f"No experiment for model '{model[:200]}'; "
+                                   f"experiments: {', '.join(self.experiments.splits) if self.experiments else 'none'}.",
+                                   param="model", error_type=errors.NOT_FOUND)
+            try:
+                doc = orjson.loads(await _read_body(request, self.settings.max_body_bytes))
+            except orjson.JSONDecodeError as exc:
+                raise GatewayError(400, "invalid_json", f"Request body is not valid JSON: {exc}.") from None
+            if not isinstance(doc, dict) or set(doc) != {"weights"}:
+                raise GatewayError(400, "invalid_weights", 'Request body must be {"weights": {"<variant>": <0..1>, '
+                                   '...}}.', param="weights")
+            try:
+                new = await self.experiments.set_weights(model, doc["weights"])
+            except ExperimentError as exc:
+                raise GatewayError(400, "invalid_weights", str(exc), param=exc.field) from None
+            except OSError as exc:
+                raise GatewayError(500, "not_persisted", f"The weights could not be saved ({exc}); nothing changed.",
+                                   error_type=errors.UPSTREAM) from None
+        except GatewayError as exc:
+            return Response(exc.body(), exc.status, media_type="application/json")
+        return JSONResponse(new.describe())
+
+    def _authorize_admin(self, request: Request) -> None:
+        if self._admin_token is None:
+            raise GatewayError(403, "admin_disabled", "The admin endpoints are off: start the gateway with "
+                               "INFERWATCH_GATEWAY_ADMIN_TOKEN.", error_type=errors.AUTHENTICATION)
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self._admin_token):
+            raise GatewayError(401, "invalid_admin_token", "Missing or invalid admin token: send "
+                               "'Authorization: Bearer <INFERWATCH_GATEWAY_ADMIN_TOKEN>'.",
+                               error_type=errors.AUTHENTICATION)
 
     async def render_metrics(self, request: Request) -> Response:
         """Prometheus text, or OpenMetrics (with exemplars) when the scraper asks for it.
@@ -160,14 +274,15 @@ class Gateway:
         parent = PROPAGATOR.extract(request.headers)
         span = self.tracer.start_span(f"POST {path}", context=parent, kind=SpanKind.SERVER,
                                       attributes={"http.request.method": "POST", "http.route": path, "url.path": path})
-        state = RequestState(route, path, time.perf_counter(), time.time(), span, trace.set_span_in_context(span, parent))
+        state = RequestState(route, path, time.perf_counter(), time.time(), span, trace.set_span_in_context(span, parent),
+                             self.settings.variant, self.upstream)
         try:
             req, body = await self._preprocess(request, state)
         except GatewayError as exc:
             self.metrics.rejected.labels(path, exc.code).inc()
             self._finish(state, exc.status, None, error=exc.message)
             return Response(exc.body(), exc.status, media_type="application/json", headers=exc.headers)
-        self.metrics.in_flight.labels(state.model, self.settings.variant).inc()
+        self.metrics.in_flight.labels(state.model, state.variant).inc()
         if req.stream:
             return await self._stream(state, req, body)
         return await self._unary(state, req, body, request.receive)
@@ -176,8 +291,9 @@ class Gateway:
         with self._child_span("preprocess", state):
             state.key = self._authorize(request)
             body = await _read_body(request, self.settings.max_body_bytes)
+            models = self.upstream.models if self.experiments is None else self.experiments.catalog
             try:
-                req = parse_request(state.route, body, self.upstream.models, self.settings.max_tokens_limit)
+                req = parse_request(state.route, body, models, self.settings.max_tokens_limit)
             except GatewayError as exc:
                 if exc.code != "model_not_found":
                     raise
@@ -188,15 +304,50 @@ class Gateway:
                                            f"The model server at {self.upstream.base_url} is not reachable; "
                                            "retry later.", error_type=errors.UPSTREAM) from None
                     raise
-                req = parse_request(state.route, body, self.upstream.models, self.settings.max_tokens_limit)
+                req = parse_request(state.route, body, models, self.settings.max_tokens_limit)
             state.model, state.req = req.model, req
+            served = None
+            if self.experiments is not None:
+                split = self.experiments.splits.get(req.model)
+                if split is not None:
+                    served = self._route(request, state, req, split)
             if self.admission is not None:
                 self._admit(state)
             payload, changed = upstream_payload(req, self.settings.capture_logprobs)
+            if served is not None:
+                payload, changed = {**payload, "model": served}, True
             span = state.span
             if span.is_recording():
                 span.set_attributes(_request_attributes(req))
+                span.set_attribute("inferwatch.variant", state.variant)
+                if state.experiment is not None:
+                    span.set_attributes({"inferwatch.experiment": state.experiment, "inferwatch.unit": state.unit or ""})
             return req, orjson.dumps(payload) if changed else body
+
+    def _route(self, request: Request, state: RequestState, req: ParsedRequest, split: Split) -> str | None:
+        """Pick the variant (forced by header, else the split's assignment, counted now) and
+        point the request at its upstream; the served name to send, if not the public one."""
+        assert self.experiments is not None
+        forced = request.headers.get(FORCE_HEADER)
+        if forced is not None:
+            index = split.index(forced)
+            if index is None:
+                raise GatewayError(400, "unknown_variant",
+                                   f"Header '{FORCE_HEADER}' names variant '{forced[:64]}', which experiment "
+                                   f"'{split.name}' of model '{req.model}' does not have (variants: "
+                                   f"{', '.join(v.name for v in split.variants)}).", param=FORCE_HEADER)
+        else:
+            unit = req.payload.get("user")
+            if not isinstance(unit, str) or not unit:
+                unit = request.headers.get(self.settings.unit_header) or (state.key if state.key != ANONYMOUS else None)
+            index, state.unit = split.assign(unit)
+            state.experiment = split.name
+            self.experiments.counters[req.model][index].inc()
+        variant = split.variants[index]
+        state.routed = True
+        state.variant, state.upstream, state.rename = (variant.name, self.experiments.upstreams[variant.upstream_url],
+                                                       variant.rename)
+        return None if variant.rename is None else variant.served_model
 
     def _authorize(self, request: Request) -> str:
         """The id of the API key presented (``ANONYMOUS`` when the gateway has none)."""
@@ -232,14 +383,14 @@ class Gateway:
         return nullcontext()
 
     def _upstream_call_span(self, state: RequestState, req: ParsedRequest) -> tuple[trace.Span, dict[str, str]]:
-        headers = dict(self.upstream.headers)
+        headers = dict(state.upstream.headers)
         if not state.span.is_recording():  # vLLM still joins the trace (sampled out, like ours)
             PROPAGATOR.inject(headers, context=state.ctx)
             return trace.INVALID_SPAN, headers
         op = OPERATION[req.route]
         span = self.tracer.start_span(f"{op} {req.model}", context=state.ctx, kind=SpanKind.CLIENT)
         span.set_attributes(_request_attributes(req))
-        span.set_attribute("server.address", self.upstream.base_url)
+        span.set_attribute("server.address", state.upstream.base_url)
         PROPAGATOR.inject(headers, context=trace.set_span_in_context(span, state.ctx))
         return span, headers
 
@@ -277,7 +428,7 @@ class Gateway:
             span, headers = self._upstream_call_span(state, req)
             timeout_s = self.settings.upstream_timeout_s
             try:
-                resp = await self.upstream.pool.post(state.path, body, headers, timeout_s)
+                resp = await state.upstream.pool.post(state.path, body, headers, timeout_s)
                 try:
                     raw = await resp.read(asyncio.get_running_loop().time() + timeout_s)
                 finally:
@@ -311,6 +462,8 @@ class Gateway:
                     return Response(errors.error_body(error, errors.UPSTREAM, "bad_response"), 502,
                                     media_type="application/json")
                 account.on_usage(usage)
+                if self.answers is not None and isinstance(rid := data.get("id"), str):
+                    state.response_id = rid
                 account.finish_reasons = [c.get("finish_reason") for c in choices
                                           if isinstance(c, dict) and isinstance(c.get("finish_reason"), str)]
                 if self.settings.capture_logprobs or req.client_wants_logprobs:
@@ -319,7 +472,10 @@ class Gateway:
                         strip_logprobs(choices)
                         raw = orjson.dumps(data)
                 status = upstream_status
-                return Response(raw, status, media_type="application/json")
+                if state.rename is not None:
+                    raw = raw.replace(*state.rename, 1)
+                return Response(raw, status, media_type="application/json",
+                                headers={VARIANT_HEADER: state.variant} if state.routed else None)
         except asyncio.CancelledError:
             status, error = CLIENT_CLOSED, "client closed the connection"
             raise
@@ -330,7 +486,7 @@ class Gateway:
         span, headers = self._upstream_call_span(state, req)
         idle_s = self.settings.upstream_stream_idle_timeout_s
         try:
-            resp = await self.upstream.pool.post(state.path, body, headers, idle_s)
+            resp = await state.upstream.pool.post(state.path, body, headers, idle_s)
         except (ConnectionError, TimeoutError) as exc:
             status, reason, failure = _classify_failure(exc)
             self._upstream_error(state, reason)
@@ -353,7 +509,7 @@ class Gateway:
     def _done(self, state: RequestState, status: int, account: StreamAccount | None, error: str | None) -> None:
         """A request that passed preprocessing ends: leave in-flight, give admission back
         its ticket with the tokens vLLM used, record it."""
-        self.metrics.in_flight.labels(state.model, self.settings.variant).dec()
+        self.metrics.in_flight.labels(state.model, state.variant).dec()
         if state.ticket is not None and self.admission is not None:
             used = 0
             if account is not None:
@@ -365,12 +521,12 @@ class Gateway:
     # -- accounting --------------------------------------------------------------------
 
     def _upstream_error(self, state: RequestState, reason: str) -> None:
-        self.metrics.upstream_errors.labels(state.model, self.settings.variant, reason).inc()
+        self.metrics.upstream_errors.labels(state.model, state.variant, reason).inc()
 
     def _finish(self, state: RequestState, status: int, account: StreamAccount | None, *, error: str | None) -> None:
         """Record the request once: metrics, feature record, span attributes and end."""
         e2e = time.perf_counter() - state.started
-        m, variant, span = self.metrics, self.settings.variant, state.span
+        m, variant, span = self.metrics, state.variant, state.span
         ex = exemplar(span)
         labels = (state.model, variant, state.path, status_class(status))
         m.requests.labels(*labels).inc()
@@ -410,7 +566,10 @@ class Gateway:
                 ttft_s=account.ttft if account else None, tpot_s=account.tpot() if account else None, e2e_s=e2e,
                 finish_reason=account.finish_reasons[0] if account and account.finish_reasons else None,
                 mean_logprob=account.mean_logprob if account else None,
+                experiment=state.experiment, unit=state.unit,
             ))
+        if state.response_id is not None and status < 400 and self.answers is not None:
+            self.answers.remember(state.response_id, state.model, variant, state.experiment)
         if span.is_recording():
             span.set_attribute("http.response.status_code", status)
             if account is not None:
@@ -472,12 +631,17 @@ class StreamRelay:
         perf_counter = time.perf_counter
         first_seen = False
         read, idle = self.resp.readany, self.gateway.settings.upstream_stream_idle_timeout_s
+        rename, want_id = state.rename, self.gateway.answers is not None
         try:
             while chunk := await read(idle):
                 events = splitter.feed(chunk)
                 if not events:
                     continue
                 out = processor.process(events, perf_counter())
+                if want_id and (found := _RESPONSE_ID.search(events[0])) is not None:
+                    state.response_id, want_id = found.group(1).decode(), False
+                if rename is not None:
+                    out = out.replace(*rename)
                 if not first_seen and account.first_token is not None:
                     first_seen = True
                     state.span.add_event("first_token")
@@ -531,7 +695,10 @@ class RelayResponse:
 
         gone.add_done_callback(on_gone)
         try:
-            await send({"type": "http.response.start", "status": 200, "headers": RELAY_HEADERS})
+            headers = RELAY_HEADERS
+            if relay.state.routed:
+                headers = [*RELAY_HEADERS, (VARIANT_HEADER.encode(), relay.state.variant.encode())]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
             async for chunk in relay.events():
                 if relay.account.done and not relay.settled:  # the last chunk of a complete answer
                     for _ in range(DISCONNECT_TURNS):
@@ -547,6 +714,23 @@ class RelayResponse:
             gone.remove_done_callback(on_gone)
             gone.cancel()
             relay.end()
+
+
+def _with_public_models(raw: bytes, experiments: Experiments) -> bytes:
+    """The upstream's model list plus each experiment's public name."""
+    try:
+        doc = orjson.loads(raw)
+        data = doc["data"]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return raw
+    if not isinstance(data, list):
+        return raw
+    listed = {m.get("id") for m in data if isinstance(m, dict)}
+    for model in experiments.splits:
+        if model not in listed:
+            info = experiments.catalog[model]
+            data.append({"id": model, "object": "model", "owned_by": "inferwatch", "max_model_len": info.max_model_len})
+    return orjson.dumps(doc)
 
 
 def _request_attributes(req: ParsedRequest) -> dict:
@@ -673,10 +857,11 @@ class ProxyFastPath:
 
 
 def create_app(settings: GatewaySettings, registry: CollectorRegistry | None = None, *,
-               feature_sink: FeatureSink | None = None, span_exporter: SpanExporter | None = None) -> ProxyFastPath:
+               feature_sink: FeatureSink | None = None, span_exporter: SpanExporter | None = None,
+               feedback_sink: FeedbackSink | None = None) -> ProxyFastPath:
     """Build the ASGI app; ``registry`` defaults to a fresh one (never the global)."""
     gateway = Gateway(settings, registry or CollectorRegistry(), feature_sink=feature_sink,
-                      span_exporter=span_exporter)
+                      span_exporter=span_exporter, feedback_sink=feedback_sink)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -693,6 +878,9 @@ def create_app(settings: GatewaySettings, registry: CollectorRegistry | None = N
     app.router.add_route("/v1/chat/completions", gateway.chat, methods=["POST"])
     app.router.add_route("/v1/completions", gateway.completions, methods=["POST"])
     app.router.add_route("/v1/models", gateway.list_models, methods=["GET"])
+    app.router.add_route("/v1/feedback", gateway.feedback, methods=["POST"])
+    app.router.add_route("/admin/experiments", gateway.experiments_get, methods=["GET"])
+    app.router.add_route("/admin/experiments/{model:path}/weights", gateway.weights_put, methods=["PUT"])
     app.router.add_route("/health", gateway.health, methods=["GET"])
     app.router.add_route("/ready", gateway.ready, methods=["GET"])
     app.router.add_route("/metrics", gateway.render_metrics, methods=["GET"])

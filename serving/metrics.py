@@ -54,6 +54,9 @@ class GatewayMetrics:
     feature_queue_depth: Gauge
     admission_rejected: Counter
     limits_reload_errors: Counter
+    assignments: Counter
+    experiment_weight: Gauge
+    feedback: Counter
     build: Info
 
 
@@ -132,6 +135,20 @@ def create_metrics(registry: CollectorRegistry) -> GatewayMetrics:
         limits_reload_errors=Counter(
             "limits_reload_errors", "Times a changed limits file could not be read or parsed (the limits in force "
             "stay).", namespace=NAMESPACE, registry=registry,
+        ),
+        assignments=Counter(
+            "assignments", "Requests assigned to a variant by an experiment's split, counted when routed (before "
+            "the upstream answers, so failures cannot skew the sample ratio); forced variants are not counted.",
+            ("model", "variant"), namespace=NAMESPACE, registry=registry,
+        ),
+        experiment_weight=Gauge(
+            "experiment_weight_ratio", "The share of an experiment's traffic each variant is configured to get.",
+            ("model", "experiment", "variant"), namespace=NAMESPACE, registry=registry,
+        ),
+        feedback=Counter(
+            "feedback", "User ratings of answers by outcome: positive (score >= 0.5), negative, or undelivered "
+            "(the drift service did not take it; the client was told to retry).",
+            ("model", "variant", "outcome"), namespace=NAMESPACE, registry=registry,
         ),
         build=Info("build", "Gateway version and configuration.", namespace=NAMESPACE, registry=registry),
     )

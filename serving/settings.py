@@ -43,6 +43,15 @@ class GatewaySettings(BaseSettings):
     # re-read when it changes. None: no limits beyond max_tokens_limit.
     limits_file: Path | None = None
 
+    # A/B: a YAML file of experiments (serving/experiment.py); None routes every model to
+    # upstream_url as the one variant above. Sticky assignment reads the request's `user`,
+    # else this header, else the API key's id.
+    experiment_file: Path | None = None
+    unit_header: str = Field("x-inferwatch-unit", min_length=1, pattern=r"^[A-Za-z0-9-]+$")
+    admin_token: SecretStr | None = Field(None, description="bearer token of /admin/*; none disables them")
+    feedback_memory: int = Field(100_000, ge=0, description="answers remembered for feedback; 0: no feedback")
+    feedback_ttl_s: float = Field(86_400.0, gt=0, description="how long an answer can be rated")
+
     # Tracing: no endpoint means no export (and no span recording).
     otlp_endpoint: str | None = None
     otlp_protocol: str = Field("http/protobuf", pattern=r"^(http/protobuf|grpc)$")

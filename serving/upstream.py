@@ -29,15 +29,16 @@ class Upstream:
     MISS_REFRESH_MIN_S = 1.0
     DOWN_RETRY_S = 2.0  # while the upstream is down, so its return shows in upstream_up at once
 
-    def __init__(self, settings: GatewaySettings, metrics: GatewayMetrics) -> None:
-        self.base_url = settings.upstream_url
+    def __init__(self, settings: GatewaySettings, metrics: GatewayMetrics, base_url: str | None = None) -> None:
+        """``base_url`` defaults to the settings' upstream (an experiment's variant has its own)."""
+        self.base_url = base_url or settings.upstream_url
         self._settings = settings
         self.models: dict[str, ModelInfo] = {}
         self._last_refresh = float("-inf")
         self.up = True  # as of the last probe
-        self._up = metrics.upstream_up.labels(settings.upstream_url)
+        self._up = metrics.upstream_up.labels(self.base_url)
         self._session: aiohttp.ClientSession | None = None
-        self.pool = UpstreamPool(settings.upstream_url, settings.upstream_connect_timeout_s,
+        self.pool = UpstreamPool(self.base_url, settings.upstream_connect_timeout_s,
                                  settings.upstream_max_connections)  # the proxy routes' own client
         self._refresh_task: asyncio.Task | None = None
         self._refresh_lock = asyncio.Lock()

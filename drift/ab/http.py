@@ -33,6 +33,7 @@ from drift.ab.exposition import Watchlist
 from drift.ab.source import read_arm
 from drift.api import ErrorResponse
 from drift.errors import error_response
+from drift.feedback import FeedbackLog
 from drift.schema import RANGES, SEGMENT_TEXT_MAX
 from drift.state import DriftState
 
@@ -201,8 +202,15 @@ def experiment_of(req: AbRequest) -> tuple[Experiment, tuple[int, int] | None, t
     return exp, (feedback[0] if feedback else None), (feedback[1] if feedback else None)  # type: ignore[return-value]
 
 
-def verdict(state: DriftState, watchlist: Watchlist, model: str, req: AbRequest) -> Response:
+def verdict(state: DriftState, watchlist: Watchlist, model: str, req: AbRequest,
+            feedback: FeedbackLog | None = None) -> Response:
+    """Feedback counts not given in the request come from the ratings the gateway forwarded,
+    when both arms have some."""
     exp, fb_control, fb_treatment = experiment_of(req)
+    if fb_control is None and feedback is not None:
+        counts = [feedback.counts(model, v, req.since) for v in (exp.control, exp.treatment)]
+        if all(total for _, total in counts):
+            fb_control, fb_treatment = counts
     arms: list[Arm] = []
     known = sorted(v for m, v in state.segments() if m == model)
     for field, variant, fb in (("control", exp.control, fb_control), ("treatment", exp.treatment, fb_treatment)):
@@ -240,14 +248,14 @@ RESPONSES: dict = {200: {"model": AbResponse}, 412: {"model": AbResponse, "descr
                    **{code: {"model": ErrorResponse} for code in (400, 404, 422)}}
 
 
-def install(app: FastAPI, state: DriftState, watchlist: Watchlist) -> None:
+def install(app: FastAPI, state: DriftState, watchlist: Watchlist, feedback: FeedbackLog | None = None) -> None:
     """Declare the routes (plain functions: FastAPI runs them on its thread pool, so the
     event loop never waits on an analysis)."""
 
     @app.get("/v1/ab/{model}", responses=RESPONSES, summary="A/B verdict: rollback, hold, continue or promote")
     def ab_get(model: ModelPath, query: Annotated[AbRequest, Query()]) -> Response:
         try:
-            return verdict(state, watchlist, model, query)
+            return verdict(state, watchlist, model, query, feedback)
         except InputError as exc:
             return error_response(400 if exc.status == 422 else exc.status, str(exc), "invalid_experiment",
                                   field=exc.field)
@@ -273,6 +281,6 @@ def install(app: FastAPI, state: DriftState, watchlist: Watchlist) -> None:
         except ValidationError as exc:
             return _validation_error(exc, 422)
         try:
-            return await run_in_threadpool(verdict, state, watchlist, model, req)
+            return await run_in_threadpool(verdict, state, watchlist, model, req, feedback)
         except InputError as exc:
             return error_response(exc.status, str(exc), "invalid_experiment", field=exc.field)

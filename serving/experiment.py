@@ -1,0 +1,201 @@
+"""Experiments: one public model name split over several variants, each an upstream.
+
+Pure logic, no I/O: the experiment file's shape, the assignment of a request to a variant,
+and the rules a change of weights must follow.
+
+Assignment is sticky: the unit key (the request's ``user``, a header, or the API key's id)
+is hashed with the experiment's salt (keyed BLAKE2b) into one of ``BUCKETS`` buckets, and
+the variants own consecutive ranges of buckets in file order, sized by their weights. A unit
+keeps its variant while the weights stay put, and when the weights move only the buckets at
+the boundaries change hands: ramping the last variant up (1 → 5 → 25 %) keeps every unit it
+already had. Requests without a unit key draw a bucket at random. The salt makes two
+experiments' assignments independent, and the digest is also the hashed unit id the
+feature record carries (never the key itself).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from hashlib import blake2b
+from typing import Mapping
+
+import orjson
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+BUCKETS = 10_000  # weights resolve to 1/10,000 of the traffic
+WEIGHT_TOLERANCE = 1e-6
+FORCE_HEADER = "x-inferwatch-variant"  # forces a variant (testing); such requests are not assignments
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"  # a metric label value: short, no spaces
+
+
+class ExperimentError(ValueError):
+    """A change or a file the experiment cannot take; ``field`` names what was wrong."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class VariantSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=NAME_PATTERN, description="the variant label on metrics and records")
+    upstream_url: str = Field(description="the vLLM OpenAI server serving it")
+    model: str = Field(min_length=1, max_length=256, description="the name that upstream serves it under")
+    weight: float = Field(ge=0, le=1, allow_inf_nan=False)
+
+    @field_validator("upstream_url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return value.rstrip("/")
+
+
+class ExperimentSpec(BaseModel):
+    """One public model's split. The first variant is the control."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=NAME_PATTERN, description="the experiment's name in feature records")
+    salt: str | None = Field(None, min_length=1, description="hash salt; defaults to the name")
+    variants: tuple[VariantSpec, ...] = Field(min_length=2)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ExperimentSpec":
+        names = [v.name for v in self.variants]
+        if len(set(names)) != len(names):
+            raise ValueError(f"variant names must be unique, got {', '.join(names)}")
+        total = sum(v.weight for v in self.variants)
+        if abs(total - 1) > WEIGHT_TOLERANCE:
+            raise ValueError(f"variant weights must add up to 1, got {total:g}")
+        return self
+
+
+class ExperimentFile(BaseModel):
+    """The experiment file: public model name → its experiment."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    experiments: dict[str, ExperimentSpec] = Field(min_length=1)
+
+
+def parse_experiments(text: str, source: str) -> ExperimentFile:
+    try:
+        return ExperimentFile.model_validate(yaml.safe_load(text) or {})
+    except yaml.YAMLError as exc:
+        raise ExperimentError(f"{source} is not valid YAML: {exc}", "file") from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(map(str, first["loc"])) or "file"
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ExperimentError(f"{source}: {problems}", where) from None
+
+
+def bucket_bounds(weights: tuple[float, ...]) -> tuple[int, ...]:
+    """Each variant's exclusive upper bucket, in order; the last is always ``BUCKETS``."""
+    bounds, total = [], 0.0
+    for w in weights[:-1]:
+        total += w
+        bounds.append(min(BUCKETS, round(total * BUCKETS)))
+    return (*bounds, BUCKETS)
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    name: str
+    upstream_url: str
+    served_model: str
+    rename: tuple[bytes, bytes] | None  # (upstream's "model":"served", the client's "model":"public")
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """An experiment as the router uses it; immutable, replaced whole when weights change."""
+
+    model: str  # the public name
+    name: str
+    salt: bytes
+    variants: tuple[Variant, ...]
+    weights: tuple[float, ...]
+    bounds: tuple[int, ...]
+
+    @classmethod
+    def of(cls, model: str, spec: ExperimentSpec, weights: tuple[float, ...] | None = None) -> "Split":
+        variants = tuple(Variant(v.name, v.upstream_url, v.model, _rename(v.model, model)) for v in spec.variants)
+        weights = tuple(v.weight for v in spec.variants) if weights is None else weights
+        return cls(model, spec.name, (spec.salt or spec.name).encode()[:64], variants, weights,
+                   bucket_bounds(weights))
+
+    def index(self, name: str) -> int | None:
+        for i, v in enumerate(self.variants):
+            if v.name == name:
+                return i
+        return None
+
+    def assign(self, unit: str | None) -> tuple[int, str | None]:
+        """The variant's index and the hashed unit id (None for a request without a unit key)."""
+        if unit is None:
+            bucket, uid = int(random.random() * BUCKETS), None
+        else:
+            digest = blake2b(unit.encode(), digest_size=8, key=self.salt).digest()
+            bucket, uid = int.from_bytes(digest) % BUCKETS, digest.hex()
+        for i, bound in enumerate(self.bounds):
+            if bucket < bound:
+                return i, uid
+        return len(self.bounds) - 1, uid  # unreachable: the last bound is BUCKETS
+
+    def with_weights(self, weights: tuple[float, ...]) -> "Split":
+        return Split(self.model, self.name, self.salt, self.variants, weights, bucket_bounds(weights))
+
+    def describe(self) -> dict:
+        return {"model": self.model, "experiment": self.name, "control": self.variants[0].name,
+                "variants": [{"name": v.name, "upstream_url": v.upstream_url, "model": v.served_model, "weight": w}
+                             for v, w in zip(self.variants, self.weights)]}
+
+
+def _rename(served: str, public: str) -> tuple[bytes, bytes] | None:
+    """The bytes that name the served model in upstream JSON and what the client should see
+    instead. JSON escapes quotes inside strings, so ``"model":"x"`` can only be the key."""
+    if served == public:
+        return None
+    return b'"model":' + orjson.dumps(served), b'"model":' + orjson.dumps(public)
+
+
+def resolve_weights(split: Split, given: Mapping[str, object]) -> tuple[float, ...]:
+    """New weights in variant order from ``given`` (variant → weight, 0..1).
+
+    At most one variant may be left out: it gets what the others leave (so ``{canary: 0.05}``
+    is a ramp step and ``{canary: 0}`` a rollback, in one call). Everything is checked before
+    anything is returned, so a refused change changes nothing.
+    """
+    names = [v.name for v in split.variants]
+    if not isinstance(given, Mapping) or not given:
+        raise ExperimentError("'weights' must be an object of variant name → weight (0..1)", "weights")
+    weights: dict[str, float] = {}
+    for name, value in given.items():
+        field = f"weights.{str(name)[:64]}"
+        if name not in names:
+            raise ExperimentError(f"experiment '{split.name}' of model '{split.model}' has no variant "
+                                  f"'{str(name)[:64]}' (variants: {', '.join(names)})", field)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ExperimentError(f"the weight of '{name}' must be a number between 0 and 1", field)
+        if not 0 <= value <= 1:
+            raise ExperimentError(f"the weight of '{name}' is {value:g}; it must be between 0 and 1", field)
+        weights[name] = float(value)
+    missing = [n for n in names if n not in weights]
+    if len(missing) > 1:
+        raise ExperimentError(f"give the weights of all variants but at most one; missing: {', '.join(missing)}",
+                              f"weights.{missing[0]}")
+    total = sum(weights.values())
+    if missing:
+        rest = 1.0 - total
+        if rest < -WEIGHT_TOLERANCE:
+            raise ExperimentError(f"the weights given add up to {total:g}, more than 1", "weights")
+        weights[missing[0]] = max(0.0, rest)
+    elif abs(total - 1) > WEIGHT_TOLERANCE:
+        raise ExperimentError(f"the weights must add up to 1, got {total:g}", "weights")
+    return tuple(weights[n] for n in names)

@@ -1,0 +1,125 @@
+"""User feedback on answers, joined to the variant that gave them.
+
+A client rates an answer by its response id (``POST /v1/feedback``). Only the gateway knows
+which variant served that id, so it remembers id → (model, variant, experiment) for the
+answers it relayed, in a bounded LRU that also forgets after a time, and forwards each
+rating to the drift service with that join; the A/B verdict's feedback guardrail counts them.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable
+
+import aiohttp
+import orjson
+
+from serving.errors import NOT_FOUND, GatewayError
+
+MAX_ID_CHARS = 256
+
+
+@dataclass(slots=True)
+class Answer:
+    """What the gateway remembers about one answer."""
+
+    model: str
+    variant: str
+    experiment: str | None
+    at: float  # monotonic seconds, for the time bound
+    rated: bool = False
+
+
+class AnswerMemory:
+    """Response id → ``Answer`` for the last ``maxsize`` answers of the last ``ttl_s`` seconds."""
+
+    def __init__(self, maxsize: int, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.maxsize, self.ttl_s, self.clock = maxsize, ttl_s, clock
+        self._answers: OrderedDict[str, Answer] = OrderedDict()
+
+    def remember(self, response_id: str, model: str, variant: str, experiment: str | None) -> None:
+        answers = self._answers
+        answers[response_id] = Answer(model, variant, experiment, self.clock())
+        if len(answers) > self.maxsize:
+            answers.popitem(last=False)
+
+    def find(self, response_id: str) -> Answer | None:
+        answer = self._answers.get(response_id)
+        if answer is not None and self.clock() - answer.at > self.ttl_s:
+            del self._answers[response_id]
+            return None
+        return answer
+
+    def __len__(self) -> int:
+        return len(self._answers)
+
+
+@dataclass(frozen=True, slots=True)
+class Rating:
+    response_id: str
+    score: float  # 0..1; thumbs up is 1, down 0
+
+
+def parse_rating(body: bytes) -> Rating:
+    """``{"response_id": ..., "score": 0..1}`` or ``{"response_id": ..., "thumbs": "up"|"down"}``."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise GatewayError(400, "invalid_json", f"Request body is not valid JSON: {exc}.") from None
+    if not isinstance(doc, dict):
+        raise GatewayError(400, "invalid_body", "Request body must be a JSON object.")
+    unknown = sorted(set(doc) - {"response_id", "score", "thumbs"})
+    if unknown:
+        raise GatewayError(400, "invalid_feedback", f"Unknown field '{unknown[0][:64]}': send 'response_id' and "
+                           "either 'score' (0..1) or 'thumbs' ('up' or 'down').", param=unknown[0][:64])
+    rid = doc.get("response_id")
+    if not isinstance(rid, str) or not 0 < len(rid) <= MAX_ID_CHARS:
+        raise GatewayError(400, "invalid_feedback", f"Field 'response_id' must be the 'id' of an answer "
+                           f"(a string of 1..{MAX_ID_CHARS} characters).", param="response_id")
+    score, thumbs = doc.get("score"), doc.get("thumbs")
+    if (score is None) == (thumbs is None):
+        raise GatewayError(400, "invalid_feedback", "Give exactly one of 'score' (0..1) and 'thumbs' ('up' or "
+                           "'down').", param="score")
+    if thumbs is not None:
+        if thumbs not in ("up", "down"):
+            raise GatewayError(400, "invalid_feedback", "Field 'thumbs' must be 'up' or 'down'.", param="thumbs")
+        return Rating(rid, 1.0 if thumbs == "up" else 0.0)
+    if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score) \
+            or not 0 <= score <= 1:
+        raise GatewayError(400, "invalid_feedback", "Field 'score' must be a number between 0 and 1.",
+                           param="score")
+    return Rating(rid, float(score))
+
+
+def unknown_answer(response_id: str, memory: AnswerMemory) -> GatewayError:
+    return GatewayError(404, "response_not_found",
+                        f"No answer with id '{response_id[:80]}' went through this gateway recently (it remembers "
+                        f"the last {memory.maxsize} answers for {memory.ttl_s:g} s); rate answers by the 'id' of "
+                        "the response.", param="response_id", error_type=NOT_FOUND)
+
+
+class FeedbackSink:
+    """POSTs ratings to the drift service's ``/v1/feedback``."""
+
+    def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 5.0) -> None:
+        self.url = f"{base_url}/v1/feedback"
+        self._headers = {"content-type": "application/json"}
+        if token:
+            self._headers["authorization"] = f"Bearer {token}"
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def send(self, records: list[dict]) -> None:
+        """Deliver or raise (the caller answers 503, so the client can retry)."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=self._timeout)
+        async with self._session.post(self.url, data=orjson.dumps({"records": records}), headers=self._headers) as r:
+            if r.status >= 300:
+                raise RuntimeError(f"drift feedback answered {r.status}: {(await r.text())[:300]}")
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
