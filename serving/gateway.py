@@ -472,8 +472,12 @@ class Gateway:
                         strip_logprobs(choices)
                         raw = orjson.dumps(data)
                 status = upstream_status
-                if state.rename is not None:
-                    raw = raw.replace(*state.rename, 1)
+                if state.rename is not None:  # the served name → the public one, as bytes if vLLM's compact JSON
+                    if state.rename[0] in raw:
+                        raw = raw.replace(*state.rename, 1)
+                    elif isinstance(data, dict) and "model" in data:
+                        data["model"] = state.model
+                        raw = orjson.dumps(data)
                 return Response(raw, status, media_type="application/json",
                                 headers={VARIANT_HEADER: state.variant} if state.routed else None)
         except asyncio.CancelledError:

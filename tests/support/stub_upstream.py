@@ -15,11 +15,12 @@ from aiohttp import web
 
 SEEN = web.AppKey("seen", list)
 HEADERS = web.AppKey("headers", list)
+SERVER = web.AppKey("server", str)
 MODELS = ("ok", "stall_headers", "stall_stream", "garbage", "cut", "error_event", "http500")
 
 
-def _chunk(text: str) -> bytes:
-    return b"data: " + orjson.dumps({"id": "s", "object": "chat.completion.chunk",
+def _chunk(text: str, rid: str = "s", model: str = "ok") -> bytes:
+    return b"data: " + orjson.dumps({"id": rid, "object": "chat.completion.chunk", "model": model,
                                      "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}) + b"\n\n"
 
 
@@ -37,6 +38,7 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     model = body["model"]
     request.app[SEEN].append(body)
     request.app[HEADERS].append(dict(request.headers))
+    rid = f"s-{request.app[SERVER]}-{len(request.app[SEEN])}"  # unique, as vLLM's ids are
     if model == "stall_headers":
         await asyncio.sleep(30)
     if model == "http500":
@@ -44,13 +46,13 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     if model == "garbage":
         return web.Response(text="<html>proxy error</html>", content_type="application/json")
     if not body.get("stream"):
-        return web.json_response({"id": "s", "object": "chat.completion", "model": model,
+        return web.json_response({"id": rid, "object": "chat.completion", "model": model,
                                   "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
                                                "finish_reason": "stop"}],
                                   "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}})
     resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
     await resp.prepare(request)
-    await resp.write(_chunk("a"))
+    await resp.write(_chunk("a", rid, model))
     if model == "stall_stream":
         await asyncio.sleep(30)
     if model == "cut":
@@ -59,7 +61,7 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     if model == "error_event":
         await resp.write(b'data: {"error": {"message": "engine failed", "code": 500}}\n\n')
         return resp
-    await resp.write(_chunk("b"))
+    await resp.write(_chunk("b", rid, model))
     await resp.write(b'data: {"id":"s","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\n')
     await resp.write(b"data: [DONE]\n\n")
     return resp
@@ -70,6 +72,7 @@ class StubUpstream:
         self.app = web.Application()
         self.app[SEEN] = []
         self.app[HEADERS] = []
+        self.app[SERVER] = f"{id(self):x}"
         self.app.router.add_get("/v1/models", _models)
         self.app.router.add_get("/health", _health)
         self.app.router.add_post("/v1/chat/completions", _chat)
