@@ -7,7 +7,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, NoReturn, Optional
 
 import typer
 
@@ -19,6 +19,8 @@ drift_app = typer.Typer(help="The drift service and its report.", no_args_is_hel
 app.add_typer(drift_app, name="drift")
 dashboards_app = typer.Typer(help="The generated Grafana dashboards.", no_args_is_help=True)
 app.add_typer(dashboards_app, name="dashboards")
+experiment_app = typer.Typer(help="A/B experiments at the gateway (its admin endpoint).", no_args_is_help=True)
+app.add_typer(experiment_app, name="experiment")
 
 DEFAULT_RUN_DIR = Path(".run")
 
@@ -45,7 +47,7 @@ def _settings(cls: type, what: str, **flags: object):
         _fail(f"Invalid {what} settings:\n{exc}")
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     typer.secho(message, err=True, fg=typer.colors.RED)
     raise typer.Exit(2)
 
@@ -105,26 +107,97 @@ def gateway(
     drift_url: Annotated[Optional[str], typer.Option(help="Drift service base URL for feature records.")] = None,
     limits_file: Annotated[Optional[Path], typer.Option(
         help="YAML limits per API key and model, re-read when it changes [INFERWATCH_GATEWAY_LIMITS_FILE].")] = None,
+    experiment_file: Annotated[Optional[Path], typer.Option(
+        help="YAML experiments: variants and weights per public model [INFERWATCH_GATEWAY_EXPERIMENT_FILE].")] = None,
     log_level: str = "warning",
 ) -> None:
     """Run the instrumented OpenAI-compatible gateway. Every setting also reads INFERWATCH_GATEWAY_*."""
     import uvicorn
 
     from serving.admission import PolicyError
+    from serving.experiment import ExperimentError
     from serving.gateway import create_app
     from serving.server import UVICORN_OPTIONS
     from serving.settings import GatewaySettings
 
     settings = _settings(GatewaySettings, "gateway", host=host, port=port, upstream_url=upstream_url,
                          variant=variant, otlp_endpoint=otlp_endpoint, otlp_protocol=otlp_protocol,
-                         trace_sample_ratio=trace_sample_ratio, drift_url=drift_url, limits_file=limits_file)
+                         trace_sample_ratio=trace_sample_ratio, drift_url=drift_url, limits_file=limits_file,
+                         experiment_file=experiment_file)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         app = create_app(settings)
     except (OSError, PolicyError) as exc:
-        _fail(f"gateway: cannot use the limits file: {exc}")
+        _fail(f"gateway: cannot use the limits or experiment file: {exc}")
+    except ExperimentError as exc:
+        _fail(f"gateway: cannot use the experiment file: {exc}")
     _tune_gc()
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level, **UVICORN_OPTIONS)
+
+
+GatewayOption = Annotated[str, typer.Option(envvar="INFERWATCH_GATEWAY_URL", help="The gateway's base URL.")]
+TokenOption = Annotated[str, typer.Option(envvar="INFERWATCH_GATEWAY_ADMIN_TOKEN", show_default=False,
+                                          help="The gateway's admin token.")]
+
+
+def _admin_call(method: str, url: str, token: str, body: dict | None = None) -> dict:
+    """One admin request; an error answer exits 2 with the gateway's message."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method, headers={
+        "authorization": f"Bearer {token}", "content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            message = json.loads(exc.read())["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = str(exc)
+        _fail(f"{method} {url}: {exc.code}: {message}")
+    except OSError as exc:
+        _fail(f"{method} {url}: {exc}")
+
+
+def _print_experiment(exp: dict) -> None:
+    typer.echo(f"{exp['model']}: experiment {exp['experiment']} (control {exp['control']})")
+    for v in exp["variants"]:
+        typer.echo(f"  {v['name']:<16} {v['weight'] * 100:7.2f} %  {v['model']} at {v['upstream_url']}")
+
+
+def _weight(pair: str) -> tuple[str, float]:
+    name, sep, value = pair.partition("=")
+    if not sep or not name:
+        raise typer.BadParameter(f"{pair!r}: write VARIANT=WEIGHT, e.g. canary=5% or canary=0.05")
+    try:
+        weight = float(value[:-1]) / 100 if value.endswith("%") else float(value)
+    except ValueError:
+        raise typer.BadParameter(f"{pair!r}: the weight must be a number (0..1) or a percentage") from None
+    return name, weight
+
+
+@experiment_app.command("show")
+def experiment_show(gateway_url: GatewayOption = "http://127.0.0.1:8080", token: TokenOption = "") -> None:
+    """Print every experiment with its current weights."""
+    for exp in _admin_call("GET", f"{gateway_url.rstrip('/')}/admin/experiments", token)["experiments"]:
+        _print_experiment(exp)
+
+
+@experiment_app.command("set-weights")
+def experiment_set_weights(
+    model: Annotated[str, typer.Argument(help="The public model name.")],
+    weights: Annotated[list[str], typer.Argument(help="VARIANT=WEIGHT (0..1, or a percentage like 5%); one variant "
+                                                      "may be left out and gets the rest.")],
+    gateway_url: GatewayOption = "http://127.0.0.1:8080",
+    token: TokenOption = "",
+) -> None:
+    """Change an experiment's weights at run time: a ramp step (canary=5%) or a rollback (canary=0)."""
+    given = dict(_weight(p) for p in weights)
+    url = f"{gateway_url.rstrip('/')}/admin/experiments/{model}/weights"
+    _print_experiment(_admin_call("PUT", url, token, {"weights": given}))
 
 
 @app.command("key-id")

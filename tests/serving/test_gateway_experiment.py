@@ -245,3 +245,23 @@ def test_bad_feedback_is_a_clear_4xx_and_sends_nothing(gw, body, status, code, p
     assert gw.gateway.feedback_sink.records == []
     assert metric_sum(gw.metrics_text(), "inferwatch_gateway_rejected_requests_total", route="/v1/feedback",
                       code=code) == 1
+
+
+def test_the_cli_ramps_and_rolls_back_through_the_admin_endpoint(gw):
+    from typer.testing import CliRunner
+
+    from inferwatch.cli import app
+
+    env = {"INFERWATCH_GATEWAY_URL": gw.url, "INFERWATCH_GATEWAY_ADMIN_TOKEN": ADMIN}
+    runner = CliRunner()
+    for step in ("1%", "5%", "25%", "50%", "100%"):
+        result = runner.invoke(app, ["experiment", "set-weights", "chat", f"v2={step}"], env=env)
+        assert result.exit_code == 0, result.output
+        assert weights(gw) == pytest.approx([1 - float(step[:-1]) / 100, float(step[:-1]) / 100])
+    result = runner.invoke(app, ["experiment", "set-weights", "chat", "v2=0"], env=env)
+    assert result.exit_code == 0 and weights(gw) == [1.0, 0.0]
+    assert "v1" in runner.invoke(app, ["experiment", "show"], env=env).output
+    bad = runner.invoke(app, ["experiment", "set-weights", "chat", "v3=0.5"], env=env)
+    assert bad.exit_code == 2 and "no variant 'v3'" in bad.output and weights(gw) == [1.0, 0.0]
+    unauthorized = runner.invoke(app, ["experiment", "show"], env={**env, "INFERWATCH_GATEWAY_ADMIN_TOKEN": "x"})
+    assert unauthorized.exit_code == 2 and "401" in unauthorized.output
