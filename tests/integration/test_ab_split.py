@@ -1,0 +1,154 @@
+"""A/B end to end: two real vLLM servers behind one gateway model name at 50/50, feature
+records and feedback into a real drift service, its /v1/ab verdict, a killed canary and a
+rollback through the admin endpoint.
+
+The two variants serve the same tiny model under different served names and context
+lengths: clients set no max_tokens, so each vLLM generates to the end of its context and
+the canary (96 tokens) answers about three times longer than the control (32). That is a
+real difference in answer length, and so in end-to-end latency; nothing else differs.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import orjson
+import pytest
+import requests
+
+from drift.service import DriftSettings, create_app as create_drift_app
+from serving.settings import GatewaySettings
+from serving.vllm_launcher import VLLMConfig, vllm_process
+from tests.conftest import VLLM_STARTUP_TIMEOUT_S, RunningVLLM
+from tests.support.servers import AppServer, GatewayServer, eventually, free_ports, metric_sum
+
+pytestmark = pytest.mark.vllm
+PUBLIC = "assistant"
+ADMIN = "adm1n"
+AUTH = {"authorization": f"Bearer {ADMIN}"}
+MIN_REQUESTS = 30
+
+
+@pytest.fixture(scope="module")
+def two_vllms(tiny_model, tmp_path_factory):
+    """Control and canary, started together (startup is most of the cost)."""
+    logs = tmp_path_factory.mktemp("ab-vllm")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    servers = []
+    for (name, context), port in zip((("tiny-control", 32), ("tiny-canary", 96)), free_ports(2)):
+        cfg = VLLMConfig(str(tiny_model), name, port=port, dtype="bfloat16", max_model_len=context)
+        proc = vllm_process(cfg, logs / f"{name}.log", env)
+        proc.start()
+        servers.append(RunningVLLM(cfg, proc))
+    try:
+        for s in servers:
+            s.process.wait_healthy(VLLM_STARTUP_TIMEOUT_S)
+        yield servers
+    finally:
+        for s in servers:
+            s.process.stop()
+
+
+def ask(gw, user: str, stream: bool = True) -> requests.Response:
+    body = {"model": PUBLIC, "messages": [{"role": "user", "content": f"hello from {user}"}], "user": user,
+            "stream": stream}
+    return requests.post(gw.url + "/v1/chat/completions", json=body, timeout=60)
+
+
+def assignments(gw) -> dict[str, float]:
+    text = gw.metrics_text()
+    return {v: metric_sum(text, "inferwatch_gateway_assignments_total", model=PUBLIC, variant=v) for v in ("v1", "v2")}
+
+
+def verdict(drift_url: str, counts: dict[str, float], since: float | None = None) -> dict:
+    params = {"control": "v1", "treatment": "v2", "control_weight": 0.5, "treatment_weight": 0.5,
+              "control_assignments": int(counts["v1"]), "treatment_assignments": int(counts["v2"]),
+              "min_requests": MIN_REQUESTS, "promote_requests": MIN_REQUESTS}
+    if since is not None:
+        params["since"] = since
+    r = requests.get(f"{drift_url}/v1/ab/{PUBLIC}", params=params, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_split_verdict_kill_and_rollback(two_vllms, tmp_path):
+    control, canary = two_vllms
+    experiment_file = tmp_path / "experiments.yaml"
+    experiment_file.write_text(f"""
+experiments:
+  {PUBLIC}:
+    name: longer-answers
+    variants:
+      - {{name: v1, upstream_url: "{control.url}", model: tiny-control, weight: 0.5}}
+      - {{name: v2, upstream_url: "{canary.url}", model: tiny-canary, weight: 0.5}}
+""")
+    drift = create_drift_app(DriftSettings(db_path=str(tmp_path / "d.sqlite3"), window_s=600, buckets=600))
+    with AppServer(drift) as service:
+        settings = GatewaySettings(upstream_url=control.url, experiment_file=experiment_file, admin_token=ADMIN,
+                                   drift_url=service.url, feature_flush_s=0.05)
+        with GatewayServer(settings) as gw:
+            # --- 50/50, sticky per user; every answer rated up (feedback is equal) --------------
+            by_user: dict[str, set[str]] = {}
+            for rnd in range(2):
+                for i in range(50):
+                    r = ask(gw, f"user-{i}")
+                    assert r.status_code == 200
+                    events = [orjson.loads(e[6:]) for e in r.content.split(b"\n\n") if e.startswith(b"data: {")]
+                    assert {e["model"] for e in events} == {PUBLIC}  # the client never sees the served name
+                    by_user.setdefault(f"user-{i}", set()).add(r.headers["x-inferwatch-variant"])
+                    fb = requests.post(gw.url + "/v1/feedback", json={"response_id": events[0]["id"], "thumbs": "up"},
+                                       timeout=10)
+                    assert fb.status_code == 200, fb.text
+            assert all(len(v) == 1 for v in by_user.values())
+            counts = assignments(gw)
+            assert counts["v1"] + counts["v2"] == 100 and min(counts.values()) >= MIN_REQUESTS
+            eventually(lambda: requests.get(service.url + "/v1/drift", timeout=5).json()["segments"]
+                       and sum(s["window_records"] for s in requests.get(service.url + "/v1/drift", timeout=5)
+                               .json()["segments"]) == 100, timeout_s=20)
+
+            result = verdict(service.url, counts)
+            assert result["srm"]["source"] == "assignments" and not result["srm"]["alarm"]
+            assert result["decision"] == "rollback", result["reasons"]
+            assert sorted(result["worse"]) == ["completion_tokens", "e2e_latency"], {
+                k: (m["verdict"], m["p_value_sequential"]) for k, m in result["metrics"].items()}
+            assert result["metrics"]["completion_tokens"]["effect"] > 0  # the canary answers longer
+            feedback = result["metrics"]["feedback"]
+            assert feedback["n"] == {"control": counts["v1"], "treatment": counts["v2"]}  # from the gateway's ratings
+            assert feedback["verdict"] != "worse"
+
+            # --- the canary's vLLM dies: its users get 503s, the verdict says rollback on errors ----
+            canary.process.kill()
+            since = float(int(time.time()))
+            before = assignments(gw)
+            statuses: dict[str, list[int]] = {"v1": [], "v2": []}
+            for i in range(100, 180):
+                r = ask(gw, f"user-{i}", stream=False)
+                statuses[r.headers.get("x-inferwatch-variant", "v2" if r.status_code == 503 else "?")].append(
+                    r.status_code)
+            assert set(statuses["v1"]) == {200} and set(statuses["v2"]) == {503}
+            after = assignments(gw)
+            delta = {v: after[v] - before[v] for v in after}
+            assert delta == {v: len(s) for v, s in statuses.items()}  # failures counted when routed, as assigned
+            eventually(lambda: verdict(service.url, delta, since)["requests"]["treatment"] == len(statuses["v2"]),
+                       timeout_s=20)
+            killed = verdict(service.url, delta, since)
+            assert killed["decision"] == "rollback" and "error_rate" in killed["worse"], killed["reasons"]
+
+            # --- bad admin calls change nothing; one good call sends everyone to the control ------
+            url = f"{gw.url}/admin/experiments/{PUBLIC}/weights"
+            assert requests.put(url, json={"weights": {"v2": 0}}, timeout=5).status_code == 401
+            bad = requests.put(url, json={"weights": {"v1": 0.7, "v2": 0.7}}, headers=AUTH, timeout=5)
+            assert bad.status_code == 400 and bad.json()["error"]["param"] == "weights"
+            unknown = requests.put(url, json={"weights": {"v9": 0.5}}, headers=AUTH, timeout=5)
+            assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "weights.v9"
+            lost = requests.post(gw.url + "/v1/feedback", json={"response_id": "chatcmpl-nope", "thumbs": "up"},
+                                 timeout=5)
+            assert lost.status_code == 404 and lost.json()["error"]["code"] == "response_not_found"
+            assert assignments(gw) == after
+            rollback = requests.put(url, json={"weights": {"v2": 0}}, headers=AUTH, timeout=5)
+            assert rollback.status_code == 200
+            for i in range(100, 130):  # the same users, some of whom had the canary
+                r = ask(gw, f"user-{i}", stream=False)
+                assert r.status_code == 200 and r.headers["x-inferwatch-variant"] == "v1"
+            assert assignments(gw) == {"v1": after["v1"] + 30, "v2": after["v2"]}
