@@ -41,7 +41,7 @@ from serving.experiment import FORCE_HEADER, ExperimentError, Split
 from serving.experiments import Experiments
 from serving.features import FeatureQueue, FeatureRecord, FeatureSink, HttpSink
 from serving.feedback import AnswerMemory, FeedbackSink, parse_rating, unknown_answer
-from serving.metrics import GatewayMetrics, create_metrics
+from serving.metrics import GatewayMetrics, RouteSeries, create_metrics
 from serving.relay_client import UpstreamResponse
 from serving.settings import GatewaySettings
 from serving.sse import EventProcessor, SSESplitter, StreamAccount, chunk_logprobs, strip_logprobs
@@ -92,6 +92,7 @@ class Gateway:
         self.settings = settings
         self.registry = registry
         self.metrics: GatewayMetrics = create_metrics(registry)
+        self._route_series: dict[tuple[str, str, str], RouteSeries] = {}
         self.metrics.build.info({"version": __version__, "variant": settings.variant, "upstream": settings.upstream_url})
         self.upstream = Upstream(settings, self.metrics)
         self.experiments = (Experiments(settings.experiment_file, settings, self.metrics, self.upstream)
@@ -282,7 +283,7 @@ class Gateway:
             self.metrics.rejected.labels(path, exc.code).inc()
             self._finish(state, exc.status, None, error=exc.message)
             return Response(exc.body(), exc.status, media_type="application/json", headers=exc.headers)
-        self.metrics.in_flight.labels(state.model, state.variant).inc()
+        self._series(state.model, state.variant, state.path).in_flight.inc()
         if req.stream:
             return await self._stream(state, req, body)
         return await self._unary(state, req, body, request.receive)
@@ -513,7 +514,7 @@ class Gateway:
     def _done(self, state: RequestState, status: int, account: StreamAccount | None, error: str | None) -> None:
         """A request that passed preprocessing ends: leave in-flight, give admission back
         its ticket with the tokens vLLM used, record it."""
-        self.metrics.in_flight.labels(state.model, state.variant).dec()
+        self._series(state.model, state.variant, state.path).in_flight.dec()
         if state.ticket is not None and self.admission is not None:
             used = 0
             if account is not None:
@@ -527,40 +528,45 @@ class Gateway:
     def _upstream_error(self, state: RequestState, reason: str) -> None:
         self.metrics.upstream_errors.labels(state.model, state.variant, reason).inc()
 
+    def _series(self, model: str, variant: str, route: str) -> RouteSeries:
+        series = self._route_series.get((model, variant, route))
+        if series is None:
+            series = self._route_series[(model, variant, route)] = RouteSeries(self.metrics, model, variant, route)
+        return series
+
     def _finish(self, state: RequestState, status: int, account: StreamAccount | None, *, error: str | None) -> None:
         """Record the request once: metrics, feature record, span attributes and end."""
         e2e = time.perf_counter() - state.started
-        m, variant, span = self.metrics, state.variant, state.span
+        variant, span = state.variant, state.span
         ex = exemplar(span)
-        labels = (state.model, variant, state.path, status_class(status))
-        m.requests.labels(*labels).inc()
-        m.request_duration.labels(*labels).observe(e2e, ex)
+        series = self._series(state.model, variant, state.path)
+        requests, duration = series.answered(status_class(status))
+        requests.inc()
+        duration.observe(e2e, ex)
         ok = account is not None and status < 400
         if ok:
-            tok = (state.model, variant, state.path)
             ttft = account.ttft
             if ttft is not None:
-                m.time_to_first_token.labels(*tok).observe(ttft, ex)
-                itl = m.inter_token_latency.labels(*tok)
+                series.ttft.observe(ttft, ex)
+                itl = series.itl
                 for gap in account.gaps:
                     itl.observe(gap)
             tpot = account.tpot()
             if tpot is not None:
-                m.time_per_output_token.labels(*tok).observe(tpot)
+                series.tpot.observe(tpot)
             if account.prompt_tokens is not None:
-                m.prompt_tokens_per_request.labels(*tok).observe(account.prompt_tokens)
+                series.prompt_tokens.observe(account.prompt_tokens)
             if account.completion_tokens is not None:
-                m.completion_tokens_per_request.labels(*tok).observe(account.completion_tokens)
+                series.completion_tokens.observe(account.completion_tokens)
         if account is not None and (ok or status == CLIENT_CLOSED):
             # what vLLM spent, as its own counters count it: the prompt once per choice, and
             # for an abandoned stream the tokens relayed before the client left
-            tok = (state.model, variant, state.path)
             if account.prompt_tokens is not None:
-                m.input_tokens.labels(*tok).inc(account.prompt_tokens * (state.req.n if state.req else 1))
+                series.input_tokens.inc(account.prompt_tokens * (state.req.n if state.req else 1))
             output = account.completion_tokens if account.completion_tokens is not None else (
                 account.token_events if status == CLIENT_CLOSED else None)
             if output:
-                m.output_tokens.labels(*tok).inc(output)
+                series.output_tokens.inc(output)
         if self.features is not None and state.req is not None:
             self.features.submit(FeatureRecord(
                 model=state.model, variant=variant, route=state.route, stream=state.req.stream,

@@ -153,3 +153,35 @@ def create_metrics(registry: CollectorRegistry) -> GatewayMetrics:
         build=Info("build", "Gateway version and configuration.", namespace=NAMESPACE, registry=registry),
     )
 
+
+
+class RouteSeries:
+    """The request metrics' children for one (model, variant, route).
+
+    ``labels()`` validates and locks on every call and costs more than the observation it
+    leads to; the gateway records about ten series per request, so it looks them up once
+    per label set (bounded: models are validated, variants configured, routes two)."""
+
+    __slots__ = ("_m", "_key", "_by_status", "in_flight", "ttft", "itl", "tpot", "input_tokens", "output_tokens",
+                 "prompt_tokens", "completion_tokens")
+
+    def __init__(self, m: GatewayMetrics, model: str, variant: str, route: str) -> None:
+        self._m, self._key = m, (model, variant, route)
+        self._by_status: dict[str, tuple] = {}
+        self.in_flight = m.in_flight.labels(model, variant)
+        self.ttft = m.time_to_first_token.labels(model, variant, route)
+        self.itl = m.inter_token_latency.labels(model, variant, route)
+        self.tpot = m.time_per_output_token.labels(model, variant, route)
+        self.input_tokens = m.input_tokens.labels(model, variant, route)
+        self.output_tokens = m.output_tokens.labels(model, variant, route)
+        self.prompt_tokens = m.prompt_tokens_per_request.labels(model, variant, route)
+        self.completion_tokens = m.completion_tokens_per_request.labels(model, variant, route)
+
+    def answered(self, status_class: str) -> tuple:
+        """(requests counter, duration histogram) children for a status class."""
+        pair = self._by_status.get(status_class)
+        if pair is None:
+            labels = (*self._key, status_class)
+            pair = self._by_status[status_class] = (self._m.requests.labels(*labels),
+                                                    self._m.request_duration.labels(*labels))
+        return pair
