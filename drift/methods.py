@@ -15,6 +15,7 @@ write-ups use (1e-4); it is applied identically to both windows.
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass
 from typing import Callable, Literal
 
@@ -179,26 +180,52 @@ def wasserstein_exact(reference: np.ndarray, current: np.ndarray) -> float:
     return float(np.sum(np.abs(fa - fb) * widths))
 
 
-def chi_square(reference: CategoricalCounts, current: CategoricalCounts) -> tuple[float, float]:
+MIN_EXPECTED = 5.0  # the textbook validity rule of the chi-square approximation (Cochran)
+EXACT_DRAWS = 1999  # Monte-Carlo draws of a sparse table: p-values resolve down to 1/2000
+
+
+def chi_square(reference: CategoricalCounts, current: CategoricalCounts,
+               draws: int = EXACT_DRAWS) -> tuple[float, float]:
     """Pearson chi-square test of homogeneity on the 2 x k table (reference, current).
 
     Two-sample: the reference proportions are estimated from a sample too, so both rows
     carry sampling error (a one-sample goodness-of-fit test against the reference
     proportions fires about three times as often as its alpha at equal sizes). Categories
     empty in both windows are left out; with fewer than two left there is nothing to test
-    (p = 1). Equals scipy's ``chi2_contingency(table, correction=False)``.
+    (p = 1). Where every cell expects at least ``MIN_EXPECTED`` records the p-value is the
+    asymptotic one, equal to scipy's ``chi2_contingency(table, correction=False)``. Where a
+    cell expects fewer (a rare status class in a small window) the chi-square distribution
+    is not the statistic's: it fired at three to four times alpha. There the p-value is
+    Monte-Carlo, conditional on the table's margins (``sparse_p_value``).
     """
     if reference.categories != current.categories:
         raise ValueError("categorical counts must share their categories")
     if current.total == 0 or reference.total == 0:
         raise InsufficientData("empty window")
-    table = np.vstack([reference.counts, current.counts]).astype(float)
+    table = np.vstack([reference.counts, current.counts]).astype(np.int64)
     table = table[:, table.sum(axis=0) > 0]
     if table.shape[1] < 2:
         return 0.0, 1.0
     expected = np.outer(table.sum(axis=1), table.sum(axis=0)) / table.sum()
     statistic = float(np.sum((table - expected) ** 2 / expected))
-    return statistic, float(stats.chi2.sf(statistic, table.shape[1] - 1))
+    if expected.min() >= MIN_EXPECTED:
+        return statistic, float(stats.chi2.sf(statistic, table.shape[1] - 1))
+    return statistic, sparse_p_value(table, expected, statistic, draws)
+
+
+def sparse_p_value(table: np.ndarray, expected: np.ndarray, statistic: float, draws: int) -> float:
+    """The share of tables with the same margins whose statistic is at least the observed
+    one: under homogeneity the current row given the column totals is multivariate
+    hypergeometric, so the draws are exact (the conditional test R's ``chisq.test`` runs
+    with ``simulate.p.value``). ``(1 + #{>=}) / (draws + 1)`` is never 0 and holds the
+    level; margins fixed means ``expected`` is the same for every draw. Seeded by the table,
+    so the same data always gets the same p-value."""
+    rng = np.random.default_rng(zlib.crc32(table.tobytes()))
+    current = rng.multivariate_hypergeometric(table.sum(axis=0), int(table[1].sum()), size=draws)
+    reference = table.sum(axis=0) - current
+    simulated = ((reference - expected[0]) ** 2 / expected[0] + (current - expected[1]) ** 2 / expected[1]).sum(axis=1)
+    at_least = int(np.count_nonzero(simulated >= statistic * (1 - 1e-9)))  # ties: equal tables, equal statistic
+    return (1 + at_least) / (draws + 1)
 
 
 def _finite(values: np.ndarray) -> np.ndarray:

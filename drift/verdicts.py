@@ -228,7 +228,7 @@ def _categorical(name: str, ref: CategoricalCounts, cur: CategoricalCounts,
     if min(ref.total, cur.total) < policy.min_samples:
         result = _insufficient("chi2", limit, ref.total, cur.total, policy.min_samples, source)
         return FeatureVerdict("insufficient_data", ref.total, cur.total, None, False, {"chi2": result}), None
-    p = chi_square(ref, cur)[1]
+    p = chi_square(ref, cur, policy.resamples)[1]
     spec = METHODS["chi2"]
     result = DriftResult("chi2", spec.kind, spec.direction, p, limit, p < limit if source == "fixed" else p <= limit,
                          source=source, p_value=p)  # type: ignore[arg-type]

@@ -114,10 +114,10 @@ def test_chi_square_is_two_sample_and_skips_categories_empty_in_both():
     holds adds no degree of freedom (scipy's contingency test on the non-empty columns)."""
     cats = ("stop", "length", "tool_calls", "abort")
     ref = categorical_counts(["stop"] * 60 + ["length"] * 30, cats)
-    cur = categorical_counts(["stop"] * 50 + ["length"] * 45 + ["tool_calls"] * 3, cats)
+    cur = categorical_counts(["stop"] * 50 + ["length"] * 45 + ["tool_calls"] * 12, cats)
     forward, backward = evaluate("chi2", ref, cur), evaluate("chi2", cur, ref)
     assert forward.score == pytest.approx(backward.score, rel=1e-12)
-    truth = stats.chi2_contingency(np.array([[60, 30, 0], [50, 45, 3]]), correction=False)
+    truth = stats.chi2_contingency(np.array([[60, 30, 0], [50, 45, 12]]), correction=False)
     assert forward.score == pytest.approx(truth.pvalue, rel=1e-9)
     same = categorical_counts(["stop"] * 10, cats)
     assert evaluate("chi2", same, same).score == 1.0
