@@ -143,7 +143,7 @@ def scoring_rows(runs: int) -> list[str]:
 
     def twenty() -> None:
         for _ in range(20):
-            method_results(ref_h, cur_m, null, policy)
+            method_results(ref_h, cur_m, null, policy, (baseline.histograms["ttft_s"], cur_h))
             chi_square(*cats)
 
     t20 = median_time(twenty, runs * 5)

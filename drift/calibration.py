@@ -30,7 +30,7 @@ import numpy as np
 from scipy import special
 
 from drift.binning import Edges
-from drift.methods import EPSILON
+from drift.methods import EPSILON, w1_normed
 
 # The statistics computed per draw, in this order; "ks" is the KS distance D (its p-value
 # comes from the draws, not from the Kolmogorov distribution, which binning makes conservative).
@@ -82,11 +82,7 @@ def statistics(ref: np.ndarray, cur: np.ndarray, centers: np.ndarray) -> np.ndar
     js_nats = special.rel_entr(p_ref, m).sum(axis=1) + special.rel_entr(p_cur, m).sum(axis=1)
     js = np.sqrt(np.maximum(0.0, js_nats / (2 * math.log(2))))
     gap = np.abs(np.cumsum(p_ref, axis=1) - np.cumsum(p_cur, axis=1))
-    centers = np.broadcast_to(np.asarray(centers, dtype=float), p_ref.shape)
-    w1 = np.sum(gap[:, :-1] * np.diff(centers, axis=1), axis=1)
-    mean = np.sum(p_ref * centers, axis=1)
-    std = np.sqrt(np.sum(p_ref * (centers - mean[:, None]) ** 2, axis=1))
-    scale = np.where(std > 0, std, np.where(mean != 0, np.abs(mean), 1.0))
+    w1, scale = w1_normed(p_ref, p_cur, centers)
     return np.vstack([kl, js, psi, w1 / scale, gap.max(axis=1)])
 
 
@@ -129,6 +125,7 @@ def null_distribution(fine_counts: np.ndarray, edges: Edges, n_cur: int, bins: i
     own quantiles (``bins`` of them, as ``quantile_starts`` does; None keeps ``edges``),
     count both on those bins and score them.
 
+    Wasserstein is scored on the fine grid (``w1_normed``), everything else on the cut bins.
     Both samples are redrawn because both carry sampling error; the bin cutting is redrawn
     because it depends on the baseline: a baseline counted on its own quantiles is nearly
     uniform, and a null that ignored this overstated its noise (KL, JS and PSI fired at
@@ -142,6 +139,7 @@ def null_distribution(fine_counts: np.ndarray, edges: Edges, n_cur: int, bins: i
     p = counts / n_ref
     ref = rng.multinomial(n_ref, p, size=resamples)
     cur = rng.multinomial(n_cur, p, size=resamples)
+    w1, scale = w1_normed(ref / n_ref, cur / n_cur, edges.centers)  # on the fine grid, as the service scores it
     if bins is None or bins >= counts.size:
         centers = edges.centers
     else:
@@ -156,6 +154,7 @@ def null_distribution(fine_counts: np.ndarray, edges: Edges, n_cur: int, bins: i
         at = edges.values[bounds]
         centers = np.sqrt(at[:, :-1] * at[:, 1:]) if edges.log_spaced else (at[:, :-1] + at[:, 1:]) / 2
     stats = statistics(ref, cur, centers)
+    stats[STATISTICS.index("wasserstein")] = w1 / scale
     sorted_stats = np.sort(stats, axis=1)
     # per draw and method: its own p-value among the draws (itself included, as the "1 +")
     above = resamples - np.stack([np.searchsorted(row, s, side="left") for row, s in zip(sorted_stats, stats)])

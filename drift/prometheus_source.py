@@ -102,4 +102,4 @@ def fleet_results(ref: Histogram, cur: Histogram, policy: Policy) -> dict[str, D
     starts = quantile_starts(ref.counts, bins)
     edges = merged_edges(ref.edges, starts)
     null = null_distribution(ref.counts, ref.edges, size_band(cur.total), bins, policy.resamples)
-    return method_results(merge(ref, starts, edges), merge(cur, starts, edges), null, policy)
+    return method_results(merge(ref, starts, edges), merge(cur, starts, edges), null, policy, (ref, cur))

@@ -159,11 +159,12 @@ def _insufficient(method: str, threshold: float, n_ref: int, n_cur: int, minimum
                        source)  # type: ignore[arg-type]
 
 
-def _calibrating(ref: Histogram, cur: Histogram, policy: Policy) -> dict[str, DriftResult]:
+def _calibrating(ref: Histogram, cur: Histogram, policy: Policy,
+                 fine: tuple[Histogram, Histogram]) -> dict[str, DriftResult]:
     """Scores while the threshold is being calibrated: no calibrated verdict or p-value yet,
     said so; a fixed threshold needs no calibration and gives its verdict."""
     fixed = dict(policy.fixed)
-    pp = prepare(ref, cur)
+    pp = prepare(ref, cur, fine)
     band = size_band(cur.total)
     results = {}
     for m in NUMERIC_METHODS:
@@ -189,19 +190,22 @@ def _numeric(name: str, reference: Reference, current: Histogram, policy: Policy
                                     n_ref, n_cur, policy.min_samples, "fixed" if m in fixed else "calibrated")
                    for m in NUMERIC_METHODS}
         return FeatureVerdict("insufficient_data", n_ref, n_cur, None, False, results), None
+    fine = (reference.histograms[name], current)
     null = nulls.get(reference, name, n_cur, policy.resamples)
     if null is None:
-        return FeatureVerdict("calibrating", n_ref, n_cur, None, False, _calibrating(ref, cur, policy)), None
-    results = method_results(ref, cur, null, policy)
+        return FeatureVerdict("calibrating", n_ref, n_cur, None, False, _calibrating(ref, cur, policy, fine)), None
+    results = method_results(ref, cur, null, policy, fine)  # type: ignore[arg-type]
     feature_p = null.feature_p_value(min(r.p_value for r in results.values()))  # type: ignore[type-var]
     return FeatureVerdict("ok", n_ref, n_cur, feature_p, False, results), feature_p
 
 
-def method_results(ref: Histogram, cur: Histogram, null: NullDistribution, policy: Policy) -> dict[str, DriftResult]:
-    """Every numeric method on one pair of histograms: its score, its calibrated p-value, and
-    its verdict against a calibrated threshold (distances), alpha (p-values) or a fixed one."""
+def method_results(ref: Histogram, cur: Histogram, null: NullDistribution, policy: Policy,
+                   fine: tuple[Histogram, Histogram]) -> dict[str, DriftResult]:
+    """Every numeric method on one pair of histograms (merged bins; ``fine``: the same pair on
+    the fine grid, for Wasserstein): its score, its calibrated p-value, and its verdict
+    against a calibrated threshold (distances), alpha (p-values) or a fixed one."""
     fixed = dict(policy.fixed)
-    pp = prepare(ref, cur)
+    pp = prepare(ref, cur, fine)
     results = {}
     for m in NUMERIC_METHODS:
         spec = METHODS[m]
