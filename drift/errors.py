@@ -14,6 +14,7 @@ import logging
 from prometheus_client import Counter
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
+from starlette.routing import Match
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -35,7 +36,22 @@ async def http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code, hint = _ROUTING.get(exc.status_code, ("http_error", ""))
     message = f"{request.method} {request.url.path[:200]}: {exc.detail}" + (f"; {hint}" if hint else "")
-    return error_response(exc.status_code, message, code, headers=exc.headers)
+    headers = exc.headers
+    if exc.status_code == 405:
+        headers = {**(headers or {}), "Allow": ", ".join(allowed_methods(request))}
+    return error_response(exc.status_code, message, code, headers=headers)
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route of this path takes. A path with a GET and a POST handler is two
+    routes, and Starlette's 405 names only the first one's methods (OPTIONS /v1/baselines
+    said ``allow: POST`` although GET exists)."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches({**request.scope, "method": "\0"})  # a method no route takes: PARTIAL on a path match
+        if match != Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    return sorted(methods)
 
 
 class CatchAll:

@@ -25,9 +25,10 @@ _SELECTOR = re.compile(r'^(\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"[^"\\]*"\
 
 
 class SourceError(Exception):
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, field: str | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.field = field  # the query parameter to blame, if one is
 
 
 def buckets_to_histogram(le_counts: dict[float, float]) -> Histogram:
@@ -66,13 +67,13 @@ class PrometheusSource:
     def drift(self, metric: str, selector: str, reference_end: float, current_end: float, window_s: float,
               policy: Policy = Policy()) -> dict:
         if not _NAME.match(metric) or not metric:
-            raise SourceError(400, "'metric' must be a histogram's base name, e.g. inferwatch_gateway_request_prompt_tokens")
+            raise SourceError(400, "'metric' must be a histogram's base name, e.g. inferwatch_gateway_request_prompt_tokens", field="metric")
         if not _SELECTOR.match(selector):
-            raise SourceError(400, "'selector' must be label matchers like model=\"x\",variant=\"y\"")
+            raise SourceError(400, "'selector' must be label matchers like model=\"x\",variant=\"y\"", field="selector")
         if not all(math.isfinite(v) for v in (reference_end, current_end, window_s)):
-            raise SourceError(400, "'reference_end', 'current_end' and 'window' must be finite numbers")
+            raise SourceError(400, "'reference_end', 'current_end' and 'window' must be finite numbers", field="reference_end")
         if window_s <= 0 or reference_end >= current_end:
-            raise SourceError(400, "'reference_end' must be before 'current_end', and 'window' positive")
+            raise SourceError(400, "'reference_end' must be before 'current_end', and 'window' positive", field="reference_end")
         ref = buckets_to_histogram(self.buckets(metric, selector, reference_end, window_s))
         cur = buckets_to_histogram(self.buckets(metric, selector, current_end, window_s))
         if not np.array_equal(ref.edges.values, cur.edges.values):

@@ -117,14 +117,14 @@ def parse_batch(body: bytes, now: float, max_future_s: float = 300.0) -> Batch:
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise BatchError(f"body is not valid JSON: {exc}") from None
+        raise BatchError(f"body is not valid JSON: {exc}", field="body") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("records"), list):
-        raise BatchError('body must be {"records": [...]}')
+        raise BatchError('body must be {"records": [...]}', field="records")
     records = doc["records"]
     if not records:
-        raise BatchError("batch has no records")
+        raise BatchError("batch has no records", field="records")
     if len(records) > MAX_BATCH:
-        raise BatchError(f"batch has {len(records)} records; the limit is {MAX_BATCH}")
+        raise BatchError(f"batch has {len(records)} records; the limit is {MAX_BATCH}", field="records")
     batch = _columns(records, now, max_future_s)
     if batch is None:
         for i, rec in enumerate(records):
@@ -163,7 +163,9 @@ def _columns(records: list, now: float, max_future_s: float) -> Batch | None:
         present = values[~np.isnan(values)]  # NaN only where the record had null
         if present.size and (present.min() < low or present.max() > high):  # also catches +-inf
             return None
-    if (finished > now + max_future_s).any():
+    if (finished > now + max_future_s).any() or (started > finished).any():
+        return None
+    if (numeric["ttft_s"] > numeric["e2e_s"]).any():  # NaN (null) compares False
         return None
     return Batch(size=len(records), model=cols["model"], variant=cols["variant"], finished_at=finished,
                  status=status, numeric=numeric, finish_reason=cols["finish_reason"])
@@ -171,7 +173,7 @@ def _columns(records: list, now: float, max_future_s: float) -> Batch | None:
 
 def _check(i: int, rec: object, now: float, max_future_s: float) -> None:
     if not isinstance(rec, dict):
-        raise BatchError(f"record {i} is not an object", i)
+        raise BatchError(f"record {i} of 'records' is not an object", i, "records")
     for name in REQUIRED:
         if name not in rec or rec[name] is None:
             raise BatchError(f"record {i}: field '{name}' is required", i, name)
@@ -197,3 +199,7 @@ def _check(i: int, rec: object, now: float, max_future_s: float) -> None:
     if rec["finished_at"] > now + max_future_s:
         raise BatchError(f"record {i}: field 'finished_at' lies in the future; check the producer's clock", i,
                          "finished_at")
+    if rec["started_at"] > rec["finished_at"]:
+        raise BatchError(f"record {i}: field 'started_at' is after 'finished_at'", i, "started_at")
+    if rec.get("ttft_s") is not None and rec["ttft_s"] > rec["e2e_s"]:
+        raise BatchError(f"record {i}: field 'ttft_s' is longer than the whole request ('e2e_s')", i, "ttft_s")

@@ -219,17 +219,18 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
             chunks.append(chunk)
         return b"".join(chunks)
 
-    async def read_object(request: Request) -> dict | Response:
-        """An authorised, size-checked JSON object body, or the error response to send."""
+    async def read_object(request: Request, empty: bool = False) -> dict | Response:
+        """An authorised, size-checked JSON object body (``empty``: ``{}`` too), or the error
+        response to send."""
         body = await read_body(request)
         if isinstance(body, Response):
             return body
         try:
             doc = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
-            return _error(422, f"body is not valid JSON: {exc}", "invalid_json")
-        if not isinstance(doc, dict) or not doc:
-            return _error(422, "body must be a non-empty JSON object", "invalid_body")
+            return _error(422, f"body is not valid JSON: {exc}", "invalid_json", field="body")
+        if not isinstance(doc, dict) or not (doc or empty):
+            return _error(422, "body must be a non-empty JSON object", "invalid_body", field="body")
         return doc
 
     @app.post("/v1/ingest", responses=_responses(api.IngestResponse, 401, 413, 422),
@@ -273,6 +274,10 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
                     or not 0 < len(variant) <= SEGMENT_TEXT_MAX):
                 raise BatchError(f"'model' and 'variant' are required strings of 1..{SEGMENT_TEXT_MAX} characters",
                                  field="model")
+            unknown = sorted(set(doc) - BASELINE_FIELDS)
+            if unknown:
+                raise BatchError(f"unknown field '{unknown[0]}'; a baseline takes {', '.join(sorted(BASELINE_FIELDS))}",
+                                 field=unknown[0])
             if "histograms" in doc:
                 baseline = state.upload_baseline((model, variant), doc["histograms"])
             else:
@@ -298,7 +303,7 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
     @app.put("/v1/thresholds", responses=_responses(api.Thresholds, 401, 413, 422),
              openapi_extra=_body(api.ThresholdsRequest), summary="Change alpha or fix a method's threshold")
     async def thresholds_put(request: Request) -> Response:
-        doc = await read_object(request)
+        doc = await read_object(request, empty=True)
         if isinstance(doc, Response):
             return doc
         try:
@@ -362,7 +367,7 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
             result = source.drift(metric, selector, reference_end, time.time() if current_end is None else current_end,
                                   window, state.policy)
         except SourceError as exc:
-            return _error(exc.status, str(exc), "fleet_drift_failed")
+            return _error(exc.status, str(exc), "fleet_drift_failed", field=exc.field)
         return JSONResponse(result)
 
     @app.get("/report", response_class=HTMLResponse, responses={400: {"content": {"application/json": {
@@ -392,6 +397,7 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
     return app
 
 
+BASELINE_FIELDS = frozenset({"model", "variant", "from", "to", "histograms"})
 SegmentParam = Annotated[str | None, Query(min_length=1, max_length=SEGMENT_TEXT_MAX)]
 FeatureParam = Annotated[Literal[tuple(FEATURES)] | None, Query()]  # type: ignore[valid-type]
 NumericName = Literal[tuple(f.name for f in NUMERIC_FEATURES)]  # type: ignore[valid-type]

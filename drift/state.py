@@ -183,6 +183,8 @@ class DriftState:
     def set_thresholds(self, changes: dict[str, object]) -> dict:
         """Change alpha, or give a method a fixed threshold (a number) or hand it back to
         calibration (null), at run time; persisted, so changes survive restarts. All or nothing."""
+        if not changes:
+            raise BatchError(f"give 'alpha' or a method's threshold ({', '.join(METHODS)})", field="alpha")
         for key, value in changes.items():
             if key == "alpha":
                 if not _number(value) or not 0 < value <= 0.5:  # type: ignore[operator]
@@ -232,7 +234,8 @@ class DriftState:
         hists = baseline_from(in_range, segment)
         records = int(hists["status_class"].counts.sum())
         if records == 0:
-            raise BatchError(f"no records for model '{segment[0]}' variant '{segment[1]}' between {since} and {until}")
+            raise BatchError(f"no records for model '{segment[0]}' variant '{segment[1]}' between 'from' {since} and "
+                             f"'to' {until}", field="from")
         samples = {}
         rng = np.random.default_rng(0)
         rows_of = [(b, segments_of(b).get(segment)) for b in in_range]
@@ -444,8 +447,8 @@ def baseline_from_doc(doc: dict) -> Baseline:
     422 naming the feature, never an overflow later."""
     hists: Windows = {}
     given = doc.get("histograms")
-    if not isinstance(given, dict):
-        raise BatchError("'histograms' must map feature names to bin counts")
+    if not isinstance(given, dict) or not given:
+        raise BatchError("'histograms' must map feature names to bin counts (GET /v1/features)", field="histograms")
     unknown = set(given) - set(FEATURES)
     if unknown:
         raise BatchError(f"unknown features: {', '.join(sorted(unknown))}; known: {', '.join(FEATURES)}",
@@ -462,6 +465,8 @@ def baseline_from_doc(doc: dict) -> Baseline:
         arr = np.array(counts, dtype=np.int64)
         hists[name] = Histogram(feature.edges, arr) if hasattr(feature, "edges") else CategoricalCounts(
             feature.categories, arr)
+    if not any(h.total for h in hists.values()):
+        raise BatchError("'histograms' holds no counts: a baseline needs records", field="histograms")
     starts = None
     if isinstance(doc.get("edges"), dict):  # stored with the baseline: reuse exactly
         starts = {}
