@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from pydantic import BaseModel, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
@@ -240,7 +241,7 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
         if isinstance(body, Response):
             return body
         try:
-            accepted, in_window = state.ingest(body)
+            accepted, in_window = await run_in_threadpool(state.ingest, body)  # off the loop: /health answers
         except BatchError as exc:
             rejected.labels("invalid").inc()
             return _error(422, str(exc), "invalid_batch", record=exc.record, field=exc.field)
@@ -389,8 +390,7 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
 
     @app.get("/health", responses=_responses(api.Health), summary="Liveness")
     async def health() -> Response:
-        return JSONResponse({"status": "ok", "segments": len(state.segments()), "ingested": state.ingested,
-                             "overflow_records": state.overflow, "window_bytes": state.memory_bytes()})
+        return JSONResponse({"status": "ok", **state.snapshot._asdict()})  # no lock: never waits for an ingest
 
     ab_http.install(app, state, watchlist, feedback)
     _publish_request_schemas(app)

@@ -13,7 +13,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -70,6 +70,16 @@ class Baseline:
         return Reference(self.histograms, self.starts, f"baseline:{digest.hexdigest()}")
 
 
+class HealthSnapshot(NamedTuple):
+    """/health's numbers, replaced whole after each change so a reader never takes the lock
+    (an ingest holding it must not hold /health)."""
+
+    segments: int
+    ingested: int
+    overflow_records: int
+    window_bytes: int
+
+
 @dataclass(frozen=True)
 class HistoryPoint:
     t: float
@@ -102,6 +112,9 @@ class DriftState:
         self._history: dict[Segment, deque[HistoryPoint]] = {}
         self._last_sweep = -math.inf
         self._lock = threading.RLock()
+        self._bytes_at = -math.inf
+        # what /health reads without the lock (one attribute read): counts as of the last change
+        self.snapshot = HealthSnapshot(0, 0, 0, 0)
 
     @property
     def policy(self) -> Policy:
@@ -120,22 +133,40 @@ class DriftState:
         cfg = self.config
         with self._lock:
             self._sweep(now)
+            held = self._held()  # once per batch: a batch of 10,000 new names used to recount per name
             for segment, rows in segments_of(batch).items():
                 window = self.windows.get(segment)
                 if window is None:
-                    if segment not in self.baselines and self._full():
+                    if segment not in self.baselines and held >= cfg.max_segments - 1:
                         self.overflow += rows.size
                         segment = OTHER_SEGMENT
                         window = self.windows.get(segment)
                     if window is None:
                         window = self.windows[segment] = SegmentWindow(cfg.window_s, cfg.buckets, cfg.reservoir)
+                        held += segment != OTHER_SEGMENT and segment not in self.baselines
                 inside += window.add(batch, rows, now)
             self.ingested += batch.size
+            self._publish(now)
         return inside
+
+    def _held(self) -> int:
+        """Segments held, not counting OTHER_SEGMENT."""
+        return len((self.windows.keys() | self.baselines.keys()) - {OTHER_SEGMENT})
 
     def _full(self) -> bool:
         """The last of max_segments is kept for OTHER_SEGMENT."""
-        return len((set(self.windows) | set(self.baselines)) - {OTHER_SEGMENT}) >= self.config.max_segments - 1
+        return self._held() >= self.config.max_segments - 1
+
+    def _publish(self, now: float) -> None:
+        """Refresh what /health shows (under the lock). Window bytes walk every bucket of every
+        window, so they are recounted at most once a second."""
+        if now - self._bytes_at >= 1.0:
+            self._bytes_at = now
+            window_bytes = sum(w.nbytes() for w in self.windows.values())
+        else:
+            window_bytes = self.snapshot.window_bytes
+        self.snapshot = HealthSnapshot(len(self.windows.keys() | self.baselines.keys()), self.ingested,
+                                       self.overflow, window_bytes)
 
     def _sweep(self, now: float) -> None:
         """Drop windows that hold nothing any more (at most once per time bucket), with their
@@ -152,6 +183,7 @@ class DriftState:
                 if segment not in self.baselines:
                     self._history.pop(segment, None)
                 self.expired += 1
+        self._publish(now)
 
     def restore(self) -> int:
         """Rebuild windows and baselines from the store (after a restart or a crash)."""
@@ -274,11 +306,14 @@ class DriftState:
             self.baselines[segment] = baseline
             self._results.pop(segment, None)
             self._history.pop(segment, None)
+            self._publish(self.clock())
         self.verdict(segment)  # queues the calibrations the current window needs, computes nothing here
 
     # -- results --------------------------------------------------------------------------
     def segments(self) -> list[Segment]:
+        """Every segment held; idle ones are swept here too, so they expire without new records."""
         with self._lock:
+            self._sweep(self.clock())
             return sorted(set(self.windows) | set(self.baselines))
 
     def current(self, segment: Segment) -> Windows:
