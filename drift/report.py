@@ -1,8 +1,13 @@
-"""The HTML drift report: a summary first (which model and variant drifted, on which
-features, since when; worst first), then per segment and feature the reference and
-current distributions (inline SVG, no plotting dependency) with both sample sizes, the
-headline score against its threshold over the retained history, and every method's score,
-threshold and where that threshold came from."""
+"""The HTML drift report: a summary first (every A/B experiment and drift segment, worst
+first: rollback, hold, drift, calibrating, continue, promote, no drift, insufficient data),
+then in the same order the worst ``detail`` of them in full: per A/B experiment its
+decision and guardrails, per drift segment and feature the reference and current
+distributions (inline SVG, no plotting dependency) with both sample sizes, the headline
+score against its threshold over the retained history, and every method's score, threshold
+and where that threshold came from.
+
+Bounded: the rest are rows of the summary only (about 0.3 KB each) and the page says how to
+see them (``model``, ``variant``, ``detail``): with ~920 segments every one in full was 36.6 MB."""
 
 from __future__ import annotations
 
@@ -11,16 +16,21 @@ import math
 import time
 from dataclasses import dataclass
 
+from drift.ab.report import AbEntry
 from drift.binning import CategoricalCounts, Histogram, merge
 from drift.methods import DriftResult
 from drift.schema import FEATURES, UNITS
 from drift.state import Baseline, HistoryPoint, headline
 from drift.verdicts import SegmentVerdict
 
-W, H = 620, 170  # chart area
+W, H = 900, 170  # chart area
 LEFT, BOTTOM, TOP = 46, 40, 12
 CHAR_PX = 6.2  # width of one tick-label character at 11 px
 REF, CUR, THR = "#80868b", "#1a73e8", "#d93025"
+DETAIL = 20  # sections shown in full by default
+# worst first: what needs a person now, then what is being decided, then what is fine
+RANK = {"rollback": 0, "hold": 1, "drift": 2, "calibrating": 3, "continue": 4, "promote": 5, "no_drift": 6,
+        "insufficient_data": 7}
 
 
 @dataclass(frozen=True)
@@ -94,31 +104,45 @@ def bars_svg(ref: Histogram | CategoricalCounts, cur: Histogram | CategoricalCou
 
 
 def history_svg(points: list[tuple[float, float | None, float]], method: str) -> str:
-    """The headline method's score (blue) and its threshold (red, dashed) over time."""
+    """The headline method's score (blue) and its threshold (red, dashed) over time, with a
+    few time and value ticks; a single evaluation is a point, not a line."""
     pts = [(t, s, thr) for t, s, thr in points if s is not None and math.isfinite(thr)]
-    hh = 90
-    if len(pts) < 2:
-        return f"<p class='muted'>{method} over time: shown once two evaluations are retained.</p>"
+    hh = 110
+    if not pts:
+        return f"<p class='muted'>{method} over time: shown once an evaluation has a threshold.</p>"
     t0, t1 = pts[0][0], pts[-1][0]
     values = [v for _, s, thr in pts for v in (s, thr)]
     lo, hi = min(values + [0.0]), max(values)
     hi = hi if hi > lo else lo + 1
+    span = max(t1 - t0, 1e-9)
 
-    def xy(t: float, v: float) -> str:
-        return f"{LEFT + (W - LEFT - 8) * (t - t0) / max(t1 - t0, 1e-9):.1f},{TOP + hh * (1 - (v - lo) / (hi - lo)):.1f}"
+    def x(t: float) -> float:
+        return LEFT + (W - LEFT - 8) * ((t - t0) / span if t1 > t0 else 0.5)
 
-    score = " ".join(xy(t, s) for t, s, _ in pts)  # type: ignore[arg-type]
-    thr = " ".join(xy(t, th) for t, _, th in pts)
+    def y(v: float) -> float:
+        return TOP + hh * (1 - (v - lo) / (hi - lo))
+
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{TOP + hh + 34}" font-family="sans-serif" '
              f'font-size="11">']
-    for v in (lo, hi):
-        y = TOP + hh * (1 - (v - lo) / (hi - lo))
-        parts.append(f'<line x1="{LEFT}" x2="{W - 8}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e0e0e0"/>'
-                     f'<text x="{LEFT - 4}" y="{y + 4:.1f}" text-anchor="end">{v:.3g}</text>')
-    parts.append(f'<polyline points="{thr}" fill="none" stroke="{THR}" stroke-dasharray="4 3"/>'
-                 f'<polyline points="{score}" fill="none" stroke="{CUR}" stroke-width="1.5"/>')
-    for t, anchor, x in ((t0, "start", LEFT), (t1, "end", W - 8)):
-        parts.append(f'<text x="{x}" y="{TOP + hh + 14}" text-anchor="{anchor}">'
+    for frac in (0, 0.25, 0.5, 0.75, 1):
+        v = lo + (hi - lo) * frac
+        parts.append(f'<line x1="{LEFT}" x2="{W - 8}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="#e0e0e0"/>'
+                     f'<text x="{LEFT - 4}" y="{y(v) + 4:.1f}" text-anchor="end">{v:.3g}</text>')
+    if len(pts) == 1:
+        t, score, thr = pts[0]
+        parts.append(f'<line x1="{x(t) - 12:.1f}" x2="{x(t) + 12:.1f}" y1="{y(thr):.1f}" y2="{y(thr):.1f}" '
+                     f'stroke="{THR}" stroke-width="2"/><circle cx="{x(t):.1f}" cy="{y(score):.1f}" r="4" '  # type: ignore[arg-type]
+                     f'fill="{CUR}"/>')
+        ticks = [t]
+    else:
+        score = " ".join(f"{x(t):.1f},{y(s):.1f}" for t, s, _ in pts)  # type: ignore[arg-type]
+        thr = " ".join(f"{x(t):.1f},{y(th):.1f}" for t, _, th in pts)
+        parts.append(f'<polyline points="{thr}" fill="none" stroke="{THR}" stroke-dasharray="4 3"/>'
+                     f'<polyline points="{score}" fill="none" stroke="{CUR}" stroke-width="1.5"/>')
+        ticks = [t0 + span * k / 4 for k in range(5)]
+    for i, t in enumerate(ticks):
+        anchor = "middle" if len(ticks) == 1 else ("start" if i == 0 else "end" if i == len(ticks) - 1 else "middle")
+        parts.append(f'<text x="{x(t):.1f}" y="{TOP + hh + 14}" text-anchor="{anchor}">'
                      f'{time.strftime("%H:%M", time.gmtime(t))}</text>')
     parts.append(f'<text x="{(LEFT + W) / 2:.0f}" y="{TOP + hh + 28}" text-anchor="middle" fill="#5f6368">'
                  f'{_esc(method)} (blue) vs its threshold (red, dashed), UTC</text></svg>')
@@ -151,23 +175,47 @@ def _worst_p(v: SegmentVerdict) -> float:
     return min((f.p_value for f in v.features.values() if f.p_value is not None), default=2.0)
 
 
-def _order(s: SegmentReport) -> tuple:
-    rank = {"drift": 0, "calibrating": 1, "no_drift": 2, "insufficient_data": 3}[s.verdict.status]
-    return rank, _worst_p(s.verdict), s.segment
+Entry = SegmentReport | AbEntry
 
 
-def _summary(segments: list[SegmentReport]) -> str:
-    rows = ["<table class='summary'><tr><th>model / variant</th><th>verdict</th><th>drifted features</th>"
-            "<th>since</th><th>window / baseline records</th></tr>"]
-    for s in segments:
-        v = s.verdict
-        cls = " class='drift'" if v.status == "drift" else ""
-        anchor = _esc(f"{s.segment[0]}/{s.segment[1]}")
-        rows.append(f"<tr><td><a href='#{anchor}'>{anchor}</a></td><td{cls}>{v.status.replace('_', ' ')}</td>"
-                    f"<td>{_esc(', '.join(v.drifted_features) or '—')}</td><td>{_when(s.since)}</td>"
-                    f"<td>{s.window_records:,} / {s.baseline.records:,}</td></tr>")
+def _order(e: Entry) -> tuple:
+    if isinstance(e, AbEntry):
+        return RANK[e.decision], 0.0, (e.model, e.control, e.treatment)
+    return RANK[e.verdict.status], _worst_p(e.verdict), e.segment
+
+
+def _anchor(e: Entry) -> str:
+    return f"ab-{e.model}" if isinstance(e, AbEntry) else f"{e.segment[0]}/{e.segment[1]}"
+
+
+def _summary_row(e: Entry) -> str:
+    link = f"<a href='#{_esc(_anchor(e))}'>"
+    if isinstance(e, AbEntry):
+        cls = " class='drift'" if e.decision in ("rollback", "hold") else ""
+        return (f"<tr><td>A/B</td><td>{link}{_esc(e.model)}: {_esc(e.control)} vs {_esc(e.treatment)}</a></td>"
+                f"<td{cls}>{e.decision.upper()}</td><td>{_esc('; '.join(e.reasons) or '—')}</td><td>—</td>"
+                f"<td>{e.requests[0]:,} / {e.requests[1]:,} (control / treatment)</td></tr>")
+    v = e.verdict
+    cls = " class='drift'" if v.status == "drift" else ""
+    return (f"<tr><td>drift</td><td>{link}{_esc(e.segment[0])} / {_esc(e.segment[1])}</a></td>"
+            f"<td{cls}>{v.status.replace('_', ' ')}</td><td>{_esc(', '.join(v.drifted_features) or '—')}</td>"
+            f"<td>{_when(e.since)}</td><td>{e.window_records:,} / {e.baseline.records:,} (window / baseline)</td></tr>")
+
+
+def _summary(entries: list[Entry]) -> str:
+    rows = ["<table class='summary'><tr><th>kind</th><th>model / variant</th><th>verdict</th>"
+            "<th>drifted features or reasons</th><th>since</th><th>records</th></tr>"]
+    rows.extend(_summary_row(e) for e in entries)
     rows.append("</table>")
     return "".join(rows)
+
+
+def _segment(s: SegmentReport) -> str:
+    model, variant = s.segment
+    names = sorted(s.verdict.features, key=lambda n: (not s.verdict.features[n].drifted,
+                                                      s.verdict.features[n].p_value or 2.0))
+    return (f"<h2 id='{_esc(model)}/{_esc(variant)}'>{_esc(model)} / {_esc(variant)}: "
+            f"{s.verdict.status.replace('_', ' ')}</h2>" + "".join(_feature(name, s) for name in names))
 
 
 def _feature(name: str, s: SegmentReport) -> str:
@@ -188,11 +236,13 @@ def _feature(name: str, s: SegmentReport) -> str:
             f"{bars_svg(ref, cur, unit)}{history_svg(points, method)}{_methods_table(f.methods)}</div>")
 
 
-def render(segments: list[SegmentReport], now: float | None = None, ab: str = "") -> str:
-    """The report; ``ab`` is the A/B section (drift.ab.report), placed after the summary."""
+def render(segments: list[SegmentReport], now: float | None = None, ab: list[AbEntry] = (),  # type: ignore[assignment]
+           detail: int = DETAIL) -> str:
+    """The report: every A/B experiment (``drift.ab.report.sections``) and drift segment in
+    one summary, worst first, then the worst ``detail`` of them in full."""
     now = time.time() if now is None else now
-    segments = sorted(segments, key=_order)
-    alpha = segments[0].verdict.alpha if segments else None
+    entries: list[Entry] = sorted([*ab, *segments], key=_order)
+    alpha = min(segments, key=_order).verdict.alpha if segments else None
     out = ["<!doctype html><html><head><meta charset='utf-8'><title>inferwatch drift report</title><style>"
            "body{font-family:sans-serif;margin:2em;color:#202124}table{border-collapse:collapse;margin:.5em 0}"
            "td,th{padding:3px 10px;border-bottom:1px solid #ddd;text-align:left}.drift{color:#c5221f;"
@@ -203,18 +253,16 @@ def render(segments: list[SegmentReport], now: float | None = None, ab: str = ""
                    "segment across all its features by Holm's procedure); thresholds are calibrated from each "
                    "baseline at the current window's size unless marked fixed")
     out.append("</p>")
-    if not segments:
-        out.append("<p>No segment has both a baseline and a current window yet.</p>")
+    if not entries:
+        out.append("<p>No segment has both a baseline and a current window yet, and no experiment is watched.</p>")
     else:
-        out.append("<h2>Summary</h2>" + _summary(segments))
-    out.append(ab)
-    for s in segments:
-        model, variant = s.segment
-        out.append(f"<h2 id='{_esc(model)}/{_esc(variant)}'>{_esc(model)} / {_esc(variant)}: "
-                   f"{s.verdict.status.replace('_', ' ')}</h2>")
-        names = sorted(s.verdict.features, key=lambda n: (not s.verdict.features[n].drifted,
-                                                          s.verdict.features[n].p_value or 2.0))
-        out.extend(_feature(name, s) for name in names)
+        out.append("<h2>Summary</h2><p class='muted'>Worst first: rollback, hold, drift, calibrating, continue, "
+                   "promote, no drift, insufficient data.</p>" + _summary(entries))
+    shown = entries[:max(detail, 0)]
+    if len(entries) > len(shown):
+        out.append(f"<p class='muted'>The worst {len(shown)} of {len(entries)} are shown in full below; the rest are "
+                   "in the summary only. Ask for one with <code>?model=</code> and <code>&amp;variant=</code>, or "
+                   "for more with <code>?detail=</code> (at most 200).</p>")
+    out.extend(e.html if isinstance(e, AbEntry) else _segment(e) for e in shown)
     out.append("</body></html>")
     return "".join(out)
-

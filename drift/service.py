@@ -33,7 +33,7 @@ from drift.errors import error_response as _error
 from drift.methods import DriftResult
 from drift.prometheus_source import PrometheusSource, SourceError
 from drift.schema import FEATURES, NUMERIC_FEATURES, RANGES, SEGMENT_TEXT_MAX, UNITS, BatchError
-from drift.state import Baseline, DriftState, SegmentLimit, WindowConfig, smallest_alpha
+from drift.state import Baseline, DriftState, SegmentLimit, WindowConfig, headline, smallest_alpha
 from drift.store import Store
 from drift.verdicts import SegmentVerdict, analysis_edges, feature_status
 from drift.windows import Segment
@@ -62,6 +62,10 @@ class DriftSettings(BaseSettings):
     calibration_cache: int = Field(8192, ge=64, description="null distributions kept, about 48 KB each; keep at "
                                                             "least 6 per segment with a baseline, or they are "
                                                             "calibrated again and again")
+    metric_methods: Literal["headline", "all"] = Field(
+        "headline", description="per-method score, detected and threshold series: 'headline' keeps each feature's "
+                                "headline method (wasserstein, chi2) and every method of a drifted feature; 'all' "
+                                "keeps every method of every feature (5x the series)")
     calibration_queue: int = Field(4096, ge=1, description="calibrations waiting for the background worker; "
                                                            "more are asked for again at the next evaluation")
 
@@ -108,8 +112,9 @@ class DriftCollector(Collector):
                    drift_metrics.FEATURE_P_VALUE, drift_metrics.SEGMENT_DETECTED, drift_metrics.SEGMENT_STATUS,
                    drift_metrics.FEATURE_STATUS, drift_metrics.WINDOW_RECORDS, drift_metrics.BASELINE_RECORDS)
 
-    def __init__(self, state: DriftState) -> None:
+    def __init__(self, state: DriftState, methods: Literal["headline", "all"] = "headline") -> None:
         self.state = state
+        self.methods = methods
 
     def collect(self) -> Iterator[Metric]:
         g = {m: GaugeMetricFamily(m.name, m.doc, labels=list(m.labels)) for m in self.PER_SEGMENT}
@@ -135,6 +140,8 @@ class DriftCollector(Collector):
                 if decided:
                     g[drift_metrics.FEATURE_DETECTED].add_metric([*seg, feature], 1.0 if f.drifted else 0.0)
                 for r in f.methods.values():
+                    if self.methods == "headline" and not f.drifted and r.method != headline(feature):
+                        continue  # bounded: one method per quiet feature (about 8 series, not 40, per segment)
                     key = [*seg, feature, r.method]
                     g[drift_metrics.SCORE].add_metric(key, r.score)
                     g[drift_metrics.DETECTED].add_metric(key, 1.0 if r.drifted else 0.0)
@@ -169,7 +176,7 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
         settings.window_s, settings.buckets, settings.reservoir, settings.retention_s, alpha=settings.alpha,
         min_samples=settings.min_samples, max_segments=settings.max_segments, resamples=settings.resamples,
         calibration_cache=settings.calibration_cache, calibration_queue=settings.calibration_queue))
-    registry.register(DriftCollector(state))
+    registry.register(DriftCollector(state, settings.metric_methods))
     watchlist = Watchlist()
     feedback = FeedbackLog(settings.window_s, settings.max_segments)
     registry.register(AbCollector(state, watchlist))
@@ -374,7 +381,9 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
     @app.get("/report", response_class=HTMLResponse, responses={400: {"content": {"application/json": {
         "schema": {"$ref": "#/components/schemas/ErrorResponse"}}}}},
              summary="The HTML report")
-    def report_get(model: SegmentParam = None, variant: SegmentParam = None) -> Response:
+    def report_get(model: SegmentParam = None, variant: SegmentParam = None,
+                   detail: Annotated[int, Query(ge=0, le=200, description="sections shown in full, worst first; "
+                                                "the rest are summary rows")] = report.DETAIL) -> Response:
         rows = []
         for segment in selected(model, variant):
             verdict = state.verdict(segment)
@@ -382,7 +391,7 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
                 rows.append(report.SegmentReport(segment, state.baselines[segment], state.current(segment), verdict,
                                                  state.history(segment), state.drifting_since(segment),
                                                  state.window_records(segment)))
-        return HTMLResponse(report.render(rows, state.clock(), ab_report.sections(state, watchlist, model)))
+        return HTMLResponse(report.render(rows, state.clock(), ab_report.sections(state, watchlist, model), detail))
 
     @app.get("/metrics", response_class=PlainTextResponse, summary="Prometheus exposition")
     def metrics() -> Response:

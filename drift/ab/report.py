@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -174,7 +175,21 @@ def section(model: str, result: AbResult, control: Arm, treatment: Arm) -> str:
     return "".join(out)
 
 
-def sections(state: DriftState, watchlist: Watchlist, model: str | None = None) -> str:
+@dataclass(frozen=True)
+class AbEntry:
+    """One experiment for the report: what its summary row says, and its section. The drift
+    report orders these with the drift segments, worst first."""
+
+    model: str
+    control: str
+    treatment: str
+    decision: str  # rollback, hold, continue, promote
+    reasons: tuple[str, ...]
+    requests: tuple[int, int]
+    html: str
+
+
+def sections(state: DriftState, watchlist: Watchlist, model: str | None = None) -> list[AbEntry]:
     """Every watched experiment (or one model's) with both variants still in the window."""
     out = []
     for watched in watchlist.items():
@@ -184,5 +199,7 @@ def sections(state: DriftState, watchlist: Watchlist, model: str | None = None) 
         control = read_arm(state, watched.model, exp.control, watched.since)
         treatment = read_arm(state, watched.model, exp.treatment, watched.since)
         if control is not None and treatment is not None:
-            out.append(section(watched.model, analyse(exp, control, treatment), control, treatment))
-    return "".join(out)
+            result = analyse(exp, control, treatment)
+            out.append(AbEntry(watched.model, exp.control, exp.treatment, result.decision, tuple(result.reasons),
+                               tuple(result.requests), section(watched.model, result, control, treatment)))  # type: ignore[arg-type]
+    return out
