@@ -203,7 +203,7 @@ def test_auth_and_size_limits(service):
 def test_baseline_errors(service):
     now = time.time()
     bad = [({"model": "m", "variant": "v1", "from": now, "to": now - 1}, "from"),
-           ({"model": "m", "variant": "v1", "from": now - 10, "to": now}, None),  # no records in range
+           ({"model": "m", "variant": "v1", "from": now - 10, "to": now}, "from"),  # no records in range
            ({"variant": "v1", "from": 0, "to": 1}, "model"),
            ({"model": "m", "variant": "v1", "histograms": {"prompt_tokens": [1, 2]}}, "prompt_tokens"),
            ({"model": "m", "variant": "v1", "histograms": {"colour": [1]}}, "colour")]
