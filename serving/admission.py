@@ -51,8 +51,8 @@ class Limits(BaseModel):
 
 
 class Policy(BaseModel):
-    """The limits file. ``keys`` and ``models`` override the defaults for the ids they name;
-    each key and each model has its own allowance."""
+    """The limits file. ``keys`` and ``models`` override, limit by limit, the defaults for the
+    ids they name; each key and each model has its own allowance."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -62,10 +62,17 @@ class Policy(BaseModel):
     models: dict[str, Limits] = {}
 
     def for_key(self, kid: str) -> Limits:
-        return self.keys.get(kid, self.default_key)
+        return _over(self.default_key, self.keys.get(kid))
 
     def for_model(self, model: str) -> Limits:
-        return self.models.get(model, self.default_model)
+        return _over(self.default_model, self.models.get(model))
+
+
+def _over(default: Limits, override: Limits | None) -> Limits:
+    """An entry changes only the limits it names; the others stay the defaults'."""
+    if override is None:
+        return default
+    return default.model_copy(update=override.model_dump(exclude_unset=True))
 
 
 class PolicyError(ValueError):
@@ -92,8 +99,14 @@ class Bucket:
     level: float
     updated: float
 
+    @property
+    def capacity(self) -> float:
+        """A minute's allowance, and at least one request: a rate under one a minute still
+        admits one request every 60 / rate seconds."""
+        return max(self.per_minute, 1.0)
+
     def refill(self, now: float) -> None:
-        self.level = min(self.per_minute, self.level + (now - self.updated) * self.per_minute / 60.0)
+        self.level = min(self.capacity, self.level + (now - self.updated) * self.per_minute / 60.0)
         self.updated = now
 
     def wait_for(self, amount: float) -> float:
@@ -143,10 +156,11 @@ class Admission:
             if rate is None:
                 setattr(acc, attr, None)
             elif bucket is None:
-                setattr(acc, attr, Bucket(rate, rate, now))
+                setattr(acc, attr, Bucket(rate, max(rate, 1.0), now))
             elif bucket.per_minute != rate:
                 bucket.refill(now)
-                bucket.per_minute, bucket.level = rate, min(bucket.level, rate)
+                bucket.per_minute = rate
+                bucket.level = min(bucket.level, bucket.capacity)
         return acc
 
     def admit(self, key: str, model: str) -> Ticket | Rejection:

@@ -58,7 +58,7 @@ RELAY_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cach
                  (b"x-accel-buffering", b"no")]
 VARIANT_HEADER = "x-inferwatch-variant"  # on answers an experiment routed: which variant gave it
 _RESPONSE_ID = re.compile(rb'"id":"([^"\\]{1,256})"')
-DISCONNECT_TURNS = 4  # loop turns before the last chunk: see RelayResponse
+BODY_TIMEOUT_S = 30.0  # for a request body to arrive once its headers have (slowloris)
 OPERATION = {"chat": "chat", "completions": "text_completion"}
 
 
@@ -77,6 +77,7 @@ class RequestState:
     model: str = UNKNOWN_MODEL
     req: ParsedRequest | None = None
     key: str = ANONYMOUS  # the API key's id (serving/admission.py), never the key
+    body_bytes: int = 0  # of the client's request: a prompt's size when vLLM's count never came
     ticket: Ticket | None = None  # admission's, given back when the request ends
     experiment: str | None = None  # set when the experiment's split assigned the request
     unit: str | None = None  # the hashed unit key the assignment used
@@ -292,6 +293,7 @@ class Gateway:
         with self._child_span("preprocess", state):
             state.key = self._authorize(request)
             body = await _read_body(request, self.settings.max_body_bytes)
+            state.body_bytes = len(body)
             models = self.upstream.models if self.experiments is None else self.experiments.catalog
             try:
                 req = parse_request(state.route, body, models, self.settings.max_tokens_limit)
@@ -380,7 +382,9 @@ class Gateway:
         """A child of the request's span, or nothing when that span is not recorded (tracing
         off or sampled out): unsampled requests pay for no span they would not export."""
         if state.span.is_recording():
-            return self.tracer.start_as_current_span(name, context=state.ctx)
+            # the error is the request's span's to report, without the client's input in a stack trace
+            return self.tracer.start_as_current_span(name, context=state.ctx, record_exception=False,
+                                                     set_status_on_exception=False)
         return nullcontext()
 
     def _upstream_call_span(self, state: RequestState, req: ParsedRequest) -> tuple[trace.Span, dict[str, str]]:
@@ -412,7 +416,7 @@ class Gateway:
 
         gone.add_done_callback(on_gone)
         try:
-            return await self._unary_exchange(state, req, body)
+            return await self._unary_exchange(state, req, body, receive)
         except asyncio.CancelledError:
             if not left:
                 raise  # we are cancelled ourselves (shutdown)
@@ -423,15 +427,17 @@ class Gateway:
             gone.remove_done_callback(on_gone)
             gone.cancel()
 
-    async def _unary_exchange(self, state: RequestState, req: ParsedRequest, body: bytes) -> Response:
+    async def _unary_exchange(self, state: RequestState, req: ParsedRequest, body: bytes,
+                              receive: Receive) -> Response:
         status, account, error = 502, StreamAccount(state.started), None
         try:
             span, headers = self._upstream_call_span(state, req)
             timeout_s = self.settings.upstream_timeout_s
+            deadline = asyncio.get_running_loop().time() + timeout_s  # the whole answer, headers and body
             try:
                 resp = await state.upstream.pool.post(state.path, body, headers, timeout_s)
                 try:
-                    raw = await resp.read(asyncio.get_running_loop().time() + timeout_s)
+                    raw = await resp.read(deadline)
                 finally:
                     if resp.complete:
                         resp.release()
@@ -479,6 +485,8 @@ class Gateway:
                     elif isinstance(data, dict) and "model" in data:
                         data["model"] = state.model
                         raw = orjson.dumps(data)
+                if await _client_left(receive):
+                    status, error = CLIENT_CLOSED, "client closed the connection"  # before the answer reached it
                 return JSONAnswer(raw, status, [(VARIANT_HEADER.encode(), state.variant.encode())]  # type: ignore[return-value]
                                   if state.routed else None)
         except asyncio.CancelledError:
@@ -516,17 +524,15 @@ class Gateway:
         its ticket with the tokens vLLM used, record it."""
         self._series(state.model, state.variant, state.path).in_flight.dec()
         if state.ticket is not None and self.admission is not None:
-            used = 0
-            if account is not None:
-                used = (account.prompt_tokens or 0) * (state.req.n if state.req else 1) + (
-                    account.completion_tokens if account.completion_tokens is not None else account.token_events)
-            self.admission.release(state.ticket, used)
+            self.admission.release(state.ticket, _tokens_to_charge(state, status, account))
         self._finish(state, status, account, error=error)
 
     # -- accounting --------------------------------------------------------------------
 
     def _upstream_error(self, state: RequestState, reason: str) -> None:
         self.metrics.upstream_errors.labels(state.model, state.variant, reason).inc()
+        if reason == "connect":
+            state.upstream.unreachable()
 
     def _series(self, model: str, variant: str, route: str) -> RouteSeries:
         series = self._route_series.get((model, variant, route))
@@ -656,7 +662,11 @@ class StreamRelay:
                     first_seen = True
                     state.span.add_event("first_token")
                 if account.upstream_error is not None:
-                    self.fail(502, "http_5xx", "upstream reported an error in the stream")
+                    code = _error_event_code(account.upstream_error)
+                    if 400 <= code < 500:  # vLLM refused the request after accepting the stream: the client's error
+                        self.fail(code, "http_4xx", "upstream rejected the request in the stream")
+                    else:
+                        self.fail(502, "http_5xx", "upstream reported an error in the stream")
                     self.settle()
                     yield out
                     return
@@ -682,9 +692,8 @@ class RelayResponse:
     disconnect, which cancels the relay at once (closing the upstream connection, so vLLM
     aborts) instead of when a send next fails, which uvicorn never reports.
 
-    Before the last chunk of a complete answer goes out, the loop gets the turns to deliver a
-    disconnect that arrived with it (poll → the server's ``connection_lost`` → the watcher
-    wakes → its done callback cancels us: three turns, one spare): a gateway starved of CPU while its client left finds the
+    Before the last chunk of a complete answer goes out, the connection is checked for a
+    disconnect that arrived with it (``_client_left``): a gateway starved of CPU while its client left finds the
     end of the upstream stream and the client's disconnect together, and the disconnect wins.
     A client that closes after reading [DONE] (the ``openai`` client does, before the
     response's last empty chunk) has its answer: that is a success.
@@ -711,8 +720,8 @@ class RelayResponse:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             async for chunk in relay.events():
                 if relay.account.done and not relay.settled:  # the last chunk of a complete answer
-                    for _ in range(DISCONNECT_TURNS):
-                        await asyncio.sleep(0)  # a disconnect that arrived with it cancels us here
+                    if await _client_left(receive):
+                        relay.client_gone = True
                     relay.end()  # before the bytes go out: a client that read [DONE] finds it counted
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -779,6 +788,35 @@ def _end_span(span: trace.Span, error: str | None) -> None:
     span.end()
 
 
+def _tokens_to_charge(state: RequestState, status: int, account: StreamAccount | None) -> int:
+    """What a request is charged against tokens-per-minute: vLLM's usage when it reported
+    it. A request the client abandoned has no usage (vLLM aborted it partway), so it is
+    charged what it may have used: its prompt at about 4 bytes a token, and what it could
+    generate, or for a stream what was relayed, so that leaving early is no way around the
+    limit."""
+    req = state.req
+    n = req.n if req else 1
+    if account is not None and account.prompt_tokens is not None:
+        completion = account.completion_tokens if account.completion_tokens is not None else account.token_events
+        return account.prompt_tokens * n + completion
+    if status != CLIENT_CLOSED or req is None:
+        return 0
+    prompt = state.body_bytes // 4 * n
+    if req.stream and account is not None:
+        return prompt + account.token_events
+    return prompt + (req.max_tokens or 0) * n
+
+
+def _error_event_code(payload: bytes) -> int:
+    """The HTTP-like code of a stream's error event (vLLM sends its 400s that way too); 500
+    when it has none."""
+    try:
+        code = orjson.loads(payload).get("error", {}).get("code")
+    except (orjson.JSONDecodeError, AttributeError):
+        return 500
+    return code if isinstance(code, int) and not isinstance(code, bool) else 500
+
+
 def _classify_failure(exc: BaseException) -> tuple[int, str, GatewayError]:
     """Map an upstream failure before the response ended to (status, metric reason, error)."""
     if isinstance(exc, TimeoutError):
@@ -815,6 +853,19 @@ async def _openai_http_error(request: Request, exc: Exception) -> Response:
                     headers=exc.headers)
 
 
+async def _client_left(receive: Receive) -> bool:
+    """Whether the client has gone, asked just before an answer is handed over.
+
+    A gateway starved of CPU finds the end of vLLM's answer and the client's disconnect in
+    the same poll; the watcher task would learn of the disconnect only some loop turns later.
+    The server's transport knows at once (it is closing from the moment the reset or EOF was
+    read), so this looks there, after one turn for callbacks already queued."""
+    await asyncio.sleep(0)
+    cycle = getattr(receive, "__self__", None)  # uvicorn's request cycle, under serving.server's options
+    transport = getattr(cycle, "transport", None)
+    return bool(getattr(cycle, "disconnected", False)) or (transport is not None and transport.is_closing())
+
+
 async def _until_disconnect(receive: Receive) -> None:
     """Returns when the client has gone (the server turns a finished response into the same
     message, so callers stop watching once they are done)."""
@@ -829,14 +880,23 @@ async def _cancel(task: asyncio.Future) -> None:
 
 async def _read_body(request: Request, limit: int) -> bytes:
     """The request body, read from the ASGI messages directly (one message, the common case,
-    costs one await); a client gone before its body arrived is a 499."""
+    costs one await), within ``BODY_TIMEOUT_S``; a client gone before its body arrived is a
+    499."""
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.isdigit():
             raise GatewayError(400, "invalid_content_length", "Content-Length must be a whole number.")
         if int(declared) > limit:
             raise GatewayError(413, "body_too_large", f"Request body is {declared} bytes; the limit is {limit}.")
-    receive = request.receive
+    try:
+        async with asyncio.timeout(BODY_TIMEOUT_S):
+            return await _receive_body(request.receive, limit)
+    except TimeoutError:
+        raise GatewayError(408, "request_timeout",
+                           f"The request body did not arrive within {BODY_TIMEOUT_S:g}s.") from None
+
+
+async def _receive_body(receive: Receive, limit: int) -> bytes:
     chunks, size = [], 0
     while True:
         message = await receive()
@@ -915,6 +975,7 @@ def create_app(settings: GatewaySettings, registry: CollectorRegistry | None = N
                   docs_url=None, redoc_url=None, openapi_url=None)
     app.state.gateway = gateway
     app.add_exception_handler(StarletteHTTPException, _openai_http_error)
+    app.router.redirect_slashes = False  # a 307 with an empty body is no answer for an OpenAI client
     app.router.add_route("/v1/chat/completions", gateway.chat, methods=["POST"])
     app.router.add_route("/v1/completions", gateway.completions, methods=["POST"])
     app.router.add_route("/v1/models", gateway.list_models, methods=["GET"])

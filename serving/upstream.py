@@ -42,6 +42,7 @@ class Upstream:
                                  settings.upstream_max_connections)  # the proxy routes' own client
         self._refresh_task: asyncio.Task | None = None
         self._refresh_lock = asyncio.Lock()
+        self._wake = asyncio.Event()
         self.headers = {"content-type": "application/json"}
         if settings.upstream_api_key:
             self.headers["authorization"] = f"Bearer {settings.upstream_api_key.get_secret_value()}"
@@ -108,8 +109,22 @@ class Upstream:
         except (aiohttp.ClientError, TimeoutError):
             return False
 
+    def unreachable(self) -> None:
+        """A request could not reach vLLM: say so in ``upstream_up`` now, and probe again soon
+        (every ``DOWN_RETRY_S``) instead of at the next regular refresh."""
+        if self.up:
+            log.warning("upstream %s: a request could not connect", self.base_url)
+        self.up = False
+        self._up.set(0)
+        self._wake.set()
+
     async def _refresh_forever(self) -> None:
         while True:
-            await asyncio.sleep(self._settings.models_refresh_s if self.up else
-                                min(self.DOWN_RETRY_S, self._settings.models_refresh_s))
+            delay = self._settings.models_refresh_s if self.up else min(self.DOWN_RETRY_S, self._settings.models_refresh_s)
+            try:
+                await asyncio.wait_for(self._wake.wait(), delay)
+                await asyncio.sleep(min(self.DOWN_RETRY_S, delay))  # woken: probe soon, not in a burst
+            except TimeoutError:
+                pass
+            self._wake.clear()
             await self.refresh_models()

@@ -87,8 +87,13 @@ def parse_request(route: Route, body: bytes, models: Mapping[str, ModelInfo], ma
     logprobs = payload.get("logprobs")
     client_wants_logprobs = logprobs is not None and logprobs is not False
 
-    n = payload.get("n")
-    choices = n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else 1  # vLLM rejects the rest
+    n = payload.get("n", 1)
+    if n is None:
+        n = 1
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        # vLLM would coerce "2" or 2.0 and answer n choices; counting and admission need the number
+        raise GatewayError(400, "invalid_n", "Field 'n' must be a whole number of choices, 1 or more.", param="n")
+    choices = n
 
     return ParsedRequest(route, model, stream, client_wants_usage, client_wants_logprobs, max_tokens, payload,
                          default_max_tokens=default, n=choices)

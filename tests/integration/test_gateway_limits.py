@@ -230,3 +230,30 @@ def test_tokens_per_minute_are_charged_with_what_vllm_reports(vllm_server, tmp_p
         assert b.chat.completions.create(**ask).usage.completion_tokens == 16
         assert metric_sum(gw.metrics_text(), "inferwatch_gateway_admission_rejected_total",
                           limit="tokens_per_minute", scope="key") == 1
+
+
+@pytest.mark.parametrize("attempt", range(2))
+def test_a_non_streaming_client_that_left_while_the_gateway_was_starved_is_a_499(gateway, vllm_server, attempt):
+    """vLLM's whole answer and the client's disconnect reach the gateway together once its
+    loop runs again: the client never got the answer, so it is a 499, not a 200."""
+    g0 = gateway.metrics_text()
+    body = json.dumps({"model": TINY_MODEL_NAME, "messages": MSG, "max_tokens": 120, "temperature": 0.0,
+                       "ignore_eos": True}).encode()
+    host, port = gateway.url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    time.sleep(0.03)  # the gateway has sent it on to vLLM
+    _block_loop(gateway, 3.0)
+    time.sleep(1.0)  # vLLM answers meanwhile, into the gateway's socket
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    sock.close()
+    eventually(lambda: metric_sum(gateway.metrics_text(), "inferwatch_gateway_requests_total")
+               > metric_sum(g0, "inferwatch_gateway_requests_total"), timeout_s=30)
+    g1 = gateway.metrics_text()
+    delta = {cls: metric_sum(g1, "inferwatch_gateway_requests_total", status_class=cls)
+             - metric_sum(g0, "inferwatch_gateway_requests_total", status_class=cls) for cls in ("2xx", "4xx")}
+    assert delta == {"2xx": 0, "4xx": 1}, delta
+    output = (metric_sum(g1, "inferwatch_gateway_output_tokens_total")
+              - metric_sum(g0, "inferwatch_gateway_output_tokens_total"))
+    assert output == 120  # vLLM finished before the gateway saw the client go: its usage is known

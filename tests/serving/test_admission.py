@@ -60,7 +60,7 @@ def test_in_flight_cap_until_a_request_ends():
 
 def test_a_refusal_takes_nothing_from_the_limits_that_admitted():
     adm, _ = admission(Policy(default_key=Limits(requests_per_minute=5, max_in_flight=5),
-                              default_model=Limits(max_in_flight=1), models={"m2": Limits()}))
+                              default_model=Limits(max_in_flight=1), models={"m2": Limits(max_in_flight=None)}))
     held = adm.admit("a", "m")
     for _ in range(10):
         assert isinstance(adm.admit("b", "m"), Rejection)  # the model is full
@@ -115,3 +115,19 @@ def test_the_file_is_reread_when_it_changes_and_a_broken_one_keeps_the_limits(tm
     path.write_text("default_key: {requests_per_minute: oops}\n")
     os.utime(path, ns=(time.time_ns(), time.time_ns() + 2 * 10**9))
     assert limits.current().default_key.requests_per_minute == 20 and "keeping the limits in force" in errors[0]
+
+
+def test_an_entry_overrides_only_the_limits_it_names_and_null_lifts_one():
+    policy = parse_policy("default_key: {requests_per_minute: 10, tokens_per_minute: 500, max_in_flight: 2}\n"
+                          "keys: {k: {requests_per_minute: 100}, free: {max_in_flight: null}}\n", "limits.yml")
+    assert policy.for_key("k") == Limits(requests_per_minute=100, tokens_per_minute=500, max_in_flight=2)
+    assert policy.for_key("free").max_in_flight is None and policy.for_key("free").tokens_per_minute == 500
+
+
+def test_a_rate_under_one_a_minute_still_admits_one_request_now_and_then():
+    adm, clock = admission(Policy(default_key=Limits(requests_per_minute=0.5)))
+    assert isinstance(adm.admit("a", "m"), Ticket)
+    refused = adm.admit("a", "m")
+    assert isinstance(refused, Rejection) and refused.retry_after_s == pytest.approx(120.0)
+    clock.now += 120
+    assert isinstance(adm.admit("a", "m"), Ticket)

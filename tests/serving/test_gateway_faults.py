@@ -331,3 +331,81 @@ def test_metrics_render_off_the_event_loop(gw):
     finally:
         release.set()
         scrape.join(10)
+
+
+def test_a_client_error_inside_a_stream_is_the_clients_not_an_upstream_failure(gw):
+    r = chat(gw, "bad_request_event", stream=True)
+    assert b"out of vocabulary" in r.content
+    text = gw.metrics_text()
+    assert metric_sum(text, "inferwatch_gateway_requests_total", model="bad_request_event", status_class="4xx") == 1
+    assert metric_sum(text, "inferwatch_gateway_requests_total", model="bad_request_event", status_class="5xx") == 0
+    assert metric_sum(text, "inferwatch_gateway_upstream_errors_total", reason="http_4xx") == 1
+
+
+def test_upstream_up_drops_as_soon_as_a_request_cannot_connect():
+    stub = StubUpstream().__enter__()
+    with GatewayServer(GatewaySettings(upstream_url=stub.url, models_refresh_s=3600)) as g:
+        assert chat(g).status_code == 200
+        stub.__exit__(None, None, None)  # vLLM goes away between two model-list refreshes
+        assert chat(g).status_code == 503
+        assert metric_sum(g.metrics_text(), "inferwatch_gateway_upstream_up") == 0
+
+
+@pytest.mark.parametrize("more", [
+    b"X-Flood: " + b"a" * 8000 + b"\r\n",  # header after header
+    b"a" * 8000,  # one header line that never ends
+])
+def test_a_request_head_is_bounded_in_size(gw, more):
+    """httptools keeps whatever headers come; a client must not fill the gateway's memory."""
+    answer = b""
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as s:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Start: ")
+        try:
+            for _ in range(200):  # up to 1.6 MB, far past the bound
+                s.sendall(more)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the gateway answered and closed
+        try:
+            while chunk := s.recv(65536):
+                answer += chunk
+        except (ConnectionResetError, TimeoutError):
+            pass
+    status, _, body = answer.partition(b"\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 431"), answer[:200]
+    assert orjson.loads(body)["error"]["code"] == "header_too_large"
+
+
+def test_half_sent_requests_are_timed_out(stub, monkeypatch):
+    monkeypatch.setattr("serving.server.HEAD_TIMEOUT_S", 0.5)
+    monkeypatch.setattr("serving.gateway.BODY_TIMEOUT_S", 0.5)
+    with GatewayServer(GatewaySettings(upstream_url=stub.url)) as g:
+        for partial, code in ((b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n", "request_timeout"),
+                              (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",
+                               "request_timeout")):
+            with socket.create_connection(("127.0.0.1", g.port), timeout=10) as s:
+                s.sendall(partial)
+                answer = s.recv(65536)
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 408"), answer[:200]
+            assert orjson.loads(body)["error"]["code"] == code
+
+
+def test_a_trailing_slash_is_an_openai_404_not_a_redirect(gw):
+    r = requests.post(gw.url + CHAT + "/", json={}, timeout=5, allow_redirects=False)
+    assert r.status_code == 404 and error_of(r)["code"] == "not_found"
+
+
+def test_leaving_early_is_no_way_around_tokens_per_minute(stub, tmp_path):
+    """A client that hangs up has no usage to be charged: it is charged what it may have used."""
+    limits = tmp_path / "limits.yml"
+    limits.write_text("default_key: {tokens_per_minute: 500}\n")
+    with GatewayServer(GatewaySettings(upstream_url=stub.url, limits_file=limits)) as g:
+        body = orjson.dumps({"model": "stall_headers", "messages": [{"role": "user", "content": "hi"}],
+                             "max_tokens": 400, "n": 2})
+        with socket.create_connection(("127.0.0.1", g.port), timeout=10) as s:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            time.sleep(0.3)
+        eventually(lambda: metric_sum(g.metrics_text(), "inferwatch_gateway_requests_in_flight") == 0)
+        r = chat(g)
+        assert r.status_code == 429 and "tokens per minute" in error_of(r)["message"]

@@ -43,6 +43,10 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     ({**CHAT, "max_tokens": 1.5}, 400, "invalid_max_tokens", "max_tokens"),
     ({**CHAT, "max_tokens": True}, 400, "invalid_max_tokens", "max_tokens"),
     ({**CHAT, "max_completion_tokens": 513}, 400, "invalid_max_tokens", "max_completion_tokens"),
+    ({**CHAT, "n": "2"}, 400, "invalid_n", "n"),  # vLLM would coerce it and answer two choices
+    ({**CHAT, "n": 2.0}, 400, "invalid_n", "n"),
+    ({**CHAT, "n": 0}, 400, "invalid_n", "n"),
+    ({**CHAT, "n": True}, 400, "invalid_n", "n"),
 ])
 def test_chat_rejections(body, status, code, param):
     rejects("chat", body, status, code, param)

@@ -16,7 +16,7 @@ from aiohttp import web
 SEEN = web.AppKey("seen", list)
 HEADERS = web.AppKey("headers", list)
 SERVER = web.AppKey("server", str)
-MODELS = ("ok", "stall_headers", "stall_stream", "garbage", "cut", "error_event", "http500")
+MODELS = ("ok", "stall_headers", "stall_stream", "garbage", "cut", "error_event", "bad_request_event", "http500")
 
 
 def _chunk(text: str, rid: str = "s", model: str = "ok") -> bytes:
@@ -60,6 +60,9 @@ async def _chat(request: web.Request) -> web.StreamResponse:
         return resp
     if model == "error_event":
         await resp.write(b'data: {"error": {"message": "engine failed", "code": 500}}\n\n')
+        return resp
+    if model == "bad_request_event":  # as vLLM refuses a token id out of vocabulary once streaming
+        await resp.write(b'data: {"error": {"message": "token id 4996 out of vocabulary", "code": 400}}\n\n')
         return resp
     await resp.write(_chunk("b", rid, model))
     await resp.write(b'data: {"id":"s","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\n')
