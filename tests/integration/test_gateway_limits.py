@@ -75,8 +75,7 @@ def _send_and_leave(url: str, body: dict, until: bytes, linger_s: float) -> byte
     while until not in got:
         got += sock.recv(65536)
     time.sleep(linger_s)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST, like a killed tab
-    sock.close()
+    _reset(sock)
     return got
 
 
@@ -93,6 +92,25 @@ def test_a_non_streaming_client_that_leaves_aborts_the_upstream_request(gateway,
     assert metric_sum(g1, "inferwatch_gateway_requests_total", status_class="2xx") \
         == metric_sum(g0, "inferwatch_gateway_requests_total", status_class="2xx")
     assert metric_sum(g1, "inferwatch_gateway_requests_in_flight") == 0
+
+
+def _reset(sock: socket.socket) -> None:
+    """Hang up with a reset, like a killed browser tab."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    sock.close()
+
+
+def _one_more_request_was_a_499(gateway, before: str) -> float:
+    """Waits for the request to be recorded; returns the output tokens it was counted."""
+    eventually(lambda: metric_sum(gateway.metrics_text(), "inferwatch_gateway_requests_in_flight") == 0
+               and metric_sum(gateway.metrics_text(), "inferwatch_gateway_requests_total")
+               > metric_sum(before, "inferwatch_gateway_requests_total"), timeout_s=30)
+    after = gateway.metrics_text()
+    delta = {cls: metric_sum(after, "inferwatch_gateway_requests_total", status_class=cls)
+             - metric_sum(before, "inferwatch_gateway_requests_total", status_class=cls) for cls in ("2xx", "4xx")}
+    assert delta == {"2xx": 0, "4xx": 1}, delta
+    return (metric_sum(after, "inferwatch_gateway_output_tokens_total")
+            - metric_sum(before, "inferwatch_gateway_output_tokens_total"))
 
 
 def _block_loop(gw, seconds: float) -> None:
@@ -118,18 +136,8 @@ def test_a_stream_whose_client_left_while_the_gateway_was_starved_is_a_499(gatew
         got += sock.recv(65536)
     _block_loop(gateway, 4.0)  # vLLM finishes the 120 tokens into the gateway's socket meanwhile
     time.sleep(0.2)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-    sock.close()
-    eventually(lambda: metric_sum(gateway.metrics_text(), "inferwatch_gateway_requests_in_flight") == 0
-               and metric_sum(gateway.metrics_text(), "inferwatch_gateway_requests_total")
-               > metric_sum(g0, "inferwatch_gateway_requests_total"), timeout_s=30)
-    g1 = gateway.metrics_text()
-    delta = {cls: metric_sum(g1, "inferwatch_gateway_requests_total", status_class=cls)
-             - metric_sum(g0, "inferwatch_gateway_requests_total", status_class=cls) for cls in ("2xx", "4xx")}
-    assert delta == {"2xx": 0, "4xx": 1}, delta
-    output = (metric_sum(g1, "inferwatch_gateway_output_tokens_total")
-              - metric_sum(g0, "inferwatch_gateway_output_tokens_total"))
-    assert 0 < output <= 120
+    _reset(sock)
+    assert 0 < _one_more_request_was_a_499(gateway, g0) <= 120
 
 
 def test_a_stream_whose_client_left_aborts_vllm(gateway, vllm_server):
@@ -246,14 +254,6 @@ def test_a_non_streaming_client_that_left_while_the_gateway_was_starved_is_a_499
     time.sleep(0.03)  # the gateway has sent it on to vLLM
     _block_loop(gateway, 3.0)
     time.sleep(1.0)  # vLLM answers meanwhile, into the gateway's socket
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-    sock.close()
-    eventually(lambda: metric_sum(gateway.metrics_text(), "inferwatch_gateway_requests_total")
-               > metric_sum(g0, "inferwatch_gateway_requests_total"), timeout_s=30)
-    g1 = gateway.metrics_text()
-    delta = {cls: metric_sum(g1, "inferwatch_gateway_requests_total", status_class=cls)
-             - metric_sum(g0, "inferwatch_gateway_requests_total", status_class=cls) for cls in ("2xx", "4xx")}
-    assert delta == {"2xx": 0, "4xx": 1}, delta
-    output = (metric_sum(g1, "inferwatch_gateway_output_tokens_total")
-              - metric_sum(g0, "inferwatch_gateway_output_tokens_total"))
-    assert output == 120  # vLLM finished before the gateway saw the client go: its usage is known
+    _reset(sock)
+    # vLLM finished before the gateway saw the client go: its usage is known
+    assert _one_more_request_was_a_499(gateway, g0) == 120
