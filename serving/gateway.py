@@ -189,14 +189,19 @@ class Gateway:
                                    "INFERWATCH_GATEWAY_DRIFT_URL.", error_type=errors.UPSTREAM)
             record = {"model": answer.model, "variant": answer.variant, "experiment": answer.experiment,
                       "score": rating.score, "at": time.time()}
+            # marked before the await: a concurrent rating of the same answer sees it and gets
+            # the 409, instead of passing the check while this one is still on its way to drift
+            answer.rated = True
             try:
                 await self.feedback_sink.send([record])
-            except Exception as exc:  # the drift service's failure: the client may retry
+            except BaseException as exc:  # the drift service's failure (or a cancel): the client may retry
+                answer.rated = False
+                if not isinstance(exc, Exception):
+                    raise
                 self.metrics.feedback.labels(answer.model, answer.variant, "undelivered").inc()
                 log.warning("feedback for %s not delivered: %s", answer.variant, exc)
                 raise GatewayError(503, "feedback_unavailable", "The drift service did not take the rating; "
                                    "retry later.", error_type=errors.UPSTREAM) from None
-            answer.rated = True
             self.metrics.feedback.labels(answer.model, answer.variant,
                                          "positive" if rating.score >= 0.5 else "negative").inc()
             return JSONResponse({"response_id": rating.response_id, "model": answer.model, "variant": answer.variant,

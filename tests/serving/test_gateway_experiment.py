@@ -4,6 +4,9 @@ feedback. Real vLLM behind the split: tests/integration/test_ab_split.py."""
 
 from __future__ import annotations
 
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
 import orjson
 import pytest
 import requests
@@ -22,8 +25,11 @@ class MemoryFeedback:
     def __init__(self) -> None:
         self.records: list[dict] = []
         self.fail = False
+        self.delay_s = 0.0  # a slow drift service: the await that concurrent ratings overlap on
 
     async def send(self, records: list[dict]) -> None:
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
         if self.fail:
             raise ConnectionError("drift down")
         self.records.extend(records)
@@ -226,6 +232,32 @@ def test_undelivered_feedback_is_a_503_and_can_be_retried(gw):
     assert r.status_code == 503 and r.json()["error"]["code"] == "feedback_unavailable"
     fb.fail = False
     r = requests.post(gw.url + "/v1/feedback", json={"response_id": rid, "thumbs": "up"}, timeout=5)
+    assert r.status_code == 200 and len(fb.records) == 1
+
+
+def test_concurrent_ratings_of_one_answer_count_once(gw):
+    rid = chat(gw, user="rater").json()["id"]
+    fb = gw.gateway.feedback_sink
+    fb.delay_s = 0.2
+
+    def rate(_: int) -> int:
+        return requests.post(gw.url + "/v1/feedback", json={"response_id": rid, "thumbs": "up"}, timeout=10).status_code
+
+    with ThreadPoolExecutor(20) as pool:
+        statuses = sorted(pool.map(rate, range(20)))
+    assert statuses == [200] + [409] * 19 and len(fb.records) == 1
+
+
+def test_concurrent_ratings_while_delivery_fails_leave_the_answer_rateable(gw):
+    rid = chat(gw, user="rater").json()["id"]
+    fb = gw.gateway.feedback_sink
+    fb.delay_s, fb.fail = 0.2, True
+    with ThreadPoolExecutor(5) as pool:
+        statuses = set(pool.map(lambda _: requests.post(gw.url + "/v1/feedback", json={
+            "response_id": rid, "thumbs": "up"}, timeout=10).status_code, range(5)))
+    assert statuses <= {503, 409} and 503 in statuses and fb.records == []
+    fb.delay_s, fb.fail = 0.0, False
+    r = requests.post(gw.url + "/v1/feedback", json={"response_id": rid, "thumbs": "down"}, timeout=5)
     assert r.status_code == 200 and len(fb.records) == 1
 
 
