@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 BUCKETS = 10_000  # weights resolve to 1/10,000 of the traffic
 WEIGHT_TOLERANCE = 1e-6
 FORCE_HEADER = "x-inferwatch-variant"  # forces a variant (testing); such requests are not assignments
+FORCE_TOKEN_HEADER = "x-inferwatch-admin-token"  # forcing needs the admin token: it bypasses weights and rollbacks
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"  # a metric label value: short, no spaces
 
 

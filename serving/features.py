@@ -39,7 +39,7 @@ class FeatureRecord:
     e2e_s: float
     finish_reason: str | None
     mean_logprob: float | None
-    experiment: str | None = None  # the experiment that assigned the request (not for forced variants)
+    experiment: str | None = None  # the experiment that assigned the request (forced requests have no record)
     unit: str | None = None  # the hashed unit key of the assignment, never the key itself
 
 

@@ -37,7 +37,7 @@ from inferwatch import __version__
 from serving import errors
 from serving.admission import ANONYMOUS, Admission, PolicyFile, Rejection, Ticket, key_id
 from serving.errors import GatewayError, status_class
-from serving.experiment import FORCE_HEADER, ExperimentError, Split
+from serving.experiment import FORCE_HEADER, FORCE_TOKEN_HEADER, ExperimentError, Split
 from serving.experiments import Experiments
 from serving.features import FeatureQueue, FeatureRecord, FeatureSink, HttpSink
 from serving.feedback import AnswerMemory, FeedbackSink, parse_rating, unknown_answer
@@ -84,6 +84,7 @@ class RequestState:
     rename: tuple[bytes, bytes] | None = None  # the variant's served model name → the public one
     response_id: str | None = None  # the answer's id, remembered for feedback
     routed: bool = False  # an experiment chose the variant: the response says which
+    forced: bool = False  # the force header picked (or tried to pick) the variant: test traffic, no feature record
 
 
 class Gateway:
@@ -338,12 +339,8 @@ class Gateway:
         assert self.experiments is not None
         forced = request.headers.get(FORCE_HEADER)
         if forced is not None:
-            index = split.index(forced)
-            if index is None:
-                raise GatewayError(400, "unknown_variant",
-                                   f"Header '{FORCE_HEADER}' names variant '{forced[:64]}', which experiment "
-                                   f"'{split.name}' of model '{req.model}' does not have (variants: "
-                                   f"{', '.join(v.name for v in split.variants)}).", param=FORCE_HEADER)
+            state.forced = True
+            index = self._forced_index(request, req, split, forced)
         else:
             unit = req.payload.get("user")
             if not isinstance(unit, str) or not unit:
@@ -356,6 +353,28 @@ class Gateway:
         state.variant, state.upstream, state.rename = (variant.name, self.experiments.upstreams[variant.upstream_url],
                                                        variant.rename)
         return None if variant.rename is None else variant.served_model
+
+    def _forced_index(self, request: Request, req: ParsedRequest, split: Split, forced: str) -> int:
+        """The variant the force header names. Forcing bypasses the weights, so it takes the
+        admin token (any client could otherwise send users to a broken canary), and a variant
+        rolled back to weight 0 is refused unless ``force_zero_weight`` allows it for testing."""
+        presented = request.headers.get(FORCE_TOKEN_HEADER, "").strip().encode()
+        if self._admin_token is None or not hmac.compare_digest(presented, self._admin_token):
+            raise GatewayError(403, "forcing_not_allowed", f"Header '{FORCE_HEADER}' forces a variant only with "
+                               f"'{FORCE_TOKEN_HEADER}: <INFERWATCH_GATEWAY_ADMIN_TOKEN>' (and the gateway started "
+                               "with that token).", param=FORCE_HEADER, error_type=errors.AUTHENTICATION)
+        index = split.index(forced)
+        if index is None:
+            raise GatewayError(400, "unknown_variant",
+                               f"Header '{FORCE_HEADER}' names variant '{forced[:64]}', which experiment "
+                               f"'{split.name}' of model '{req.model}' does not have (variants: "
+                               f"{', '.join(v.name for v in split.variants)}).", param=FORCE_HEADER)
+        if split.weights[index] == 0 and not self.settings.force_zero_weight:
+            raise GatewayError(409, "variant_rolled_back",
+                               f"Variant '{forced[:64]}' of experiment '{split.name}' has weight 0 (rolled back); "
+                               "forcing it is refused unless the gateway runs with "
+                               "INFERWATCH_GATEWAY_FORCE_ZERO_WEIGHT=true.", param=FORCE_HEADER)
+        return index
 
     def _authorize(self, request: Request) -> str:
         """The id of the API key presented (``ANONYMOUS`` when the gateway has none)."""
@@ -578,7 +597,9 @@ class Gateway:
                 account.token_events if status == CLIENT_CLOSED else None)
             if output:
                 series.output_tokens.inc(output)
-        if self.features is not None and state.req is not None:
+        # forced requests are test traffic, not assignments: a record would count them in the
+        # A/B arms (read per model and variant) and in drift's windows
+        if self.features is not None and state.req is not None and not state.forced:
             self.features.submit(FeatureRecord(
                 model=state.model, variant=variant, route=state.route, stream=state.req.stream,
                 started_at=state.started_at, finished_at=state.started_at + e2e, status=status,
@@ -589,7 +610,7 @@ class Gateway:
                 mean_logprob=account.mean_logprob if account else None,
                 experiment=state.experiment, unit=state.unit,
             ))
-        if state.response_id is not None and status < 400 and self.answers is not None:
+        if state.response_id is not None and status < 400 and self.answers is not None and not state.forced:
             self.answers.remember(state.response_id, state.model, variant, state.experiment)
         if span.is_recording():
             span.set_attribute("http.response.status_code", status)

@@ -48,7 +48,11 @@ class GatewaySettings(BaseSettings):
     # else this header, else the API key's id.
     experiment_file: Path | None = None
     unit_header: str = Field("x-inferwatch-unit", min_length=1, pattern=r"^[A-Za-z0-9-]+$")
-    admin_token: SecretStr | None = Field(None, description="bearer token of /admin/*; none disables them")
+    admin_token: SecretStr | None = Field(None, description="bearer token of /admin/*, and of forcing a variant "
+                                          "(x-inferwatch-admin-token); none disables both")
+    # A variant rolled back to weight 0 is usually broken: forcing it is refused (409) unless
+    # this is on, for smoke-testing a canary before it takes any traffic.
+    force_zero_weight: bool = False
     feedback_memory: int = Field(100_000, ge=0, description="answers remembered for feedback; 0: no feedback")
     feedback_ttl_s: float = Field(86_400.0, gt=0, description="how long an answer can be rated")
 

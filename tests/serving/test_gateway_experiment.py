@@ -129,24 +129,69 @@ def test_unit_key_from_header_then_random_and_records_carry_the_hash(gw):
     assert alice.unit and "alice" not in alice.unit and alice.variant in ("v1", "v2")
 
 
-def test_a_forced_variant_is_routed_but_not_counted(gw, stubs):
+FORCE = {"x-inferwatch-admin-token": ADMIN}
+
+
+def test_a_forced_variant_is_routed_but_not_counted_nor_recorded(gw, stubs):
     before, b_seen = assignments(gw), len(stubs[1].seen)
     for _ in range(5):
-        r = chat(gw, user="user-1", headers={"x-inferwatch-variant": "v2"})
+        r = chat(gw, user="user-1", headers={"x-inferwatch-variant": "v2", **FORCE})
         assert r.status_code == 200 and r.headers["x-inferwatch-variant"] == "v2"
     assert len(stubs[1].seen) == b_seen + 5 and assignments(gw) == before
+    chat(gw, user="user-1")  # an assigned request: its record is the only one
     sink = gw.gateway.features.sink
-    forced = eventually(lambda: len(sink.records) >= 5 and list(sink.records))
-    assert all(r.variant == "v2" and r.experiment is None and r.unit is None for r in forced)
+    records = eventually(lambda: len(sink.records) >= 1 and list(sink.records))
+    assert [r.experiment for r in records] == ["canary-1"]  # test traffic stays out of the A/B arms and drift
 
 
-def test_an_unknown_forced_variant_is_a_400_naming_the_header(gw, stubs):
+@pytest.mark.parametrize("headers", [
+    {"x-inferwatch-variant": "v2"},
+    {"x-inferwatch-variant": "v2", "x-inferwatch-admin-token": "wrong"},
+    {"x-inferwatch-variant": "v9"},  # no token: not even the variant names are told
+])
+def test_forcing_a_variant_needs_the_admin_token(gw, stubs, headers):
     seen = len(stubs[0].seen) + len(stubs[1].seen)
-    r = chat(gw, headers={"x-inferwatch-variant": "v9"})
+    r = chat(gw, user="user-1", headers=headers)
+    err = r.json()["error"]
+    assert r.status_code == 403 and err["code"] == "forcing_not_allowed" and err["param"] == "x-inferwatch-variant"
+    assert "x-inferwatch-admin-token" in err["message"]
+    assert len(stubs[0].seen) + len(stubs[1].seen) == seen and assignments(gw) == {"v1": 0, "v2": 0}
+
+
+def test_forcing_is_off_without_an_admin_token(experiment_file, stubs):
+    settings = GatewaySettings(upstream_url=stubs[0].url, experiment_file=experiment_file)
+    with GatewayServer(settings) as g:
+        r = chat(g, headers={"x-inferwatch-variant": "v2", **FORCE})
+        assert r.status_code == 403 and r.json()["error"]["code"] == "forcing_not_allowed"
+
+
+def test_a_rolled_back_variant_cannot_be_forced_unless_allowed(experiment_file, stubs):
+    for allow, status in ((False, 409), (True, 200)):
+        with gateway(experiment_file, stubs, force_zero_weight=allow) as g:
+            requests.put(g.url + "/admin/experiments/chat/weights", json={"weights": {"v2": 0}}, headers=AUTH,
+                         timeout=5).raise_for_status()
+            b_seen = len(stubs[1].seen)
+            r = chat(g, headers={"x-inferwatch-variant": "v2", **FORCE})
+            assert r.status_code == status and len(stubs[1].seen) == b_seen + (status == 200)
+            if status == 409:
+                err = r.json()["error"]
+                assert err["code"] == "variant_rolled_back" and err["param"] == "x-inferwatch-variant"
+                assert "INFERWATCH_GATEWAY_FORCE_ZERO_WEIGHT" in err["message"]
+            assert chat(g, headers={"x-inferwatch-variant": "v1", **FORCE}).status_code == 200
+        experiment_file.with_suffix(".state.json").unlink()
+
+
+def test_an_unknown_forced_variant_is_a_400_naming_the_header_and_leaves_no_record(gw, stubs):
+    seen = len(stubs[0].seen) + len(stubs[1].seen)
+    r = chat(gw, headers={"x-inferwatch-variant": "v9", **FORCE})
     err = r.json()["error"]
     assert r.status_code == 400 and err["code"] == "unknown_variant" and err["param"] == "x-inferwatch-variant"
     assert "v1, v2" in err["message"]
     assert len(stubs[0].seen) + len(stubs[1].seen) == seen and assignments(gw) == {"v1": 0, "v2": 0}
+    chat(gw, user="user-1")
+    sink = gw.gateway.features.sink
+    records = eventually(lambda: len(sink.records) >= 1 and list(sink.records))
+    assert [r.variant for r in records] != ["default"] and len(records) == 1  # no record under a fake variant
 
 
 def test_models_outside_experiments_route_as_before(gw, stubs):
