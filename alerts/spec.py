@@ -169,12 +169,16 @@ ALERTS = (
           description=f"{GPU} could not remap a failing memory row: it needs service (RMA)."),
     # A canary worse on errors or time to first token while it takes a real share of traffic:
     # users are hurting now. The verdict is sequential (always-valid, Holm across guardrails),
-    # so one evaluation is evidence; `for` only rides out a scrape of a window in flux.
+    # so one evaluation is evidence; `for` only rides out a scrape of a window in flux. The
+    # share is the gateway's live weight, not the window's share of records: the window keeps
+    # the canary's records (and its "worse") for an hour after a rollback, the weight drops to
+    # 0 at once, so a rollback clears the page.
     Alert("ABCanaryHurtingUsers",
           f'max by (model, control, treatment, metric) ({m("inferwatch_ab_guardrail_worse")}'
           f'{{metric=~"{"|".join(PAGING)}"}}) == 1'
-          f' and on (model, control, treatment) max by (model, control, treatment) '
-          f'({m("inferwatch_ab_treatment_share_ratio")}) > {PAGE_SHARE:g}',
+          f' and on (model, treatment) max by (model, treatment) (label_replace('
+          f'{m("inferwatch_gateway_experiment_weight_ratio")}, "treatment", "$1", "variant", "(.*)"))'
+          f' > {PAGE_SHARE:g}',
           "critical", for_="2m", dashboard=uids.DRIFT,
           summary="Canary {{ $labels.treatment }} of {{ $labels.model }} is worse on {{ $labels.metric }}",
           description="Variant {{ $labels.treatment }} of model {{ $labels.model }} is significantly worse than "

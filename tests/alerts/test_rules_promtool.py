@@ -36,6 +36,12 @@ AB = {"model": "m1", "control": "v1", "treatment": "v2"}
 def ab(name: str, **labels: str) -> str:
     return selector(name, {"job": "inferwatch-drift", "instance": "d:8090", **AB, **labels})
 
+
+def weight(variant: str) -> str:
+    """The gateway's live weight of one of AB's variants."""
+    return selector("inferwatch_gateway_experiment_weight_ratio",
+                    {**GW, "model": AB["model"], "experiment": "e1", "variant": variant})
+
 SCENARIOS = [
     Scenario("vLLM misses two scrapes, then is back", "VLLMDown", {selector("up", VLLM): "1 1 0 0 0 0 0 1 1"},
              quiet_at=("1m", "2m"), fires_at="3m", labels=crit(**VLLM), value="2", resolved_at="7m"),
@@ -95,8 +101,15 @@ SCENARIOS = [
     Scenario("canary worse on TTFT while it takes 25% of traffic pages", "ABCanaryHurtingUsers",
              {ab("inferwatch_ab_guardrail_worse", metric="ttft"): "0 1x10 0x5",
               ab("inferwatch_ab_guardrail_worse", metric="completion_tokens"): "1x16",
-              ab("inferwatch_ab_treatment_share_ratio"): "0.25x16"},
+              weight("v2"): "0.25x16"},
              quiet_at=("2m",), fires_at="4m", labels=crit(**AB, metric="ttft"), value="1", resolved_at="14m"),
+    # the verdict reads the last hour's records, so it stays "worse" (and the records' share
+    # high) long after a rollback; the gateway's live weight is what clears the page
+    Scenario("a rollback clears the page while the window still finds the canary worse", "ABCanaryHurtingUsers",
+             {ab("inferwatch_ab_guardrail_worse", metric="error_rate"): "0 1x30",
+              ab("inferwatch_ab_treatment_share_ratio"): "0.25x30",
+              weight("v2"): "0.25x5 0x25", weight("v1"): "0.75x5 1x25"},
+             quiet_at=("2m",), fires_at="4m", labels=crit(**AB, metric="error_rate"), value="1", resolved_at="6m"),
     Scenario("canary worse on answer length is a ticket after 5m", "ABCanaryWorse",
              {ab("inferwatch_ab_guardrail_worse", metric="completion_tokens"): "0 1x10 0x5",
               ab("inferwatch_ab_guardrail_worse", metric="error_rate"): "0x16",
@@ -243,7 +256,7 @@ MONITORING_BESIDE_A_VLLM = dict([
 OTHER_QUIET = [
     _quiet("a canary worse on TTFT at 5% of traffic is a ticket, not a page",
            {ab("inferwatch_ab_guardrail_worse", metric="ttft"): "1x15",
-            ab("inferwatch_ab_treatment_share_ratio"): "0.05x15"}, "10m", "ABCanaryHurtingUsers"),
+            weight("v2"): "0.05x15", weight("v1"): "0.95x15"}, "10m", "ABCanaryHurtingUsers"),
     _quiet("jobs configured with no targets open no absent() tickets", MONITORING_BESIDE_A_VLLM, "15m",
            "InferwatchTargetAbsent"),
     _quiet("nor metric-absent ones", MONITORING_BESIDE_A_VLLM, "15m", "InferwatchMetricAbsent"),
