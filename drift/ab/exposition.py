@@ -17,7 +17,7 @@ from prometheus_client.registry import Collector
 
 from drift import metrics as m
 from drift.ab.decision import DECISIONS, AbResult, Experiment, analyse
-from drift.ab.source import read_arm
+from drift.ab.source import read_arms
 from drift.state import DriftState
 
 
@@ -43,13 +43,11 @@ class Watchlist:
 
 
 def evaluate(state: DriftState, watched: Watched) -> AbResult | None:
-    """The watched experiment's verdict now; None while either variant has no window."""
+    """The watched experiment's verdict now (an arm without records is one without traffic);
+    None while neither variant has a window."""
     exp = watched.experiment
-    control = read_arm(state, watched.model, exp.control, watched.since)
-    treatment = read_arm(state, watched.model, exp.treatment, watched.since)
-    if control is None or treatment is None:
-        return None
-    return analyse(exp, control, treatment)
+    arms = read_arms(state, watched.model, exp.control, exp.treatment, watched.since)
+    return None if arms is None else analyse(exp, *arms)
 
 
 class AbCollector(Collector):

@@ -3,7 +3,9 @@
 - Argo Rollouts' ``web`` metric provider: GET with the experiment in the query string,
   ``jsonPath: "{$.decision}"``, ``successCondition: result == "continue" || result == "promote"``,
   ``failureCondition: result == "rollback"`` (``hold`` is inconclusive). Always 200 with a
-  verdict: Argo counts a non-2xx answer as a measurement error, not as a failure.
+  verdict, a variant without records included (``hold``, no traffic): Argo counts a non-2xx
+  answer as a measurement error, not as a failure. Only a model with no records at all is a
+  404 (``field: model``), which Argo counts against ``consecutiveErrorLimit``.
 - Flagger webhooks judge by status code alone and POST their own payload
   (``name``, ``namespace``, ``phase``, ``checksum``, ``metadata``). The experiment comes from
   the query string or the webhook's ``metadata`` (strings); ``pass_on`` lists the decisions
@@ -19,6 +21,7 @@ gateway's routing-time counter; without them the sample-ratio check counts recor
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Annotated, Literal
 
 import orjson
@@ -28,9 +31,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from drift.ab.decision import DECISIONS, AbResult, Arm, Experiment, MetricResult, analyse
+from drift.ab.decision import DECISIONS, AbResult, Experiment, MetricResult, analyse
 from drift.ab.exposition import Watchlist
-from drift.ab.source import read_arm
+from drift.ab.source import read_arms
 from drift.api import ErrorResponse
 from drift.errors import error_response
 from drift.feedback import FeedbackLog
@@ -211,15 +214,15 @@ def verdict(state: DriftState, watchlist: Watchlist, model: str, req: AbRequest,
         counts = [feedback.counts(model, v, req.since) for v in (exp.control, exp.treatment)]
         if all(total for _, total in counts):
             fb_control, fb_treatment = counts
-    arms: list[Arm] = []
-    known = sorted(v for m, v in state.segments() if m == model)
-    for field, variant, fb in (("control", exp.control, fb_control), ("treatment", exp.treatment, fb_treatment)):
-        arm = read_arm(state, model, variant, req.since, fb)
-        if arm is None:
-            raise InputError(f"no records of model '{model}' variant '{variant}' in the current window "
-                             f"(variants seen: {', '.join(known) or 'none'})", field, 404)
-        arms.append(arm)
-    result = analyse(exp, arms[0], arms[1])
+    arms = read_arms(state, model, exp.control, exp.treatment, req.since, (fb_control, fb_treatment))
+    if arms is None:
+        models = sorted({m for m, _ in state.segments()})
+        raise InputError(f"no records of model '{model}' in the current window (models seen: "
+                         f"{', '.join(models[:20]) or 'none'})", "model", 404)
+    result = analyse(exp, *arms)
+    if result.no_traffic:
+        known = sorted(v for m, v in state.segments() if m == model)
+        result = replace(result, reasons=(*result.reasons, f"variants with records: {', '.join(known)}"))
     watchlist.watch(model, exp, req.since)
     status = 200 if result.decision in req.pass_on else 412
     return JSONResponse(result_json(model, result, req.since), status_code=status)

@@ -30,3 +30,16 @@ def read_arm(state: DriftState, model: str, variant: str, since: float | None,
     finishes = dict(zip(reasons.labels, reasons.counts.tolist()))
     return Arm(variant, int(status.counts.sum()), int(classes["5xx"]), int(reasons.counts.sum()),
                int(finishes["length"]), {f: hists[f].counts for f in RANK_FEATURES}, samples, feedback)
+
+
+def read_arms(state: DriftState, model: str, control: str, treatment: str, since: float | None,
+              feedback: tuple[tuple[int, int] | None, tuple[int, int] | None] = (None, None)) -> tuple[Arm, Arm] | None:
+    """Both arms, or None when neither variant has records (the model is unknown here). One
+    without records is a variant without traffic (a canary at weight 0, before the ramp or
+    after a rollback): an empty arm, which the analysis answers with "hold"."""
+    found = [read_arm(state, model, v, since, fb) for v, fb in zip((control, treatment), feedback)]
+    if found[0] is None and found[1] is None:
+        return None
+    c, t = (arm if arm is not None else Arm(v, 0, 0, 0, 0, feedback=fb)
+            for arm, v, fb in zip(found, (control, treatment), feedback))
+    return c, t

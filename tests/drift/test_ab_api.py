@@ -71,9 +71,21 @@ def test_gauges_follow_the_last_experiment_asked_and_the_catalog_knows_them(clie
             assert line.split("{")[0] in exposed()
 
 
+@pytest.mark.parametrize("arm", ["treatment", "control"])
+def test_an_arm_without_records_is_a_200_hold_for_no_traffic(client, arm):
+    """A canary at weight 0 (before the ramp, or rolled back) has no records: that is "no
+    traffic", an answer Argo and Flagger can act on, not an error."""
+    r = client.get("/v1/ab/m", params={**SPLIT, arm: "v9"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["decision"] == "hold" and body["no_traffic"] == ["v9"] and body["requests"][arm] == 0
+    assert any("no traffic on v9" in reason for reason in body["reasons"])
+    assert any("v1, v2" in reason for reason in body["reasons"])  # a typo in the name shows
+    flagger = client.post("/v1/ab/m?pass_on=rollback", json={**SPLIT, arm: "v9"})
+    assert flagger.status_code == 412 and flagger.json()["decision"] == "hold"
+
+
 @pytest.mark.parametrize("params, status, field", [
-    ({**SPLIT, "treatment": "v9"}, 404, "treatment"),
-    ({**SPLIT, "control": "v9"}, 404, "control"),
     ({**SPLIT, "treatment_weight": 0.6}, 400, "treatment_weight"),
     ({**SPLIT, "control_weight": "abc"}, 400, "control_weight"),
     ({**SPLIT, "control_weight": "nan"}, 400, "control_weight"),
@@ -104,9 +116,9 @@ def test_bad_body_is_a_422_naming_the_field(client, body, field):
     assert r.json()["error"]["field"] == field
 
 
-def test_unknown_model_is_a_404(client):
+def test_a_model_without_records_is_a_404_naming_it(client):
     r = client.get("/v1/ab/nope", params=SPLIT)
-    assert r.status_code == 404 and r.json()["error"]["field"] == "control"
+    assert r.status_code == 404 and r.json()["error"]["field"] == "model"
 
 
 def test_openapi_lists_the_route_with_its_models(client):
