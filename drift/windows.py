@@ -125,8 +125,10 @@ class SegmentWindow:
                 smallest = np.sort(np.concatenate([smallest, keys]))[:r]
 
     def _current(self, now: float, since: float | None = None) -> list[_Bucket]:
-        """Live buckets; from ``since`` on (whole buckets: the one holding ``since`` counts)."""
-        oldest = self.oldest(now) if since is None else max(self.oldest(now), math.floor(since / self.width))
+        """Live buckets; from ``since`` on, in whole buckets starting at or after it: rounded up,
+        never down, so no record from before ``since`` (the old split of a ramp step, which
+        would fake a sample-ratio mismatch) counts; those of the partial bucket after it wait."""
+        oldest = self.oldest(now) if since is None else max(self.oldest(now), math.ceil(since / self.width))
         return [b for e, b in self.live.items() if e >= oldest]
 
     def counts(self, now: float, since: float | None = None) -> np.ndarray:

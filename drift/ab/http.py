@@ -11,6 +11,7 @@
   the query string or the webhook's ``metadata`` (strings); ``pass_on`` lists the decisions
   that answer 200, the others answer 412 with the same body. A ``rollout`` webhook with
   ``pass_on=continue,promote,hold`` fails the canary's check on ``rollback`` only; a
+  ``rollback`` webhook (Flagger rolls back on its 2xx) takes ``pass_on=rollback``; a
   ``confirm-promotion`` webhook with ``pass_on=promote`` holds promotion until it is earned.
 - A JSON body of the same fields works too (assignment and feedback counts fit better there).
 
@@ -63,7 +64,8 @@ class AbRequest(BaseModel):
     treatment_feedback_total: int | None = Field(None, ge=0, le=COUNT_MAX)
     shared_tokenizer: bool = Field(False, description="compare mean token logprob only when true")
     since: float | None = Field(None, ge=RANGES["finished_at"][0], le=RANGES["finished_at"][1], allow_inf_nan=False,
-                                description="experiment start, unix seconds (rounded down to the window's bucket)")
+                                description="experiment or ramp-step start, unix seconds (rounded up to the next "
+                                "window bucket: no earlier record counts)")
     alpha: float = Field(0.05, gt=0, le=0.2, allow_inf_nan=False, description="false-rollback rate over all looks")
     min_requests: int = Field(100, ge=10, le=COUNT_MAX)
     promote_requests: int = Field(1000, ge=10, le=COUNT_MAX)
@@ -236,7 +238,8 @@ def _flagger_or_body(doc: object) -> dict:
         metadata = doc.get("metadata") or {}
         if not isinstance(metadata, dict):
             raise InputError("Flagger payload's metadata must be an object", "metadata")
-        return {k: (v.split(",") if k == "pass_on" and isinstance(v, str) else v) for k, v in metadata.items()}
+        return {k: ([p.strip() for p in v.split(",")] if k == "pass_on" and isinstance(v, str) else v)
+                for k, v in metadata.items()}
     return doc
 
 

@@ -61,6 +61,13 @@ def test_flagger_webhook_fails_on_rollback_only(client):
     assert r.status_code == 200
 
 
+def test_flagger_pass_on_with_spaces_is_read(client):
+    payload = {"name": "podinfo", "namespace": "test", "phase": "Progressing", "checksum": "abc",
+               "metadata": {k: str(v) for k, v in SPLIT.items()} | {"pass_on": "continue, promote, rollback"}}
+    r = client.post("/v1/ab/m", json=payload)
+    assert r.status_code == 200 and r.json()["decision"] == "rollback"
+
+
 def test_gauges_follow_the_last_experiment_asked_and_the_catalog_knows_them(client):
     client.get("/v1/ab/m", params=SPLIT)
     text = client.get("/metrics").text
@@ -136,3 +143,25 @@ def test_report_shows_the_watched_experiment_with_plots(client):
     assert "A/B m: v1 (control) vs v2 (treatment)" in page and "ROLLBACK" in page
     assert page.count("<polyline") >= 8  # two arms' distribution functions per latency and length metric
     assert "treatment worse on ttft" in page
+
+
+def test_since_counts_no_record_from_before_it_rounding_up_to_the_next_bucket():
+    """After a ramp step, records of the old split in the bucket holding ``since`` would skew
+    the sample-ratio check: ``since`` starts at the next bucket boundary (width 60 s here),
+    so every record counted finished at or after it."""
+    width = 60.0
+    boundary = (time.time() // width - 3) * width  # a whole bucket boundary three buckets ago
+    step = boundary - 30  # mid-bucket: the step happened half way through the bucket before
+    app = create_app(DriftSettings(db_path=":memory:"), CollectorRegistry())
+    with TestClient(app) as c:
+        before = (records(200, step - 25, step - 1, seed=3, variant="v1")  # old split: all control
+                  + records(10, step - 25, step - 1, seed=4, variant="v2"))
+        after = (records(100, boundary + 1, boundary + 50, seed=5, variant="v1")
+                 + records(100, boundary + 1, boundary + 50, seed=6, variant="v2"))
+        for batch in (before, after):
+            assert c.post("/v1/ingest", content=orjson.dumps({"records": batch})).status_code == 200
+        body = c.get("/v1/ab/m", params={**SPLIT, "since": step}).json()
+        assert body["requests"] == {"control": 100, "treatment": 100} and not body["srm"]["alarm"]
+        assert body["since"] == step
+        on_boundary = c.get("/v1/ab/m", params={**SPLIT, "since": boundary}).json()
+        assert on_boundary["requests"] == {"control": 100, "treatment": 100}
