@@ -190,8 +190,11 @@ def test_request_histograms_agree_with_vllms(gateway, vllm_server):
         assert delta(v0, v1, v, "sum") == delta(g0, g1, g, "sum") > 0, what
     e2e_v, e2e_g = delta(v0, v1, *pairs["e2e"][:1], "sum"), delta(g0, g1, pairs["e2e"][1], "sum")
     assert e2e_g >= e2e_v > 0 and e2e_g - e2e_v < 4 * 0.25, (e2e_v, e2e_g)
+    # The gateway sees a token only after vLLM made it, so its decode span (first to last token
+    # relayed) cannot be much longer than vLLM's; on a busy CPU it reads several tokens at once
+    # and the span shrinks, so only the upper side is a law.
     tpot_v, tpot_g = delta(v0, v1, pairs["tpot"][0], "sum"), delta(g0, g1, pairs["tpot"][1], "sum")
-    assert tpot_v > 0 and abs(tpot_g - tpot_v) / tpot_v < 0.5, (tpot_v, tpot_g)
+    assert tpot_v > 0 and 0 < tpot_g <= tpot_v * 1.5, (tpot_v, tpot_g)
 
 
 def test_prompt_and_completion_text_never_reach_spans_or_logs(vllm_server, otlp_receiver, caplog):
