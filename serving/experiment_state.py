@@ -44,6 +44,14 @@ def load_splits(experiment_file: Path) -> dict[str, Split]:
                         _show(splits[model]), state_path(experiment_file))
         else:
             splits[model] = Split.of(model, exp)
+            if entry is not None:  # say so: a rollback kept in the state file would otherwise vanish silently
+                weights = entry.get("weights") if isinstance(entry, dict) else None
+                log.warning("experiment %s (model %s): saved weights %s (experiment %s) not applied: the file's "
+                            "experiment, variants or weights changed since; weights %s from %s", exp.name, model,
+                            ", ".join(f"{w:g}" for w in weights) if isinstance(weights, list) and _weights_ok(weights, len(weights))
+                            else "?",
+                            entry.get("experiment") if isinstance(entry, dict) else "?", _show(splits[model]),
+                            experiment_file)
     return splits
 
 

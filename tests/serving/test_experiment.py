@@ -151,3 +151,13 @@ def test_a_broken_state_file_is_ignored(tmp_path):
     f.write_text(FILE)
     state_path(f).write_text("{not json")
     assert load_splits(f)["chat"].weights == (0.5, 0.5)
+
+
+def test_a_state_file_that_no_longer_applies_is_logged_not_dropped_silently(tmp_path, caplog):
+    f = tmp_path / "experiments.yaml"
+    f.write_text(FILE)
+    save_weights(f, {"chat": load_splits(f)["chat"].with_weights((1.0, 0.0))})  # a rollback
+    f.write_text(FILE.replace("canary-7", "canary-8"))
+    with caplog.at_level("WARNING"):
+        assert load_splits(f)["chat"].weights == (0.5, 0.5)
+    assert "not applied" in caplog.text and "canary-7" in caplog.text and "1, 0" in caplog.text
