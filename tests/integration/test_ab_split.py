@@ -110,7 +110,10 @@ experiments:
             result = verdict(service.url, counts)
             assert result["srm"]["source"] == "assignments" and not result["srm"]["alarm"]
             assert result["decision"] == "rollback", result["reasons"]
-            assert sorted(result["worse"]) == ["completion_tokens", "e2e_latency"], {
+            # the canary differs in answer length; end-to-end time follows it, and may or may not
+            # reach significance with 50 requests an arm on a busy CPU; nothing else may be named
+            assert "completion_tokens" in result["worse"] and set(result["worse"]) <= {
+                "completion_tokens", "e2e_latency"}, {
                 k: (m["verdict"], m["p_value_sequential"]) for k, m in result["metrics"].items()}
             assert result["metrics"]["completion_tokens"]["effect"] > 0  # the canary answers longer
             feedback = result["metrics"]["feedback"]
