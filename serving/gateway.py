@@ -457,7 +457,7 @@ class Gateway:
         try:
             span, headers = self._upstream_call_span(state, req)
             timeout_s = self.settings.upstream_timeout_s
-            deadline = asyncio.get_running_loop().time() + timeout_s  # the whole answer, headers and body
+            deadline = time.monotonic() + timeout_s  # the whole answer, headers and body
             try:
                 resp = await state.upstream.pool.post(state.path, body, headers, timeout_s)
                 try:
@@ -532,7 +532,7 @@ class Gateway:
             return Response(failure.body(), status, media_type="application/json")
         if resp.status != 200:
             try:
-                raw = await resp.read(asyncio.get_running_loop().time() + idle_s)
+                raw = await resp.read(time.monotonic() + idle_s)
             except (ConnectionError, TimeoutError):
                 raw = errors.error_body("upstream failed while answering", errors.UPSTREAM, "bad_response")
             resp.release()

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 import httptools
 
 HIGH_WATER = 1 << 20  # bytes buffered from vLLM before reading pauses (a client slower than vLLM)
+TIMER_SLACK_S = 0.001  # a deadline this close counts as reached (timers fire with millisecond steps)
 IDLE_KEEP_S = 4.0  # reuse a pooled connection only this long: uvicorn (vLLM's server) closes after 5 s
 
 
@@ -132,16 +133,18 @@ class UpstreamResponse:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    async def _wait(self, timeout_s: float) -> None:
-        """Wait for the connection to report something, for at most ``timeout_s``.
+    async def _wait(self, deadline: float) -> None:
+        """Wait for the connection to report something, until ``deadline`` (``time.monotonic()``).
 
-        One timer per response, not one per wait: it is moved on lazily when it fires early,
-        so a stream of chunks arriving faster than the timeout schedules almost none."""
+        One timer per response, not one per wait: it is moved on lazily when it fires before
+        the current deadline, so a stream of chunks arriving faster than the timeout
+        schedules almost none. The monotonic clock, not the loop's: uvloop's steps in
+        milliseconds and is read at the start of a loop iteration."""
         loop = asyncio.get_running_loop()
         waiter = self._waiter = loop.create_future()
-        self._deadline = loop.time() + timeout_s
+        self._deadline = deadline
         if self._timer is None:
-            self._timer = loop.call_at(self._deadline, self._on_timer)
+            self._timer = loop.call_later(max(0.0, deadline - time.monotonic()), self._on_timer)
         try:
             await waiter
         finally:
@@ -152,12 +155,12 @@ class UpstreamResponse:
         if waiter is None or waiter.done():
             self._timer = None
             return
-        loop = asyncio.get_running_loop()
-        if loop.time() >= self._deadline:
+        remaining = self._deadline - time.monotonic()
+        if remaining <= TIMER_SLACK_S:
             self._timer = None
             waiter.set_exception(TimeoutError())
         else:
-            self._timer = loop.call_at(self._deadline, self._on_timer)
+            self._timer = asyncio.get_running_loop().call_later(remaining, self._on_timer)
 
     def _stop_timer(self) -> None:
         if self._timer is not None:
@@ -165,21 +168,24 @@ class UpstreamResponse:
             self._timer = None
 
     async def headers(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s  # one deadline for the status line, however often woken
         while not self.status:
             if self._error is not None:
                 raise self._error
-            await self._wait(timeout_s)
+            await self._wait(deadline)
 
     async def readany(self, timeout_s: float) -> bytes:
         """The body bytes that have arrived (waiting up to ``timeout_s`` for some), or b"" at
         the end of the body."""
         chunks = self._chunks
+        deadline = 0.0
         while not chunks:
             if self._error is not None:
                 raise self._error
             if self.complete:
                 return b""
-            await self._wait(timeout_s)
+            deadline = deadline or time.monotonic() + timeout_s
+            await self._wait(deadline)
         data = chunks.popleft() if len(chunks) == 1 else b"".join([chunks.popleft() for _ in range(len(chunks))])
         self._buffered -= len(data)
         if self._paused and self._conn.transport is not None:
@@ -188,10 +194,9 @@ class UpstreamResponse:
         return data
 
     async def read(self, deadline: float) -> bytes:
-        """The whole body, by ``deadline`` (``loop.time()`` seconds)."""
-        loop = asyncio.get_running_loop()
+        """The whole body, by ``deadline`` (``time.monotonic()`` seconds)."""
         parts = []
-        while part := await self.readany(max(0.0, deadline - loop.time())):
+        while part := await self.readany(max(0.0, deadline - time.monotonic())):
             parts.append(part)
         return b"".join(parts)
 
