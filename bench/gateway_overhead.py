@@ -103,6 +103,13 @@ def nginx(port: int, upstream_port: int):
                    f"http://127.0.0.1:{port}/health", cpus=GATEWAY_CPU)
 
 
+def byte_relay(port: int, upstream_port: int):
+    """bench/byte_relay.py: the cost of relaying bytes in Python on uvloop, with no HTTP."""
+    return running("byte-relay", [sys.executable, str(ROOT / "bench" / "byte_relay.py"), "--port", str(port),
+                                  "--upstream-port", str(upstream_port)],
+                   f"http://127.0.0.1:{port}/health", cpus=GATEWAY_CPU)
+
+
 def litellm(port: int, upstream_port: int):
     workdir = Path(tempfile.mkdtemp(prefix="inferwatch-bench-litellm-"))
     conf = workdir / "config.yaml"
@@ -115,10 +122,14 @@ def litellm(port: int, upstream_port: int):
 
 
 class OTLPSink:
-    """Accepts OTLP/HTTP exports and drops them: tracing cost without a collector's."""
+    """Accepts OTLP/HTTP exports and drops them: tracing cost without a collector's. It keeps
+    connections alive, as a collector and the drift service do; a sink that closed each one
+    would charge the gateway a TCP connect per exported batch."""
 
     def __init__(self) -> None:
         class H(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
             def do_POST(self):  # noqa: N802
                 self.rfile.read(int(self.headers.get("content-length", 0)))
                 self.send_response(200)
@@ -222,7 +233,7 @@ def stream_table(runs: int, seconds: float, tokens: int = 200) -> list[str]:
         stack.enter_context(mock(long_mock, tokens, 2.0))
         stack.enter_context(mock(short_mock, 1, 0.0))
         proxies = {}
-        for name, factory in (("nginx", nginx), ("gateway", gateway)):
+        for name, factory in (("nginx", nginx), ("python byte relay", byte_relay), ("gateway", gateway)):
             pl, ps = free_port(), free_port()
             proxies[name] = {tokens: (pl, stack.enter_context(factory(pl, long_mock)).pid),
                              1: (ps, stack.enter_context(factory(ps, short_mock)).pid)}

@@ -1,9 +1,13 @@
 """The gateway: an OpenAI-compatible proxy in front of vLLM that measures each request.
 
-Per request: validate and route (``preprocess`` span), call vLLM with the trace context
-injected (``{operation} {model}`` client span, which vLLM's ``llm_request`` span joins),
-then relay the answer (``relay`` span) while timing tokens. Metrics, the feature record
-and span attributes are written once, when the request ends.
+Per request: validate and route (the server span's ``preprocessed`` event), call vLLM with
+the trace context injected (``{operation} {model}`` client span, which vLLM's
+``llm_request`` span joins and which lasts until the answer is relayed), then relay the
+answer while timing tokens (``first_token`` event). Metrics, the feature record and span
+attributes are written once, when the request ends.
+
+Two spans, not one per phase: a sampled request's spans cost ~90 µs each in OpenTelemetry's
+Python SDK and OTLP encoder (bench/gateway_overhead.py), more than the rest of the request.
 """
 
 from __future__ import annotations
@@ -14,9 +18,9 @@ import logging
 import math
 import re
 import time
-from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import AsyncIterator
 
 import aiohttp
 import orjson
@@ -38,11 +42,13 @@ from serving import errors
 from serving.admission import ANONYMOUS, Admission, PolicyFile, Rejection, Ticket, key_id
 from serving.errors import GatewayError, status_class
 from serving.experiment import FORCE_HEADER, FORCE_TOKEN_HEADER, ExperimentError, Split
+from serving.exchange import BODY_TIMEOUT_S, CLIENT_CLOSED, Exchange, check_declared_length
 from serving.experiments import Experiments
+from serving.exposition import render
 from serving.features import FeatureQueue, FeatureRecord, FeatureSink, HttpSink
 from serving.feedback import AnswerMemory, FeedbackSink, parse_rating, unknown_answer
 from serving.metrics import GatewayMetrics, RouteSeries, create_metrics
-from serving.relay_client import UpstreamResponse
+from serving.relay_client import TIMER_SLACK_S, UpstreamResponse
 from serving.settings import GatewaySettings
 from serving.sse import EventProcessor, SSESplitter, StreamAccount, chunk_logprobs, strip_logprobs
 from serving.tracing import PROPAGATOR, build_tracer_provider, exemplar, get_tracer
@@ -53,12 +59,10 @@ from serving.validation import ROUTE_PATHS, ParsedRequest, Route, parse_request,
 log = logging.getLogger(__name__)
 
 UNKNOWN_MODEL = "unknown"  # label for requests whose model is not (yet) known: keeps labels bounded
-CLIENT_CLOSED = 499  # nginx's convention for "client went away before the answer was complete"
 RELAY_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
                  (b"x-accel-buffering", b"no")]
-VARIANT_HEADER = "x-inferwatch-variant"  # on answers an experiment routed: which variant gave it
+VARIANT_HEADER = b"x-inferwatch-variant"  # on answers an experiment routed: which variant gave it
 _RESPONSE_ID = re.compile(rb'"id":"([^"\\]{1,256})"')
-BODY_TIMEOUT_S = 30.0  # for a request body to arrive once its headers have (slowloris)
 OPERATION = {"chat": "chat", "completions": "text_completion"}
 
 
@@ -150,15 +154,9 @@ class Gateway:
 
     # -- endpoints -------------------------------------------------------------------
 
-    async def chat(self, request: Request) -> Response:
-        return await self._handle(request, "chat")
-
-    async def completions(self, request: Request) -> Response:
-        return await self._handle(request, "completions")
-
     async def list_models(self, request: Request) -> Response:
         try:
-            self._authorize(request)
+            self._authorize(request.headers)
             async with self.upstream.session.get(f"{self.upstream.base_url}/v1/models", headers=self.upstream.headers,
                                                  timeout=self.upstream.timeout()) as resp:
                 raw = await resp.read()
@@ -174,7 +172,7 @@ class Gateway:
         """POST /v1/feedback: a rating of an answer, forwarded to the drift service with the
         variant that gave the answer. Each answer can be rated once."""
         try:
-            self._authorize(request)
+            self._authorize(request.headers)
             if self.answers is None:
                 raise GatewayError(404, "feedback_disabled", "Feedback is off: this gateway runs with "
                                    "INFERWATCH_GATEWAY_FEEDBACK_MEMORY=0.", error_type=errors.NOT_FOUND)
@@ -260,10 +258,18 @@ class Gateway:
     async def render_metrics(self, request: Request) -> Response:
         """Prometheus text, or OpenMetrics (with exemplars) when the scraper asks for it.
 
-        Rendered on a worker thread: tens of milliseconds of formatting at many models and
-        variants would otherwise stall every request on the event loop for that long."""
-        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
-        return Response(await asyncio.to_thread(encoder, self.registry), headers={"content-type": content_type})
+        Rendered on a worker thread (serving/exposition.py): milliseconds of formatting at
+        many models and variants would otherwise stall every request on the event loop."""
+        accept = request.headers.get("accept", "")
+        try:
+            choose_encoder(accept)
+        except (TypeError, ValueError):  # prometheus_client fails on e.g. "version=abc"
+            return Response(errors.error_body(f"Accept header '{accept[:200]}' cannot be read; scrape with "
+                                              "'application/openmetrics-text; version=1.0.0' or text/plain.",
+                                              errors.INVALID_REQUEST, "invalid_accept"),
+                            400, media_type="application/json")
+        body, content_type = await asyncio.to_thread(render, self.registry, accept)
+        return Response(body, headers={"content-type": content_type})
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -277,74 +283,91 @@ class Gateway:
 
     # -- the request path ----------------------------------------------------------------
 
-    async def _handle(self, request: Request, route: Route) -> Response:
+    async def serve(self, exchange: Exchange) -> None:
+        """A request on a proxy route, from its head to the last byte of its answer."""
+        route = exchange.route
         path = ROUTE_PATHS[route]
-        parent = PROPAGATOR.extract(request.headers)
+        parent = PROPAGATOR.extract(exchange.headers)
         span = self.tracer.start_span(f"POST {path}", context=parent, kind=SpanKind.SERVER,
                                       attributes={"http.request.method": "POST", "http.route": path, "url.path": path})
         state = RequestState(route, path, time.perf_counter(), time.time(), span, trace.set_span_in_context(span, parent),
                              self.settings.variant, self.upstream)
         try:
-            req, body = await self._preprocess(request, state)
+            req, body = await self._preprocess(exchange, state)
         except GatewayError as exc:
             self.metrics.rejected.labels(path, exc.code).inc()
             self._finish(state, exc.status, None, error=exc.message)
-            return Response(exc.body(), exc.status, media_type="application/json", headers=exc.headers)
+            exchange.answer(exc.status, exc.body(), exc.headers)
+            return
         self._series(state.model, state.variant, state.path).in_flight.inc()
-        if req.stream:
-            return await self._stream(state, req, body)
-        return await self._unary(state, req, body, request.receive)
+        if exchange.gone:  # left with its body sent: vLLM never sees the request
+            self._done(state, CLIENT_CLOSED, None, "client closed the connection")
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        exchange.watch(task.cancel)  # a client that leaves cancels the upstream call: vLLM aborts
+        try:
+            if req.stream:
+                await self._stream(exchange, state, req, body)
+            else:
+                await self._unary(exchange, state, req, body)
+        except asyncio.CancelledError:
+            if not exchange.disconnected:
+                raise  # we are cancelled ourselves (shutdown)
+            task.uncancel()  # the client left; what was cut short has recorded the 499
+        finally:
+            exchange.watch(None)
 
-    async def _preprocess(self, request: Request, state: RequestState) -> tuple[ParsedRequest, bytes]:
-        with self._child_span("preprocess", state):
-            state.key = self._authorize(request)
-            body = await _read_body(request, self.settings.max_body_bytes)
-            state.body_bytes = len(body)
-            models = self.upstream.models if self.experiments is None else self.experiments.catalog
-            try:
-                req = parse_request(state.route, body, models, self.settings.max_tokens_limit)
-            except GatewayError as exc:
-                if exc.code != "model_not_found":
-                    raise
-                if not await self.upstream.on_unknown_model():
-                    if not self.upstream.models:  # never reached vLLM: it is down, not the model unknown
-                        self.metrics.upstream_errors.labels(UNKNOWN_MODEL, self.settings.variant, "connect").inc()
-                        raise GatewayError(503, "upstream_unavailable",
-                                           f"The model server at {self.upstream.base_url} is not reachable; "
-                                           "retry later.", error_type=errors.UPSTREAM) from None
-                    raise
-                req = parse_request(state.route, body, models, self.settings.max_tokens_limit)
-            state.model, state.req = req.model, req
-            served = None
-            if self.experiments is not None:
-                split = self.experiments.splits.get(req.model)
-                if split is not None:
-                    served = self._route(request, state, req, split)
-            if self.admission is not None:
-                self._admit(state)
-            payload, changed = upstream_payload(req, self.settings.capture_logprobs)
-            if served is not None:
-                payload, changed = {**payload, "model": served}, True
-            span = state.span
-            if span.is_recording():
-                span.set_attributes(_request_attributes(req))
-                span.set_attribute("inferwatch.variant", state.variant)
-                if state.experiment is not None:
-                    span.set_attributes({"inferwatch.experiment": state.experiment, "inferwatch.unit": state.unit or ""})
-            return req, orjson.dumps(payload) if changed else body
+    async def _preprocess(self, exchange: Exchange, state: RequestState) -> tuple[ParsedRequest, bytes]:
+        state.key = self._authorize(exchange.headers)
+        body = await exchange.read_body(self.settings.max_body_bytes)
+        state.body_bytes = len(body)
+        models = self.upstream.models if self.experiments is None else self.experiments.catalog
+        try:
+            req = parse_request(state.route, body, models, self.settings.max_tokens_limit)
+        except GatewayError as exc:
+            if exc.code != "model_not_found":
+                raise
+            if not await self.upstream.on_unknown_model():
+                if not self.upstream.models:  # never reached vLLM: it is down, not the model unknown
+                    self.metrics.upstream_errors.labels(UNKNOWN_MODEL, self.settings.variant, "connect").inc()
+                    raise GatewayError(503, "upstream_unavailable",
+                                       f"The model server at {self.upstream.base_url} is not reachable; "
+                                       "retry later.", error_type=errors.UPSTREAM) from None
+                raise
+            req = parse_request(state.route, body, models, self.settings.max_tokens_limit)
+        state.model, state.req = req.model, req
+        served = None
+        if self.experiments is not None:
+            split = self.experiments.splits.get(req.model)
+            if split is not None:
+                served = self._route(exchange.headers, state, req, split)
+        if self.admission is not None:
+            self._admit(state)
+        payload, changed = upstream_payload(req, self.settings.capture_logprobs)
+        if served is not None:
+            payload, changed = {**payload, "model": served}, True
+        span = state.span
+        if span.is_recording():
+            span.set_attributes(_request_attributes(req))
+            span.set_attribute("inferwatch.variant", state.variant)
+            if state.experiment is not None:
+                span.set_attributes({"inferwatch.experiment": state.experiment, "inferwatch.unit": state.unit or ""})
+            span.add_event("preprocessed")
+        return req, orjson.dumps(payload) if changed else body
 
-    def _route(self, request: Request, state: RequestState, req: ParsedRequest, split: Split) -> str | None:
+    def _route(self, headers: Mapping[str, str], state: RequestState, req: ParsedRequest, split: Split) -> str | None:
         """Pick the variant (forced by header, else the split's assignment, counted now) and
         point the request at its upstream; the served name to send, if not the public one."""
         assert self.experiments is not None
-        forced = request.headers.get(FORCE_HEADER)
+        forced = headers.get(FORCE_HEADER)
         if forced is not None:
             state.forced = True
-            index = self._forced_index(request, req, split, forced)
+            index = self._forced_index(headers, req, split, forced)
         else:
             unit = req.payload.get("user")
             if not isinstance(unit, str) or not unit:
-                unit = request.headers.get(self.settings.unit_header) or (state.key if state.key != ANONYMOUS else None)
+                unit = headers.get(self.settings.unit_header) or (state.key if state.key != ANONYMOUS else None)
             index, state.unit = split.assign(unit)
             state.experiment = split.name
             self.experiments.counters[req.model][index].inc()
@@ -354,11 +377,11 @@ class Gateway:
                                                        variant.rename)
         return None if variant.rename is None else variant.served_model
 
-    def _forced_index(self, request: Request, req: ParsedRequest, split: Split, forced: str) -> int:
+    def _forced_index(self, headers: Mapping[str, str], req: ParsedRequest, split: Split, forced: str) -> int:
         """The variant the force header names. Forcing bypasses the weights, so it takes the
         admin token (any client could otherwise send users to a broken canary), and a variant
         rolled back to weight 0 is refused unless ``force_zero_weight`` allows it for testing."""
-        presented = request.headers.get(FORCE_TOKEN_HEADER, "").strip().encode()
+        presented = headers.get(FORCE_TOKEN_HEADER, "").strip().encode()
         if self._admin_token is None or not hmac.compare_digest(presented, self._admin_token):
             raise GatewayError(403, "forcing_not_allowed", f"Header '{FORCE_HEADER}' forces a variant only with "
                                f"'{FORCE_TOKEN_HEADER}: <INFERWATCH_GATEWAY_ADMIN_TOKEN>' (and the gateway started "
@@ -376,11 +399,11 @@ class Gateway:
                                "INFERWATCH_GATEWAY_FORCE_ZERO_WEIGHT=true.", param=FORCE_HEADER)
         return index
 
-    def _authorize(self, request: Request) -> str:
+    def _authorize(self, headers: Mapping[str, str]) -> str:
         """The id of the API key presented (``ANONYMOUS`` when the gateway has none)."""
         if not self._keys:
             return ANONYMOUS
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        scheme, _, token = headers.get("authorization", "").partition(" ")
         presented = token.strip().encode()
         matched = -1
         for i, key in enumerate(self._keys):  # every key compared, so timing says nothing about which matched
@@ -402,15 +425,6 @@ class Gateway:
                                headers={"retry-after": str(max(1, math.ceil(verdict.retry_after_s)))})
         state.ticket = verdict
 
-    def _child_span(self, name: str, state: RequestState) -> AbstractContextManager:
-        """A child of the request's span, or nothing when that span is not recorded (tracing
-        off or sampled out): unsampled requests pay for no span they would not export."""
-        if state.span.is_recording():
-            # the error is the request's span's to report, without the client's input in a stack trace
-            return self.tracer.start_as_current_span(name, context=state.ctx, record_exception=False,
-                                                     set_status_on_exception=False)
-        return nullcontext()
-
     def _upstream_call_span(self, state: RequestState, req: ParsedRequest) -> tuple[trace.Span, dict[str, str]]:
         headers = dict(state.upstream.headers)
         if not state.span.is_recording():  # vLLM still joins the trace (sampled out, like ours)
@@ -423,36 +437,9 @@ class Gateway:
         PROPAGATOR.inject(headers, context=trace.set_span_in_context(span, state.ctx))
         return span, headers
 
-    async def _unary(self, state: RequestState, req: ParsedRequest, body: bytes, receive: Receive) -> Response:
-        """The upstream exchange runs against the client's disconnect: a client that goes away
-        cancels it, which closes the upstream connection, so vLLM aborts the request instead
-        of finishing it."""
-        task = asyncio.current_task()
-        assert task is not None
-        gone = asyncio.ensure_future(_until_disconnect(receive))
-        left = False
-
-        def on_gone(_: asyncio.Future) -> None:
-            nonlocal left
-            if not gone.cancelled():
-                left = True
-                task.cancel()
-
-        gone.add_done_callback(on_gone)
-        try:
-            return await self._unary_exchange(state, req, body, receive)
-        except asyncio.CancelledError:
-            if not left:
-                raise  # we are cancelled ourselves (shutdown)
-            task.uncancel()  # the exchange has recorded the 499
-            return Response(errors.error_body("client closed the connection", errors.INVALID_REQUEST, "client_closed"),
-                            CLIENT_CLOSED, media_type="application/json")
-        finally:
-            gone.remove_done_callback(on_gone)
-            gone.cancel()
-
-    async def _unary_exchange(self, state: RequestState, req: ParsedRequest, body: bytes,
-                              receive: Receive) -> Response:
+    async def _unary(self, exchange: Exchange, state: RequestState, req: ParsedRequest, body: bytes) -> None:
+        """The whole answer, read from vLLM and handed over. A client that leaves meanwhile
+        cancels this (``serve``), which closes the upstream connection: vLLM aborts."""
         status, account, error = 502, StreamAccount(state.started), None
         try:
             span, headers = self._upstream_call_span(state, req)
@@ -473,53 +460,53 @@ class Gateway:
                 error = str(failure.message)
                 self._upstream_error(state, reason)
                 _end_span(span, error)
-                return Response(failure.body(), status, media_type="application/json")
+                exchange.answer(status, failure.body())
+                return
             except asyncio.CancelledError:
                 _end_span(span, "client closed the connection")
                 raise
             _end_span(span, None if upstream_status < 400 else f"upstream answered {upstream_status}")
-            with self._child_span("relay", state):
-                if upstream_status >= 400:
-                    status, error = upstream_status, f"upstream answered {upstream_status}"
-                    self._upstream_error(state, "http_4xx" if upstream_status < 500 else "http_5xx")
-                    return Response(raw, upstream_status, media_type="application/json")
-                try:
-                    data = orjson.loads(raw)
-                    choices = data.get("choices") or []
-                    usage = data.get("usage") or {}
-                except (orjson.JSONDecodeError, AttributeError):
-                    status, error = 502, "upstream answered with something that is not an OpenAI response"
-                    self._upstream_error(state, "bad_response")
-                    return Response(errors.error_body(error, errors.UPSTREAM, "bad_response"), 502,
-                                    media_type="application/json")
-                account.on_usage(usage)
-                if self.answers is not None and isinstance(rid := data.get("id"), str):
-                    state.response_id = rid
-                account.finish_reasons = [c.get("finish_reason") for c in choices
-                                          if isinstance(c, dict) and isinstance(c.get("finish_reason"), str)]
-                if self.settings.capture_logprobs or req.client_wants_logprobs:
-                    account.add_logprobs(chunk_logprobs(choices, req.route))
-                    if not req.client_wants_logprobs:
-                        strip_logprobs(choices)
-                        raw = orjson.dumps(data)
-                status = upstream_status
-                if state.rename is not None:  # the served name → the public one, as bytes if vLLM's compact JSON
-                    if state.rename[0] in raw:
-                        raw = raw.replace(*state.rename, 1)
-                    elif isinstance(data, dict) and "model" in data:
-                        data["model"] = state.model
-                        raw = orjson.dumps(data)
-                if await _client_left(receive):
-                    status, error = CLIENT_CLOSED, "client closed the connection"  # before the answer reached it
-                return JSONAnswer(raw, status, [(VARIANT_HEADER.encode(), state.variant.encode())]  # type: ignore[return-value]
-                                  if state.routed else None)
+            if upstream_status >= 400:
+                status, error = upstream_status, f"upstream answered {upstream_status}"
+                self._upstream_error(state, "http_4xx" if upstream_status < 500 else "http_5xx")
+                exchange.answer(upstream_status, raw)
+                return
+            try:
+                data = orjson.loads(raw)
+                choices = data.get("choices") or []
+                usage = data.get("usage") or {}
+            except (orjson.JSONDecodeError, AttributeError):
+                status, error = 502, "upstream answered with something that is not an OpenAI response"
+                self._upstream_error(state, "bad_response")
+                exchange.answer(502, errors.error_body(error, errors.UPSTREAM, "bad_response"))
+                return
+            account.on_usage(usage)
+            if self.answers is not None and isinstance(rid := data.get("id"), str):
+                state.response_id = rid
+            account.finish_reasons = [c.get("finish_reason") for c in choices
+                                      if isinstance(c, dict) and isinstance(c.get("finish_reason"), str)]
+            if self.settings.capture_logprobs or req.client_wants_logprobs:
+                account.add_logprobs(chunk_logprobs(choices, req.route))
+                if not req.client_wants_logprobs:
+                    strip_logprobs(choices)
+                    raw = orjson.dumps(data)
+            status = upstream_status
+            if state.rename is not None:  # the served name → the public one, as bytes if vLLM's compact JSON
+                if state.rename[0] in raw:
+                    raw = raw.replace(*state.rename, 1)
+                elif isinstance(data, dict) and "model" in data:
+                    data["model"] = state.model
+                    raw = orjson.dumps(data)
+            if exchange.gone:  # left as the answer came: it never reached the client
+                status, error = CLIENT_CLOSED, "client closed the connection"
+            exchange.answer(status, raw, extra=_variant_header(state))
         except asyncio.CancelledError:
             status, error = CLIENT_CLOSED, "client closed the connection"
             raise
         finally:
             self._done(state, status, account, error)
 
-    async def _stream(self, state: RequestState, req: ParsedRequest, body: bytes) -> Response:
+    async def _stream(self, exchange: Exchange, state: RequestState, req: ParsedRequest, body: bytes) -> None:
         span, headers = self._upstream_call_span(state, req)
         idle_s = self.settings.upstream_stream_idle_timeout_s
         try:
@@ -529,19 +516,36 @@ class Gateway:
             self._upstream_error(state, reason)
             _end_span(span, failure.message)
             self._done(state, status, None, failure.message)
-            return Response(failure.body(), status, media_type="application/json")
+            exchange.answer(status, failure.body())
+            return
+        except asyncio.CancelledError:
+            _end_span(span, "client closed the connection")
+            self._done(state, CLIENT_CLOSED, None, "client closed the connection")
+            raise
         if resp.status != 200:
             try:
                 raw = await resp.read(time.monotonic() + idle_s)
             except (ConnectionError, TimeoutError):
                 raw = errors.error_body("upstream failed while answering", errors.UPSTREAM, "bad_response")
+            except asyncio.CancelledError:
+                resp.close()
+                _end_span(span, "client closed the connection")
+                self._done(state, CLIENT_CLOSED, None, "client closed the connection")
+                raise
             resp.release()
             error = f"upstream answered {resp.status}"
             self._upstream_error(state, "http_4xx" if resp.status < 500 else "http_5xx")
             _end_span(span, error)
             self._done(state, resp.status, None, error)
-            return Response(raw, resp.status, media_type="application/json")
-        return RelayResponse(StreamRelay(self, state, req, resp, span))  # type: ignore[return-value]
+            exchange.answer(resp.status, raw)
+            return
+        relay = StreamRelay(self, state, req, resp, span, exchange)
+        relay.start()
+        try:
+            await relay.finished
+        except asyncio.CancelledError:
+            relay.abort("the gateway stopped while relaying the stream")
+            raise
 
     def _done(self, state: RequestState, status: int, account: StreamAccount | None, error: str | None) -> None:
         """A request that passed preprocessing ends: leave in-flight, give admission back
@@ -620,34 +624,137 @@ class Gateway:
 
 
 class StreamRelay:
-    """Relays one upstream SSE stream to the client and settles its accounting exactly once.
+    """Relays one upstream SSE stream to the client from the upstream connection's callbacks
+    (a ``BodySink``): each chunk vLLM sends is accounted for and written to the client's
+    transport in the same callback, with no task switch. Settles its accounting exactly once.
 
-    A failure settles at once (and the client then gets an error event); a complete stream
-    and a client that went away settle in ``end``, once ``RelayResponse`` knows which it was.
+    A complete stream is settled before its last bytes go out, so a client that read [DONE]
+    finds it counted. That waits for the callbacks already due in the loop's current turn: a
+    gateway starved of CPU finds the end of the stream and the client's disconnect in the
+    same poll, in either order, and the disconnect wins (a 499). A client that closes after
+    reading [DONE] (the ``openai`` client does, before the response's last empty chunk) has
+    its answer: that is a success.
     """
 
     def __init__(self, gateway: Gateway, state: RequestState, req: ParsedRequest, resp: UpstreamResponse,
-                 upstream_span: trace.Span) -> None:
+                 upstream_span: trace.Span, exchange: Exchange) -> None:
         self.gateway, self.state, self.resp, self.upstream_span = gateway, state, resp, upstream_span
+        self.exchange = exchange
         self.account = StreamAccount(state.started)
         capture = gateway.settings.capture_logprobs or req.client_wants_logprobs
         self.processor = EventProcessor(self.account, req.route, strip_usage=not req.client_wants_usage,
                                         read_logprobs=capture,
                                         strip_logprobs=capture and not req.client_wants_logprobs)
-        self.relay_span = (gateway.tracer.start_span("relay", context=state.ctx) if state.span.is_recording()
-                           else trace.INVALID_SPAN)
+        self.splitter = SSESplitter()
         self.status, self.error, self.reason, self.code = 200, None, None, ""
         self.settled = False
-        self.client_gone = False
+        self.want_id = gateway.answers is not None
+        self.first_seen = False
+        self.idle_s = gateway.settings.upstream_stream_idle_timeout_s
+        self.last = time.perf_counter()  # of the last chunk, for the idle timeout
+        self.client_slow = False  # reading paused until the client's socket drains: not idle
+        loop = asyncio.get_running_loop()
+        self.finished: asyncio.Future[None] = loop.create_future()
+        self._timer = loop.call_later(self.idle_s, self._on_idle)
+
+    def start(self) -> None:
+        headers = [b"%s: %s\r\n" % h for h in RELAY_HEADERS]
+        self.exchange.start_stream(headers + _variant_header(self.state) if self.state.routed else headers)
+        self.exchange.on_writable = self._writable
+        self.resp.relay_to(self)
+        if not self.settled:
+            self.exchange.watch(self.client_left)
+
+    # -- BodySink: called by the upstream connection --------------------------------------
+
+    def on_data(self, chunk: bytes) -> None:
+        if self.settled or self.account.done:
+            return
+        self.last = now = time.perf_counter()
+        events = self.splitter.feed(chunk)
+        if not events:
+            return
+        account, state = self.account, self.state
+        out = self.processor.process(events, now)
+        if self.want_id and (found := _RESPONSE_ID.search(events[0])) is not None:
+            state.response_id, self.want_id = found.group(1).decode(), False
+        if state.rename is not None:
+            out = out.replace(*state.rename)
+        if not self.first_seen and account.first_token is not None:
+            self.first_seen = True
+            state.span.add_event("first_token")
+        if account.upstream_error is not None:
+            code = _error_event_code(account.upstream_error)
+            if 400 <= code < 500:  # vLLM refused the request after accepting the stream: the client's error
+                self.fail(code, "http_4xx", "upstream rejected the request in the stream")
+            else:
+                self.fail(502, "http_5xx", "upstream reported an error in the stream")
+            self._end(out)
+        elif account.done:
+            asyncio.get_running_loop().call_soon(self._complete, out)
+        elif out:
+            self.exchange.send(out)
+
+    def on_end(self) -> None:
+        if not self.settled and not self.account.done:
+            self.fail(502, "stream_interrupted", "upstream closed the stream before [DONE]")
+            self._end(errors.stream_error_event(self.error or "stream failed", self.code))
+
+    def on_error(self, error: ConnectionError) -> None:
+        if not self.settled and not self.account.done:
+            self.fail(502, "stream_interrupted", f"upstream connection lost mid-stream: {type(error).__name__}")
+            self._end(errors.stream_error_event(self.error or "stream failed", self.code))
+
+    def _complete(self, last: bytes) -> None:
+        if self.settled:
+            return
+        if self.exchange.gone:
+            self.client_left()
+        else:
+            self._end(last)
+
+    # -- the client's side --------------------------------------------------------------
+
+    def client_left(self) -> None:
+        if not self.settled:
+            self.fail(CLIENT_CLOSED, None, "client closed the connection")
+            self._end(b"")
+
+    def _writable(self, ok: bool) -> None:
+        """The client reads slower than vLLM writes: stop reading from vLLM until it catches up."""
+        self.client_slow = not ok
+        if ok:
+            self.last = time.perf_counter()
+            self.resp.resume_reading()
+        else:
+            self.resp.pause_reading()
+
+    def _on_idle(self) -> None:
+        if self.settled:
+            return
+        remaining = self.last + self.idle_s - time.perf_counter()
+        if self.client_slow or remaining > TIMER_SLACK_S:
+            self._timer = asyncio.get_running_loop().call_later(self.idle_s if self.client_slow else remaining,
+                                                                self._on_idle)
+            return
+        self.fail(504, "timeout", f"upstream sent nothing for {self.idle_s}s", code="upstream_timeout")
+        self._end(errors.stream_error_event(self.error or "stream failed", self.code))
+
+    def abort(self, error: str) -> None:
+        if not self.settled:
+            self.fail(502, None, error)
+            self._end(errors.stream_error_event(error, "gateway_stopped"))
+
+    # -- settling ---------------------------------------------------------------------
 
     def fail(self, status: int, reason: str | None, error: str, code: str | None = None) -> None:
         """``reason`` labels the upstream-errors metric; ``code`` is what the client's error event says."""
         self.status, self.reason, self.error, self.code = status, reason, error, code or reason or ""
 
-    def settle(self) -> None:
-        if self.settled:
-            return
+    def _end(self, last: bytes) -> None:
+        """Settle, then send the stream's last bytes (nothing to a client that left)."""
         self.settled = True
+        self._timer.cancel()
         if self.account.done:
             self.resp.release()
         else:
@@ -656,109 +763,10 @@ class StreamRelay:
         if self.reason is not None:
             gw._upstream_error(self.state, self.reason)  # noqa: SLF001
         _end_span(self.upstream_span, self.error)
-        _end_span(self.relay_span, self.error)
         gw._done(self.state, self.status, self.account, self.error)  # noqa: SLF001
-
-    def end(self) -> None:
-        """The response is over: a complete stream whose client stayed is a success; anything
-        else that no failure settled is a client that went away."""
-        if not self.settled:
-            if self.client_gone or not self.account.done:
-                self.fail(CLIENT_CLOSED, None, "client closed the connection")
-            self.settle()
-
-    async def events(self) -> AsyncIterator[bytes]:
-        account, processor, state = self.account, self.processor, self.state
-        splitter = SSESplitter()
-        perf_counter = time.perf_counter
-        first_seen = False
-        read, idle = self.resp.readany, self.gateway.settings.upstream_stream_idle_timeout_s
-        rename, want_id = state.rename, self.gateway.answers is not None
-        try:
-            while chunk := await read(idle):
-                events = splitter.feed(chunk)
-                if not events:
-                    continue
-                out = processor.process(events, perf_counter())
-                if want_id and (found := _RESPONSE_ID.search(events[0])) is not None:
-                    state.response_id, want_id = found.group(1).decode(), False
-                if rename is not None:
-                    out = out.replace(*rename)
-                if not first_seen and account.first_token is not None:
-                    first_seen = True
-                    state.span.add_event("first_token")
-                if account.upstream_error is not None:
-                    code = _error_event_code(account.upstream_error)
-                    if 400 <= code < 500:  # vLLM refused the request after accepting the stream: the client's error
-                        self.fail(code, "http_4xx", "upstream rejected the request in the stream")
-                    else:
-                        self.fail(502, "http_5xx", "upstream reported an error in the stream")
-                    self.settle()
-                    yield out
-                    return
-                if account.done:
-                    self.resp.release()
-                    yield out
-                    return
-                if out:
-                    yield out
-            self.fail(502, "stream_interrupted", "upstream closed the stream before [DONE]")
-        except TimeoutError:
-            self.fail(504, "timeout", f"upstream sent nothing for {idle}s", code="upstream_timeout")
-        except ConnectionError as exc:
-            self.fail(502, "stream_interrupted", f"upstream connection lost mid-stream: {type(exc).__name__}")
-        if self.status != 200:
-            self.settle()
-            # tell the client the answer is incomplete
-            yield errors.stream_error_event(self.error or "stream failed", self.code)
-
-
-class RelayResponse:
-    """The ASGI response of a stream: relays chunks while watching for the client's
-    disconnect, which cancels the relay at once (closing the upstream connection, so vLLM
-    aborts) instead of when a send next fails, which uvicorn never reports.
-
-    Before the last chunk of a complete answer goes out, the connection is checked for a
-    disconnect that arrived with it (``_client_left``): a gateway starved of CPU while its client left finds the
-    end of the upstream stream and the client's disconnect together, and the disconnect wins.
-    A client that closes after reading [DONE] (the ``openai`` client does, before the
-    response's last empty chunk) has its answer: that is a success.
-    """
-
-    def __init__(self, relay: StreamRelay) -> None:
-        self.relay = relay
-
-    async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
-        relay, task = self.relay, asyncio.current_task()
-        assert task is not None
-        gone = asyncio.ensure_future(_until_disconnect(receive))
-
-        def on_gone(_: asyncio.Future) -> None:
-            if not gone.cancelled():
-                relay.client_gone = True
-                task.cancel()
-
-        gone.add_done_callback(on_gone)
-        try:
-            headers = RELAY_HEADERS
-            if relay.state.routed:
-                headers = [*RELAY_HEADERS, (VARIANT_HEADER.encode(), relay.state.variant.encode())]
-            await send({"type": "http.response.start", "status": 200, "headers": headers})
-            async for chunk in relay.events():
-                if relay.account.done and not relay.settled:  # the last chunk of a complete answer
-                    if await _client_left(receive):
-                        relay.client_gone = True
-                    relay.end()  # before the bytes go out: a client that read [DONE] finds it counted
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except asyncio.CancelledError:
-            if not relay.client_gone:
-                raise
-            task.uncancel()
-        finally:
-            gone.remove_done_callback(on_gone)
-            gone.cancel()
-            relay.end()
+        self.exchange.end_stream(last)
+        if not self.finished.done():
+            self.finished.set_result(None)
 
 
 def _with_public_models(raw: bytes, experiments: Experiments) -> bytes:
@@ -879,41 +887,11 @@ async def _openai_http_error(request: Request, exc: Exception) -> Response:
                     headers=exc.headers)
 
 
-async def _client_left(receive: Receive) -> bool:
-    """Whether the client has gone, asked just before an answer is handed over.
-
-    A gateway starved of CPU finds the end of vLLM's answer and the client's disconnect in
-    the same poll; the watcher task would learn of the disconnect only some loop turns later.
-    The server's transport knows at once (it is closing from the moment the reset or EOF was
-    read), so this looks there, after one turn for callbacks already queued."""
-    await asyncio.sleep(0)
-    cycle = getattr(receive, "__self__", None)  # uvicorn's request cycle, under serving.server's options
-    transport = getattr(cycle, "transport", None)
-    return bool(getattr(cycle, "disconnected", False)) or (transport is not None and transport.is_closing())
-
-
-async def _until_disconnect(receive: Receive) -> None:
-    """Returns when the client has gone (the server turns a finished response into the same
-    message, so callers stop watching once they are done)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _cancel(task: asyncio.Future) -> None:
-    task.cancel()
-    await asyncio.wait((task,))
-
-
 async def _read_body(request: Request, limit: int) -> bytes:
     """The request body, read from the ASGI messages directly (one message, the common case,
     costs one await), within ``BODY_TIMEOUT_S``; a client gone before its body arrived is a
     499."""
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.isdigit():
-            raise GatewayError(400, "invalid_content_length", "Content-Length must be a whole number.")
-        if int(declared) > limit:
-            raise GatewayError(413, "body_too_large", f"Request body is {declared} bytes; the limit is {limit}.")
+    check_declared_length(request.headers.get("content-length"), limit)
     try:
         async with asyncio.timeout(BODY_TIMEOUT_S):
             return await _receive_body(request.receive, limit)
@@ -942,49 +920,22 @@ async def _receive_body(receive: Receive, limit: int) -> bytes:
             return b"".join(chunks)
 
 
-class JSONAnswer:
-    """A JSON response sent as two ASGI messages: on the proxy routes' success path this
-    replaces Starlette's Response, whose header handling costs more than the answer."""
-
-    __slots__ = ("body", "status", "extra")
-
-    def __init__(self, body: bytes, status: int, extra: list[tuple[bytes, bytes]] | None = None) -> None:
-        self.body, self.status, self.extra = body, status, extra
-
-    async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
-        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(self.body))]
-        if self.extra:
-            headers.extend(self.extra)
-        await send({"type": "http.response.start", "status": self.status, "headers": headers})
-        await send({"type": "http.response.body", "body": self.body})
+def _variant_header(state: RequestState) -> list[bytes] | None:
+    """On answers an experiment routed: which variant gave it."""
+    return [b"%s: %s\r\n" % (VARIANT_HEADER, state.variant.encode())] if state.routed else None
 
 
-class ProxyFastPath:
-    """ASGI entry that hands the two proxy routes straight to the gateway.
-
-    Everything else (probes, /metrics, /v1/models, lifespan, 404/405) goes through FastAPI.
-    The proxy routes skip its middleware stack because, for a stream, that stack wraps every
-    chunk's ``send`` in two more coroutine frames: measurable per token (bench/).
-    """
-
-    def __init__(self, app: FastAPI, gateway: Gateway) -> None:
-        self.app = app
-        self.state = app.state
-        self._routes = {ROUTE_PATHS["chat"]: gateway.chat, ROUTE_PATHS["completions"]: gateway.completions}
-
-    async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
-        if scope["type"] == "http" and scope["method"] == "POST":
-            handler = self._routes.get(scope["path"])
-            if handler is not None:
-                response = await handler(Request(scope, receive))
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+async def _served_by_the_protocol(request: Request) -> Response:
+    """The proxy routes are answered by ``serving.server.GatewayHttpProtocol`` before the ASGI
+    app sees them; this answers only under a server started without it."""
+    return Response(errors.error_body("This server runs the gateway's app without its HTTP protocol: start it with "
+                                      "`inferwatch gateway` (or uvicorn with serving.server.UVICORN_OPTIONS).",
+                                      errors.UPSTREAM, "misconfigured_server"), 501, media_type="application/json")
 
 
 def create_app(settings: GatewaySettings, registry: CollectorRegistry | None = None, *,
                feature_sink: FeatureSink | None = None, span_exporter: SpanExporter | None = None,
-               feedback_sink: FeedbackSink | None = None) -> ProxyFastPath:
+               feedback_sink: FeedbackSink | None = None) -> FastAPI:
     """Build the ASGI app; ``registry`` defaults to a fresh one (never the global)."""
     gateway = Gateway(settings, registry or CollectorRegistry(), feature_sink=feature_sink,
                       span_exporter=span_exporter, feedback_sink=feedback_sink)
@@ -1002,8 +953,8 @@ def create_app(settings: GatewaySettings, registry: CollectorRegistry | None = N
     app.state.gateway = gateway
     app.add_exception_handler(StarletteHTTPException, _openai_http_error)
     app.router.redirect_slashes = False  # a 307 with an empty body is no answer for an OpenAI client
-    app.router.add_route("/v1/chat/completions", gateway.chat, methods=["POST"])
-    app.router.add_route("/v1/completions", gateway.completions, methods=["POST"])
+    for path in ROUTE_PATHS.values():  # so that other methods get a 405
+        app.router.add_route(path, _served_by_the_protocol, methods=["POST"])
     app.router.add_route("/v1/models", gateway.list_models, methods=["GET"])
     app.router.add_route("/v1/feedback", gateway.feedback, methods=["POST"])
     app.router.add_route("/admin/experiments", gateway.experiments_get, methods=["GET"])
@@ -1011,4 +962,4 @@ def create_app(settings: GatewaySettings, registry: CollectorRegistry | None = N
     app.router.add_route("/health", gateway.health, methods=["GET"])
     app.router.add_route("/ready", gateway.ready, methods=["GET"])
     app.router.add_route("/metrics", gateway.render_metrics, methods=["GET"])
-    return ProxyFastPath(app, gateway)
+    return app

@@ -3,9 +3,10 @@ httptools (the parser uvicorn itself uses).
 
 A general client (aiohttp) cost the gateway more CPU per request than everything else it
 does (bench/gateway_overhead.py); the proxy routes need far less of it: POST a body, read a
-status, then the body whole or as it arrives. Model listing and probes stay on aiohttp
-(serving/upstream.py). A response whose connection is closed before it ends makes vLLM
-abort the request, which is how a client that goes away stops the engine's work.
+status, then the body whole, or handed to a sink from the connection's callbacks as it
+arrives (a stream's relay, with no task switch per chunk). Model listing and probes stay on
+aiohttp (serving/upstream.py). A response whose connection is closed before it ends makes
+vLLM abort the request, which is how a client that goes away stops the engine's work.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import asyncio
 import ssl
 import time
 from collections import deque
+from typing import Protocol
 from urllib.parse import urlsplit
 
 import httptools
@@ -29,6 +31,16 @@ class UpstreamConnectError(ConnectionError):
 
 class UpstreamDisconnected(ConnectionError):
     """The connection broke after the response started (or vLLM spoke something not HTTP)."""
+
+
+class BodySink(Protocol):
+    """Takes a response's body from the connection's callbacks (``UpstreamResponse.relay_to``)."""
+
+    def on_data(self, data: bytes) -> None: ...
+
+    def on_end(self) -> None: ...
+
+    def on_error(self, error: ConnectionError) -> None: ...
 
 
 class _Connection(asyncio.Protocol):
@@ -84,10 +96,7 @@ class _Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         response = self.response
         if response is not None:
-            response.complete = True
-            response.wake()
-            if response.release_pending:
-                response.release()
+            response.end()
 
     def close(self) -> None:
         if self.transport is not None and not self.lost:
@@ -114,19 +123,34 @@ class UpstreamResponse:
         self.release_pending = False  # released before the body's last bytes: pooled once they come
         self._timer: asyncio.TimerHandle | None = None
         self._deadline = 0.0
+        self._sink: BodySink | None = None
 
     # fed by the connection
     def feed(self, body: bytes) -> None:
+        if self._sink is not None:
+            self._sink.on_data(body)
+            return
         self._chunks.append(body)
         self._buffered += len(body)
-        if self._buffered > HIGH_WATER and not self._paused and self._conn.transport is not None:
-            self._paused = True
-            self._conn.transport.pause_reading()
+        if self._buffered > HIGH_WATER:
+            self.pause_reading()
         self.wake()
 
-    def fail(self, error: Exception) -> None:
+    def end(self) -> None:
+        self.complete = True
+        if self._sink is not None:
+            self._sink.on_end()
+        else:
+            self.wake()
+        if self.release_pending:
+            self.release()
+
+    def fail(self, error: ConnectionError) -> None:
         self._error = error
-        self.wake()
+        if self._sink is not None:
+            self._sink.on_error(error)
+        else:
+            self.wake()
 
     def wake(self) -> None:
         waiter = self._waiter
@@ -188,10 +212,37 @@ class UpstreamResponse:
             await self._wait(deadline)
         data = chunks.popleft() if len(chunks) == 1 else b"".join([chunks.popleft() for _ in range(len(chunks))])
         self._buffered -= len(data)
+        self.resume_reading()
+        return data
+
+    def relay_to(self, sink: BodySink) -> None:
+        """From now on hand the body to ``sink`` as it arrives, starting with what is
+        buffered. ``release`` and ``close`` detach it."""
+        self._stop_timer()
+        self._sink = sink
+        chunks = self._chunks
+        while chunks and self._sink is sink:
+            sink.on_data(chunks.popleft())
+        chunks.clear()
+        self._buffered = 0
+        if self._sink is not sink:
+            return
+        self.resume_reading()
+        if self._error is not None:
+            sink.on_error(self._error)  # type: ignore[arg-type]
+        elif self.complete:
+            sink.on_end()
+
+    def pause_reading(self) -> None:
+        """The client reads slower than vLLM writes: let the kernel's buffers push back."""
+        if not self._paused and self._conn.transport is not None and not self._ended:
+            self._paused = True
+            self._conn.transport.pause_reading()
+
+    def resume_reading(self) -> None:
         if self._paused and self._conn.transport is not None:
             self._paused = False
             self._conn.transport.resume_reading()
-        return data
 
     async def read(self, deadline: float) -> bytes:
         """The whole body, by ``deadline`` (``time.monotonic()`` seconds)."""
@@ -207,8 +258,10 @@ class UpstreamResponse:
             return
         if not self.complete and self.keep_alive and self._error is None and not self._conn.lost:
             self.release_pending = True
+            self._sink = None
             return
         self._ended = True
+        self._sink = None
         self._stop_timer()
         self._conn.response = None
         if self.complete and self.keep_alive and self._error is None:
@@ -220,6 +273,7 @@ class UpstreamResponse:
         if self._ended:
             return
         self._ended = True
+        self._sink = None
         self._stop_timer()
         self._conn.response = None
         self._pool.discard(self._conn)

@@ -1,5 +1,8 @@
-"""How the gateway is served: uvicorn with httptools, plus what that server lacks in front
-of untrusted clients.
+"""How the gateway is served: uvicorn with httptools, its proxy routes taken over at the
+protocol level, plus what that server lacks in front of untrusted clients.
+
+- ``POST /v1/chat/completions`` and ``POST /v1/completions`` are served by an ``Exchange``
+  (serving/exchange.py) from the protocol's callbacks; everything else goes to the ASGI app.
 
 - Requests the HTTP parser refuses before the app sees them (a non-numeric
   Content-Length, a malformed request line) get an OpenAI error object, like every other
@@ -7,31 +10,67 @@ of untrusted clients.
 - A request's head (request line and headers) is bounded in size and in time: httptools
   accepts headers without limit (a client could stream gigabytes of them into memory) and
   uvicorn times out only idle keep-alive connections, not one that sends half a request
-  (slowloris). The body's own time bound is the gateway's (``_read_body``).
+  (slowloris). The body's own time bound is the gateway's (``Exchange.read_body``).
 """
 
 from __future__ import annotations
 
 import asyncio
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from serving.errors import error_body
+from serving.exchange import Exchange
+from serving.validation import ROUTE_PATHS
 
 MAX_HEAD_BYTES = 64 * 1024  # request line and headers; nginx's large_client_header_buffers default is 32 KiB
 FIRST_READ_BYTES = 256 * 1024  # the first reads may carry the start of the body along with the head
 HEAD_TIMEOUT_S = 10.0  # from a request's first byte to the end of its headers
+LINGER_S = 5.0  # reading a refused body away before closing (nginx's lingering_timeout)
 STATUS_LINES = {400: b"400 Bad Request", 408: b"408 Request Timeout", 431: b"431 Request Header Fields Too Large"}
+PROXY_ROUTES = {path.encode(): route for route, path in ROUTE_PATHS.items()}
+
+
+def _find_gateway(app: object) -> object | None:
+    """The Gateway behind the ASGI app uvicorn loaded (through any middleware it wrapped it in)."""
+    while app is not None:
+        gateway = getattr(getattr(app, "state", None), "gateway", None)
+        if gateway is not None:
+            return gateway
+        app = getattr(app, "app", None)
+    return None
 
 
 class GatewayHttpProtocol(HttpToolsProtocol):
+    gateway = None  # set per connection from the loaded app
+    _lingering = False
     _in_head = False
     _head_bytes = 0  # received while the head is incomplete
     _header_bytes = 0  # of parsed header names and values
     _head_timer: asyncio.TimerHandle | None = None
     _refusal: tuple[int, str, str] | None = None
 
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.gateway = _find_gateway(self.app)
+
+    def linger(self) -> None:
+        """Close after an answer given before the request's body was read, without a reset.
+
+        Closing a socket with unread data sends a TCP reset, which can destroy the answer
+        before the client reads it (the client is still busy sending). So, as nginx does:
+        end our side, read and drop what still comes, and close when the client does or
+        after ``LINGER_S``."""
+        self._lingering = True
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.flow.resume_reading()
+        self.loop.call_later(LINGER_S, self.transport.close)
+
     def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return
         if self._in_head:
             self._head_bytes += len(data)  # counted before parsing: one endless header line is bounded too
             if self._head_bytes > MAX_HEAD_BYTES + FIRST_READ_BYTES:
@@ -53,7 +92,32 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._end_head()
-        super().on_headers_complete()
+        parser = self.parser
+        route = None
+        if self.gateway is not None and parser.get_method() == b"POST" and not parser.should_upgrade():
+            route = PROXY_ROUTES.get(httptools.parse_url(self.url).path)
+        if route is None:
+            super().on_headers_complete()
+            return
+        http_11 = parser.get_http_version() == "1.1"
+        previous = self.cycle
+        self.cycle = Exchange(self, route, self.headers, keep_alive=http_11 and parser.should_keep_alive(),  # type: ignore[assignment]
+                              chunked=http_11)
+        if previous is None or previous.response_complete:
+            self._start_asgi_task(self.cycle, self.app)
+        else:  # pipelined behind a request still being answered: uvicorn starts it in turn
+            self.flow.pause_reading()
+            self.pipeline.appendleft((self.cycle, self.app))
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if isinstance(self.cycle, Exchange):
+            self.cycle.writable(False)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if isinstance(self.cycle, Exchange):
+            self.cycle.writable(True)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._end_head()

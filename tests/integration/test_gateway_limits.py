@@ -219,7 +219,7 @@ def test_prompt_and_completion_text_never_reach_spans_or_logs(vllm_server, otlp_
         requests.post(f"{gw.url}/v1/chat/completions", data=f'{{"model": "{marker}", bad', timeout=10)
         gw.gateway.tracer_provider.force_flush()
         spans = [s for s in otlp_receiver.spans[seen:] if s.service == settings.service_name]
-    assert len(spans) >= 3 * 4  # server, preprocess, upstream call and relay spans per answered request
+    assert len(spans) >= 3 * 2  # a server and an upstream call span per answered request
     assert marker.encode() not in b"".join(otlp_receiver.payloads)
     assert not [r for r in caplog.records if marker in r.getMessage()]
 

@@ -79,6 +79,29 @@ def test_batches_respect_size_and_keep_order():
     assert max(batches) <= 7 and sum(batches) == 30
 
 
+def test_a_partial_batch_goes_out_after_flush_s_without_waiting_for_more():
+    async def scenario():
+        registry = CollectorRegistry()
+        sink = MemorySink()
+        queue = FeatureQueue(sink, create_metrics(registry), maxsize=1000, batch_size=10, flush_s=0.05)
+        queue.start()
+        seen = []
+        for i in range(13):  # one full batch at once, three left behind it
+            queue.submit(record(i))
+        await asyncio.sleep(0.01)
+        seen.append(len(sink.records))
+        await asyncio.sleep(0.25)
+        seen.append(len(sink.records))
+        queue.submit(record(13))  # alone: goes on its timer
+        await asyncio.sleep(0.25)
+        seen.append(len(sink.records))
+        await queue.stop()
+        return seen, counts(registry)
+
+    seen, c = asyncio.run(scenario())
+    assert seen == [10, 13, 14] and c["sent"] == 14 and c["queued"] == 14
+
+
 def test_http_sink_posts_batches_and_counts_failures():
     received: list[dict] = []
     status = {"code": 202}

@@ -377,7 +377,7 @@ def test_a_request_head_is_bounded_in_size(gw, more):
 
 def test_half_sent_requests_are_timed_out(stub, monkeypatch):
     monkeypatch.setattr("serving.server.HEAD_TIMEOUT_S", 0.5)
-    monkeypatch.setattr("serving.gateway.BODY_TIMEOUT_S", 0.5)
+    monkeypatch.setattr("serving.exchange.BODY_TIMEOUT_S", 0.5)
     with GatewayServer(GatewaySettings(upstream_url=stub.url)) as g:
         for partial, code in ((b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n", "request_timeout"),
                               (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",

@@ -25,6 +25,8 @@ class ReceivedSpan:
     attributes: dict
     events: tuple[str, ...]
     status_code: int
+    end_ns: int = 0
+    event_ns: dict | None = None  # event name -> time (unix ns)
 
 
 def _value(v):
@@ -110,6 +112,7 @@ class OTLPReceiver:
                         parent_span_id=s.parent_span_id.hex(), kind=s.kind,
                         attributes={a.key: _value(a.value) for a in s.attributes},
                         events=tuple(e.name for e in s.events), status_code=s.status.code,
+                        end_ns=s.end_time_unix_nano, event_ns={e.name: e.time_unix_nano for e in s.events},
                     ))
         with self._lock:
             self.spans.extend(spans)

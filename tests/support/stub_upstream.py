@@ -16,7 +16,9 @@ from aiohttp import web
 SEEN = web.AppKey("seen", list)
 HEADERS = web.AppKey("headers", list)
 SERVER = web.AppKey("server", str)
-MODELS = ("ok", "stall_headers", "stall_stream", "garbage", "cut", "error_event", "bad_request_event", "http500")
+MODELS = ("ok", "stall_headers", "stall_stream", "garbage", "cut", "error_event", "bad_request_event", "http500",
+          "long_stream")
+LONG_STREAM_CHUNKS = 6000  # of ~1 KB each: more than loopback sockets buffer
 
 
 def _chunk(text: str, rid: str = "s", model: str = "ok") -> bytes:
@@ -64,8 +66,14 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     if model == "bad_request_event":  # as vLLM refuses a token id out of vocabulary once streaming
         await resp.write(b'data: {"error": {"message": "token id 4996 out of vocabulary", "code": 400}}\n\n')
         return resp
+    completion = 2
+    if model == "long_stream":
+        for i in range(LONG_STREAM_CHUNKS - 2):
+            await resp.write(_chunk(f"{i:06d}" + "x" * 1000, rid, model))
+        completion = LONG_STREAM_CHUNKS
     await resp.write(_chunk("b", rid, model))
-    await resp.write(b'data: {"id":"s","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\n')
+    await resp.write(b'data: {"id":"s","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":%d}}\n\n'
+                     % completion)
     await resp.write(b"data: [DONE]\n\n")
     return resp
 

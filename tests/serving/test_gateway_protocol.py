@@ -1,0 +1,218 @@
+"""The proxy routes at the HTTP level: the gateway serves them from its own protocol
+callbacks (serving/exchange.py), so what uvicorn's request cycle did for them is checked
+here on raw sockets: pipelining, keep-alive, HTTP/1.0, Expect: 100-continue, bodies that
+arrive in pieces, a client that reads slowly, and a client gone before its request ran."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+import requests
+
+from serving.gateway import create_app
+from serving.relay_client import UpstreamResponse
+from serving.settings import GatewaySettings
+from tests.support.servers import AppServer, GatewayServer, eventually, metric_sum
+from tests.support.stub_upstream import LONG_STREAM_CHUNKS, StubUpstream
+
+CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture(scope="module")
+def stub():
+    with StubUpstream() as s:
+        yield s
+
+
+@pytest.fixture
+def gw(stub):
+    settings = GatewaySettings(upstream_url=stub.url, upstream_timeout_s=5.0, upstream_stream_idle_timeout_s=1.0,
+                               max_body_bytes=512 * 1024)
+    with GatewayServer(settings) as g:
+        yield g
+
+
+def _body(model: str = "ok", stream: bool = False, content: str = "hi") -> bytes:
+    return json.dumps({"model": model, "messages": [{"role": "user", "content": content}], "stream": stream}).encode()
+
+
+def _request(body: bytes, version: bytes = b"1.1", extra: bytes = b"") -> bytes:
+    return (b"POST %s HTTP/%s\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n%s"
+            % (CHAT.encode(), version, len(body), extra, body))
+
+
+def _connect(gw) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", gw.port), timeout=10)
+
+
+def _read_until(sock: socket.socket, marker: bytes, got: bytes = b"") -> bytes:
+    while marker not in got:
+        data = sock.recv(65536)
+        if not data:
+            raise AssertionError(f"connection closed before {marker!r}; got {got[-300:]!r}")
+        got += data
+    return got
+
+
+def _read_to_close(sock: socket.socket) -> bytes:
+    got = b""
+    while data := sock.recv(65536):
+        got += data
+    return got
+
+
+def _dechunk(body: bytes) -> tuple[bytes, bytes]:
+    """(payload, what follows the last chunk): a strict reader of chunked transfer coding."""
+    out = b""
+    while True:
+        size_line, _, body = body.partition(b"\r\n")
+        size = int(size_line, 16)
+        out, sep, body = out + body[:size], body[size:size + 2], body[size + 2:]
+        assert sep == b"\r\n", "a chunk does not end with CRLF"
+        if size == 0:
+            return out, body
+
+
+def test_pipelined_requests_are_answered_in_order_on_one_connection(gw):
+    with _connect(gw) as sock:
+        sock.sendall(_request(_body()) + _request(_body(stream=True)) + _request(_body(content="third")))
+        got = _read_until(sock, b"0\r\n\r\n")
+        first, _, rest = got.partition(b"\r\n\r\n")
+        assert first.startswith(b"HTTP/1.1 200") and b"content-length" in first
+        length = int(first.split(b"content-length: ")[1].split(b"\r\n")[0])
+        assert json.loads(rest[:length])["choices"][0]["message"]["content"] == "hi"
+        second_head, _, chunked = rest[length:].partition(b"\r\n\r\n")
+        assert second_head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in second_head
+        events, after = _dechunk(_read_until(sock, b"0\r\n\r\n", chunked) if b"0\r\n\r\n" not in chunked else chunked)
+        assert events.endswith(b"data: [DONE]\n\n") and b'"content":"a"' in events
+        third = _read_until(sock, b'"finish_reason"', after)
+        assert third.startswith(b"HTTP/1.1 200")
+    eventually(lambda: metric_sum(gw.metrics_text(), "inferwatch_gateway_requests_total", status_class="2xx") == 3)
+
+
+def test_a_keep_alive_client_sends_many_requests_on_one_connection(gw):
+    with requests.Session() as session:
+        for i in range(20):
+            stream = i % 2 == 1
+            r = session.post(gw.url + CHAT, data=_body(stream=stream), timeout=10,
+                             headers={"content-type": "application/json"})
+            assert r.status_code == 200
+            assert (b"data: [DONE]" in r.content) if stream else r.json()["choices"][0]["message"]["content"] == "hi"
+    text = gw.metrics_text()
+    assert metric_sum(text, "inferwatch_gateway_requests_total", status_class="2xx") == 20
+    assert metric_sum(text, "inferwatch_gateway_output_tokens_total") == 10 * 1 + 10 * 2
+
+
+def test_an_http_10_stream_is_sent_whole_and_the_connection_closed(gw):
+    with _connect(gw) as sock:
+        sock.sendall(_request(_body(stream=True), version=b"1.0"))
+        got = _read_to_close(sock)
+    head, _, body = got.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding" not in head and b"connection: close" in head
+    assert body.startswith(b"data: {") and body.endswith(b"data: [DONE]\n\n")
+
+
+def test_expect_100_continue_is_answered_before_the_body_is_sent(gw):
+    body = _body()
+    with _connect(gw) as sock:
+        head = _request(body, extra=b"Expect: 100-continue\r\n")
+        sock.sendall(head[:-len(body)])
+        assert _read_until(sock, b"\r\n\r\n").startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        sock.sendall(body)
+        answer = _read_until(sock, b'"total_tokens"')
+    assert answer.startswith(b"HTTP/1.1 200 OK") and b'"content": "hi"' in answer
+
+
+def test_a_body_that_arrives_in_pieces_past_64_kib_is_read_whole(gw, stub):
+    body = _body(content="y" * 300_000)
+    with _connect(gw) as sock:
+        message = _request(body)
+        for i in range(0, len(message), 16384):
+            sock.sendall(message[i:i + 16384])
+            time.sleep(0.002)
+        assert _read_until(sock, b'"finish_reason"').startswith(b"HTTP/1.1 200")
+    assert stub.seen[-1]["messages"][0]["content"] == "y" * 300_000
+
+
+def test_a_chunked_body_over_the_limit_is_a_413_and_the_connection_closes(gw, stub):
+    seen = len(stub.seen)
+    with _connect(gw) as sock:
+        sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n" % CHAT.encode())
+        piece = b"x" * 65536
+        try:
+            for _ in range(12):  # 768 KiB against a 512 KiB limit
+                sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the gateway answered and closed while we were still sending
+        got = _read_to_close(sock)
+    assert got.startswith(b"HTTP/1.1 413") and b'"code":"body_too_large"' in got and b"connection: close" in got
+    assert len(stub.seen) == seen
+
+
+def test_a_slow_reader_gets_the_whole_stream_and_is_not_taken_for_an_idle_upstream(gw, monkeypatch):
+    """The client reads nothing for longer than the upstream idle timeout (1 s here) while
+    megabytes wait: the gateway stops reading from upstream until the client catches up,
+    which is no reason to fail the stream."""
+    pauses = []
+    pause = UpstreamResponse.pause_reading
+    monkeypatch.setattr(UpstreamResponse, "pause_reading", lambda self: (pauses.append(1), pause(self)))
+    with _connect(gw) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+        sock.sendall(_request(_body("long_stream", stream=True)))
+        got = _read_until(sock, b"data: ")
+        time.sleep(2.5)
+        got = _read_until(sock, b"0\r\n\r\n", got)
+    events, _ = _dechunk(got.partition(b"\r\n\r\n")[2])
+    contents = [json.loads(e[6:])["choices"][0]["delta"]["content"] for e in events.split(b"\n\n")
+                if e.startswith(b'data: {"id"') and b'"delta"' in e]
+    assert len(contents) == LONG_STREAM_CHUNKS
+    assert [c[:6] for c in contents[1:-1]] == [f"{i:06d}" for i in range(LONG_STREAM_CHUNKS - 2)]  # in order
+    assert b'"error"' not in events and events.endswith(b"data: [DONE]\n\n")
+    assert pauses, "the client's socket never filled: the test did not exercise the push-back"
+    text = gw.metrics_text()
+    assert metric_sum(text, "inferwatch_gateway_requests_total", status_class="2xx") == 1
+    assert metric_sum(text, "inferwatch_gateway_output_tokens_total") == LONG_STREAM_CHUNKS
+
+
+def _block_loop(gw, seconds: float) -> None:
+    gw.gateway.upstream.session._loop.call_soon_threadsafe(time.sleep, seconds)  # noqa: SLF001
+
+
+def _reset(sock: socket.socket) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    sock.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_gone_before_its_request_ran_never_reaches_upstream(gw, stub, stream):
+    seen = len(stub.seen)
+    _block_loop(gw, 1.0)
+    time.sleep(0.1)
+    sock = _connect(gw)
+    sock.sendall(_request(_body(stream=stream)))
+    time.sleep(0.1)
+    _reset(sock)
+    eventually(lambda: metric_sum(gw.metrics_text(), "inferwatch_gateway_requests_total", status_class="4xx") == 1)
+    time.sleep(0.2)
+    assert len(stub.seen) == seen
+    assert metric_sum(gw.metrics_text(), "inferwatch_gateway_requests_in_flight") == 0
+
+
+def test_the_app_under_a_server_without_the_gateways_protocol_says_so(stub):
+    app = create_app(GatewaySettings(upstream_url=stub.url))
+    with AppServer(app) as server:
+        r = requests.post(server.url + CHAT, data=_body(), timeout=10)
+        assert r.status_code == 501 and r.json()["error"]["code"] == "misconfigured_server"
+        assert "inferwatch gateway" in r.json()["error"]["message"]
+        assert requests.get(server.url + "/health", timeout=5).status_code == 200
+
+
+def test_metrics_with_an_unreadable_accept_header_is_a_400(gw):
+    r = requests.get(gw.url + "/metrics", headers={"accept": "application/openmetrics-text; version=abc"}, timeout=5)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_accept"
+    r = requests.get(gw.url + "/metrics", headers={"accept": "application/openmetrics-text; version=1.0.0"}, timeout=5)
+    assert r.status_code == 200 and r.text.endswith("# EOF\n")
