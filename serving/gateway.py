@@ -47,7 +47,7 @@ from serving.experiments import Experiments
 from serving.exposition import render
 from serving.features import FeatureQueue, FeatureRecord, FeatureSink, HttpSink
 from serving.feedback import AnswerMemory, FeedbackSink, parse_rating, unknown_answer
-from serving.metrics import GatewayMetrics, RouteSeries, create_metrics
+from serving.metrics import GatewayMetrics, RouteSeries, create_metrics, observe_many
 from serving.relay_client import TIMER_SLACK_S, UpstreamResponse
 from serving.settings import GatewaySettings
 from serving.sse import EventProcessor, SSESplitter, StreamAccount, chunk_logprobs, strip_logprobs
@@ -582,9 +582,7 @@ class Gateway:
             ttft = account.ttft
             if ttft is not None:
                 series.ttft.observe(ttft, ex)
-                itl = series.itl
-                for gap in account.gaps:
-                    itl.observe(gap)
+                observe_many(series.itl, account.gaps)
             tpot = account.tpot()
             if tpot is not None:
                 series.tpot.observe(tpot)
@@ -649,6 +647,7 @@ class StreamRelay:
         self.status, self.error, self.reason, self.code = 200, None, None, ""
         self.settled = False
         self.want_id = gateway.answers is not None
+        self.as_is = not self.want_id and state.rename is None  # chunks may go out as they came
         self.first_seen = False
         self.idle_s = gateway.settings.upstream_stream_idle_timeout_s
         self.last = time.perf_counter()  # of the last chunk, for the idle timeout
@@ -671,6 +670,9 @@ class StreamRelay:
         if self.settled or self.account.done:
             return
         self.last = now = time.perf_counter()
+        if self.as_is and not self.splitter.pending and self.processor.token_as_is(chunk, now):
+            self.exchange.send(chunk)
+            return
         events = self.splitter.feed(chunk)
         if not events:
             return
@@ -678,6 +680,7 @@ class StreamRelay:
         out = self.processor.process(events, now)
         if self.want_id and (found := _RESPONSE_ID.search(events[0])) is not None:
             state.response_id, self.want_id = found.group(1).decode(), False
+            self.as_is = state.rename is None
         if state.rename is not None:
             out = out.replace(*state.rename)
         if not self.first_seen and account.first_token is not None:

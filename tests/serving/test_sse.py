@@ -141,3 +141,69 @@ def test_processor_records_upstream_error_event():
 def test_completion_logprobs_shape():
     choices = [{"logprobs": {"token_logprobs": [None, -1.0, -3.0]}}, {"logprobs": None}]
     assert chunk_logprobs(choices, "completions") == [-1.0, -3.0]
+
+
+def completion_chunk(text, finish=None, logprobs=None, index=0) -> bytes:
+    choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish, "stop_reason": None}
+    return b"data: " + orjson.dumps({"id": "c2", "object": "text_completion", "created": 5, "model": "m",
+                                     "choices": [choice]})
+
+
+def _both_ways(route: str, events: list[bytes], read_logprobs: bool = False):
+    """Each event through ``process`` alone, and through ``token_as_is`` first (as the relay
+    does): the accounts and the bytes relayed must come out the same."""
+    results = []
+    for shortcut in (False, True):
+        account = StreamAccount(0.0)
+        processor = EventProcessor(account, route, strip_usage=False, read_logprobs=read_logprobs,
+                                   strip_logprobs=False)
+        out, taken = [], 0
+        for i, event in enumerate(events):
+            chunk = event + b"\n\n"
+            if shortcut and processor.token_as_is(chunk, float(i + 1)):
+                out.append(chunk)
+                taken += 1
+            else:
+                out.append(processor.process([event], float(i + 1)))
+        results.append((b"".join(out), account, taken))
+    (plain_out, plain, _), (short_out, short, taken) = results
+    assert short_out == plain_out
+    assert (short.token_events, short.gaps, short.first_token, short.last_token, short.finish_reasons,
+            short.prompt_tokens, short.completion_tokens, short.logprob_count, short.done) == \
+           (plain.token_events, plain.gaps, plain.first_token, plain.last_token, plain.finish_reasons,
+            plain.prompt_tokens, plain.completion_tokens, plain.logprob_count, plain.done)
+    return taken
+
+
+TRICKY_TEXTS = ["Hel", "", 'say "hi"', "back\\slash", "new\nline", "ünïcödé 🙂", '"},{"index":1', "\\", "tab\t"]
+
+
+def test_token_shortcut_agrees_with_the_full_path_for_chat():
+    events = [chat_chunk(role="assistant", content=""), *[chat_chunk(t) for t in TRICKY_TEXTS],
+              chat_chunk("x", finish="stop"), chat_chunk("y", logprobs={"content": [{"logprob": -0.5}]}),
+              b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"a"},'
+              b'"logprobs":null,"finish_reason":"stop"},{"index":1,"delta":{"content":"b"},"logprobs":null,'
+              b'"finish_reason":null}]}',  # two choices, the first finishing: starts and ends like a plain token
+              chat_chunk("z"), USAGE, DONE]
+    taken = _both_ways("chat", events)
+    assert taken >= 5  # the quote-free texts after the first one took the shortcut
+
+
+def test_token_shortcut_agrees_with_the_full_path_for_completions_and_logprob_capture():
+    events = [completion_chunk(t) for t in TRICKY_TEXTS] + [
+        completion_chunk("q", logprobs={"token_logprobs": [-1.0]}), completion_chunk("r", finish="length"),
+        completion_chunk("s", index=1), USAGE, DONE]
+    assert _both_ways("completions", events) >= 4
+    assert _both_ways("completions", events, read_logprobs=True) >= 4
+
+
+def test_a_chunk_of_two_events_or_a_changed_shape_takes_the_full_path():
+    account = StreamAccount(0.0)
+    processor = EventProcessor(account, "chat", strip_usage=False, read_logprobs=False, strip_logprobs=False)
+    processor.process([chat_chunk("a")], 1.0)
+    assert processor.token_as_is(chat_chunk("b") + b"\n\n", 2.0)
+    assert not processor.token_as_is(chat_chunk("c") + b"\n\n" + chat_chunk("d") + b"\n\n", 3.0)
+    assert not processor.token_as_is(chat_chunk("e", finish="stop") + b"\n\n", 3.0)
+    assert not processor.token_as_is(chat_chunk("f") + b"\r\n\r\n", 3.0)
+    assert not processor.token_as_is(DONE + b"\n\n", 3.0)
+    assert account.token_events == 2
