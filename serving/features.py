@@ -157,9 +157,9 @@ class FeatureQueue:
             pass
         await self.sink.close()
 
-    def _take_batch(self) -> list[FeatureRecord]:
+    def _take_batch(self, limit: int | None = None) -> list[FeatureRecord]:
         pending = self._pending
-        return [pending.popleft() for _ in range(min(self._batch_size, len(pending)))]
+        return [pending.popleft() for _ in range(min(limit or self._batch_size, len(pending)))]
 
     async def _run(self) -> None:
         due, pending = self._due, self._pending
@@ -167,10 +167,16 @@ class FeatureQueue:
         while True:
             await due.wait()
             due.clear()
-            while len(pending) >= self._batch_size or (pending and self._expired):
-                await self._send(self._take_batch())
-            self._expired = False
-            if pending and self._timer is None:  # a partial batch left behind a full one waits its turn
+            if self._expired:  # everything that waited when the timer fired; later records wait for theirs
+                self._expired = False
+                count = len(pending)
+            else:  # full batches only
+                count = len(pending) - len(pending) % self._batch_size
+            while count > 0:
+                batch = self._take_batch(min(count, self._batch_size))
+                count -= len(batch)
+                await self._send(batch)
+            if pending and self._timer is None:
                 self._timer = asyncio.get_running_loop().call_later(self._flush_s, self._expire)
 
     async def _send(self, batch: list[FeatureRecord]) -> None:

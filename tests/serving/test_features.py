@@ -149,3 +149,30 @@ def test_record_carries_exactly_the_design_contract():
         "model", "variant", "route", "stream", "started_at", "finished_at", "status", "prompt_tokens",
         "completion_tokens", "ttft_s", "tpot_s", "e2e_s", "finish_reason", "mean_logprob", "experiment", "unit",
     }
+
+
+def test_a_steady_trickle_is_sent_in_batches_not_record_by_record():
+    """Records arriving while a batch is on its way wait for their own timer: at a steady
+    rate the sink gets about one batch per flush interval, not one per few records."""
+    async def scenario():
+        registry = CollectorRegistry()
+        sink = SlowSink(delay=0.01)
+        batches = []
+        original = sink.send
+
+        async def spy(batch):
+            batches.append(len(batch))
+            await original(batch)
+
+        sink.send = spy
+        queue = FeatureQueue(sink, create_metrics(registry), maxsize=10_000, batch_size=500, flush_s=0.1)
+        queue.start()
+        for i in range(400):  # 400 records over ~0.4 s
+            queue.submit(record(i))
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.15)
+        await queue.stop()
+        return batches
+
+    batches = asyncio.run(scenario())
+    assert sum(batches) == 400 and len(batches) <= 8, batches
