@@ -51,7 +51,7 @@ from serving.metrics import GatewayMetrics, RouteSeries, create_metrics, observe
 from serving.relay_client import TIMER_SLACK_S, UpstreamResponse
 from serving.settings import GatewaySettings
 from serving.sse import EventProcessor, SSESplitter, StreamAccount, chunk_logprobs, strip_logprobs
-from serving.tracing import PROPAGATOR, build_tracer_provider, exemplar, get_tracer
+from serving.tracing import PROPAGATOR, build_tracer_provider, exemplar, get_tracer, inject_context
 from serving.upstream import Upstream
 from serving.validation import ROUTE_PATHS, ParsedRequest, Route, parse_request, upstream_payload
 
@@ -290,7 +290,8 @@ class Gateway:
         parent = PROPAGATOR.extract(exchange.headers)
         span = self.tracer.start_span(f"POST {path}", context=parent, kind=SpanKind.SERVER,
                                       attributes={"http.request.method": "POST", "http.route": path, "url.path": path})
-        state = RequestState(route, path, time.perf_counter(), time.time(), span, trace.set_span_in_context(span, parent),
+        state = RequestState(route, path, time.perf_counter(), time.time(), span,
+                             trace.set_span_in_context(span, parent) if span.is_recording() else parent,
                              self.settings.variant, self.upstream)
         try:
             req, body = await self._preprocess(exchange, state)
@@ -349,8 +350,9 @@ class Gateway:
             payload, changed = {**payload, "model": served}, True
         span = state.span
         if span.is_recording():
-            span.set_attributes(_request_attributes(req))
-            span.set_attribute("inferwatch.variant", state.variant)
+            # the request's parameters are the client span's (GenAI conventions); the model is
+            # here too, to find a request's trace by model
+            span.set_attributes({"gen_ai.request.model": req.model, "inferwatch.variant": state.variant})
             if state.experiment is not None:
                 span.set_attributes({"inferwatch.experiment": state.experiment, "inferwatch.unit": state.unit or ""})
             span.add_event("preprocessed")
@@ -426,15 +428,17 @@ class Gateway:
         state.ticket = verdict
 
     def _upstream_call_span(self, state: RequestState, req: ParsedRequest) -> tuple[trace.Span, dict[str, str]]:
+        """The GenAI client span of the call to vLLM, with the request's parameters, and the
+        headers that carry its context (vLLM joins a trace sampled out too, as sampled out)."""
         headers = dict(state.upstream.headers)
-        if not state.span.is_recording():  # vLLM still joins the trace (sampled out, like ours)
-            PROPAGATOR.inject(headers, context=state.ctx)
+        if not state.span.is_recording():
+            inject_context(headers, state.span)
             return trace.INVALID_SPAN, headers
         op = OPERATION[req.route]
-        span = self.tracer.start_span(f"{op} {req.model}", context=state.ctx, kind=SpanKind.CLIENT)
-        span.set_attributes(_request_attributes(req))
+        span = self.tracer.start_span(f"{op} {req.model}", context=state.ctx, kind=SpanKind.CLIENT,
+                                      attributes=_request_attributes(req))
         span.set_attribute("server.address", state.upstream.base_url)
-        PROPAGATOR.inject(headers, context=trace.set_span_in_context(span, state.ctx))
+        inject_context(headers, span)
         return span, headers
 
     async def _unary(self, exchange: Exchange, state: RequestState, req: ParsedRequest, body: bytes) -> None:

@@ -49,6 +49,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     _head_bytes = 0  # received while the head is incomplete
     _header_bytes = 0  # of parsed header names and values
     _head_timer: asyncio.TimerHandle | None = None
+    _head_started = 0.0
     _refusal: tuple[int, str, str] | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -81,14 +82,19 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_head, self._head_bytes, self._header_bytes = True, 0, 0
-        self._head_timer = self.loop.call_later(HEAD_TIMEOUT_S, self._head_timeout)
+        self._head_started = self.loop.time()
+        if self._head_timer is None:  # one timer per connection, moved on lazily, not one per request
+            self._head_timer = self.loop.call_later(HEAD_TIMEOUT_S, self._head_timeout)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_bytes += len(name) + len(value) + 4
         if self._header_bytes > MAX_HEAD_BYTES:
             self._refusal = (431, "header_too_large", f"The request line and headers exceed {MAX_HEAD_BYTES} bytes.")
             raise ValueError("headers too large")  # httptools turns it into a parser error: answered below
-        super().on_header(name, value)
+        name = name.lower()  # uvicorn's on_header, inlined: it runs for every header of every request
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         self._end_head()
@@ -121,17 +127,22 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._end_head()
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
         super().connection_lost(exc)
 
     def _end_head(self) -> None:
         self._in_head = False
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
 
     def _head_timeout(self) -> None:
         self._head_timer = None
-        if self._in_head:
+        if not self._in_head or self.transport.is_closing():
+            return  # the next request's head arms it again
+        remaining = self._head_started + HEAD_TIMEOUT_S - self.loop.time()
+        if remaining > 0:
+            self._head_timer = self.loop.call_later(remaining, self._head_timeout)
+        else:
             self._refuse(408, "request_timeout", f"The request's headers did not arrive within {HEAD_TIMEOUT_S:g}s.")
 
     def _refuse(self, status: int, code: str, message: str) -> None:

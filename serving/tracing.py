@@ -55,6 +55,17 @@ def get_tracer(provider: TracerProvider | None) -> trace.Tracer:
     return provider.get_tracer(INSTRUMENTATION, __version__)
 
 
+def inject_context(headers: dict[str, str], span: trace.Span) -> None:
+    """Write ``span``'s W3C trace context into ``headers``: what ``PROPAGATOR.inject`` writes
+    for a context holding ``span``, without building that context (once per request, for
+    the 90 % of requests a 10 % sample leaves unrecorded too)."""
+    ctx = span.get_span_context()
+    if ctx.is_valid:
+        headers["traceparent"] = f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}"
+        if ctx.trace_state:
+            headers["tracestate"] = ctx.trace_state.to_header()
+
+
 def exemplar(span: trace.Span) -> dict[str, str] | None:
     """The trace id as an exemplar for sampled spans, so a histogram bucket links to a trace."""
     ctx = span.get_span_context()
