@@ -796,8 +796,7 @@ def _with_public_models(raw: bytes, experiments: Experiments) -> bytes:
 def _request_attributes(req: ParsedRequest) -> dict:
     attrs = {
         "gen_ai.operation.name": OPERATION[req.route],
-        "gen_ai.provider.name": "vllm",
-        "gen_ai.system": "vllm",
+        "gen_ai.provider.name": "vllm",  # gen_ai.system before semantic conventions 1.37
         "gen_ai.request.model": req.model,
         "gen_ai.request.stream": req.stream,
     }

@@ -50,6 +50,8 @@ class _Connection(asyncio.Protocol):
         self.response: UpstreamResponse | None = None
         self.lost = False
         self.idle_since = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -67,6 +69,9 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         response = self.response
         if response is not None and not response.complete:
             error = (UpstreamDisconnected if response.status else UpstreamConnectError)(
@@ -102,6 +107,22 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None and not self.lost:
             self.transport.close()
 
+    def fire_by(self, deadline: float) -> None:
+        """Have the timer fire by ``deadline`` (``time.monotonic()``): one timer per
+        connection, kept across its requests and moved on when it fires early, because
+        starting and cancelling a timer per request costs more than the rest of the wait."""
+        if self._timer is not None:
+            if self._timer_at <= deadline + TIMER_SLACK_S:
+                return
+            self._timer.cancel()
+        self._timer_at = deadline
+        self._timer = asyncio.get_running_loop().call_later(max(0.0, deadline - time.monotonic()), self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self.response is not None:
+            self.response.on_timer()
+
 
 class UpstreamResponse:
     """One response: its status, then its body whole (``read``) or as it comes (``readany``).
@@ -121,7 +142,6 @@ class UpstreamResponse:
         self._waiter: asyncio.Future | None = None
         self._ended = False
         self.release_pending = False  # released before the body's last bytes: pooled once they come
-        self._timer: asyncio.TimerHandle | None = None
         self._deadline = 0.0
         self._sink: BodySink | None = None
 
@@ -160,36 +180,25 @@ class UpstreamResponse:
     async def _wait(self, deadline: float) -> None:
         """Wait for the connection to report something, until ``deadline`` (``time.monotonic()``).
 
-        One timer per response, not one per wait: it is moved on lazily when it fires before
-        the current deadline, so a stream of chunks arriving faster than the timeout
-        schedules almost none. The monotonic clock, not the loop's: uvloop's steps in
+        The connection's timer (``fire_by``) is moved on lazily when it fires before the
+        current deadline. The monotonic clock, not the loop's: uvloop's steps in
         milliseconds and is read at the start of a loop iteration."""
-        loop = asyncio.get_running_loop()
-        waiter = self._waiter = loop.create_future()
+        waiter = self._waiter = asyncio.get_running_loop().create_future()
         self._deadline = deadline
-        if self._timer is None:
-            self._timer = loop.call_later(max(0.0, deadline - time.monotonic()), self._on_timer)
+        self._conn.fire_by(deadline)
         try:
             await waiter
         finally:
             self._waiter = None
 
-    def _on_timer(self) -> None:
+    def on_timer(self) -> None:
         waiter = self._waiter
         if waiter is None or waiter.done():
-            self._timer = None
-            return
-        remaining = self._deadline - time.monotonic()
-        if remaining <= TIMER_SLACK_S:
-            self._timer = None
+            return  # nothing waits: the next wait sets the timer again
+        if self._deadline - time.monotonic() <= TIMER_SLACK_S:
             waiter.set_exception(TimeoutError())
         else:
-            self._timer = asyncio.get_running_loop().call_later(remaining, self._on_timer)
-
-    def _stop_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+            self._conn.fire_by(self._deadline)
 
     async def headers(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s  # one deadline for the status line, however often woken
@@ -218,7 +227,6 @@ class UpstreamResponse:
     def relay_to(self, sink: BodySink) -> None:
         """From now on hand the body to ``sink`` as it arrives, starting with what is
         buffered. ``release`` and ``close`` detach it."""
-        self._stop_timer()
         self._sink = sink
         chunks = self._chunks
         while chunks and self._sink is sink:
@@ -262,7 +270,6 @@ class UpstreamResponse:
             return
         self._ended = True
         self._sink = None
-        self._stop_timer()
         self._conn.response = None
         if self.complete and self.keep_alive and self._error is None:
             self._pool.put(self._conn)
@@ -274,7 +281,6 @@ class UpstreamResponse:
             return
         self._ended = True
         self._sink = None
-        self._stop_timer()
         self._conn.response = None
         self._pool.discard(self._conn)
 

@@ -50,6 +50,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     _header_bytes = 0  # of parsed header names and values
     _head_timer: asyncio.TimerHandle | None = None
     _head_started = 0.0
+    _idle_since: float | None = None  # when the last answer of a keep-alive connection went out
     _refusal: tuple[int, str, str] | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -115,6 +116,34 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             self.flow.pause_reading()
             self.pipeline.appendleft((self.cycle, self.app))
 
+    def on_response_complete(self) -> None:
+        """uvicorn's, with one keep-alive timer per connection, moved on lazily, instead of
+        a timer started and cancelled per request (a few microseconds each)."""
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+            return
+        self._idle_since = self.loop.time()
+        if self.timeout_keep_alive_task is None:
+            self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self._keep_alive_due)
+
+    def _unset_keepalive_if_required(self) -> None:  # uvicorn calls it on every read
+        self._idle_since = None
+
+    def _keep_alive_due(self) -> None:
+        self.timeout_keep_alive_task = None
+        if self._idle_since is None:
+            return  # busy: the next answer sets the timer again
+        remaining = self._idle_since + self.timeout_keep_alive - self.loop.time()
+        if remaining > 0:
+            self.timeout_keep_alive_task = self.loop.call_later(remaining, self._keep_alive_due)
+        else:
+            self.timeout_keep_alive_handler()
+
     def pause_writing(self) -> None:
         super().pause_writing()
         if isinstance(self.cycle, Exchange):
@@ -127,9 +156,10 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._end_head()
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+        for timer in (self._head_timer, self.timeout_keep_alive_task):
+            if timer is not None:
+                timer.cancel()
+        self._head_timer = self.timeout_keep_alive_task = None
         super().connection_lost(exc)
 
     def _end_head(self) -> None:

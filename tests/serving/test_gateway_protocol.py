@@ -15,6 +15,7 @@ import requests
 from serving.gateway import create_app
 from serving.relay_client import UpstreamResponse
 from serving.settings import GatewaySettings
+from serving.server import UVICORN_OPTIONS
 from tests.support.servers import AppServer, GatewayServer, eventually, metric_sum
 from tests.support.stub_upstream import LONG_STREAM_CHUNKS, StubUpstream
 
@@ -216,3 +217,18 @@ def test_metrics_with_an_unreadable_accept_header_is_a_400(gw):
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_accept"
     r = requests.get(gw.url + "/metrics", headers={"accept": "application/openmetrics-text; version=1.0.0"}, timeout=5)
     assert r.status_code == 200 and r.text.endswith("# EOF\n")
+
+
+def test_an_idle_keep_alive_connection_is_closed_after_the_timeout_counted_from_the_last_answer(stub):
+    """One keep-alive timer per connection, moved on lazily: the timeout runs from the last
+    answer, not from the first one that set the timer."""
+    app = create_app(GatewaySettings(upstream_url=stub.url))
+    with AppServer(app, **{**UVICORN_OPTIONS, "timeout_keep_alive": 1}) as server, \
+            socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        for pause in (0.0, 0.7, 0.7):  # 1.4 s after the first answer, 0.7 s after the last
+            time.sleep(pause)
+            sock.sendall(_request(_body()))
+            assert _read_until(sock, b'"total_tokens"').startswith(b"HTTP/1.1 200")
+        started = time.monotonic()
+        assert sock.recv(1) == b""  # the server closes the idle connection
+        assert 0.7 < time.monotonic() - started < 3.0
