@@ -51,7 +51,7 @@ from serving.metrics import GatewayMetrics, RouteSeries, create_metrics, observe
 from serving.relay_client import TIMER_SLACK_S, UpstreamResponse
 from serving.settings import GatewaySettings
 from serving.sse import EventProcessor, SSESplitter, StreamAccount, chunk_logprobs, strip_logprobs
-from serving.tracing import PROPAGATOR, build_tracer_provider, exemplar, get_tracer, inject_context
+from serving.tracing import PROPAGATOR, ServerSpans, build_tracer_provider, exemplar, get_tracer, inject_context
 from serving.upstream import Upstream
 from serving.validation import ROUTE_PATHS, ParsedRequest, Route, parse_request, upstream_payload
 
@@ -106,6 +106,7 @@ class Gateway:
         self._admin_token = settings.admin_token.get_secret_value().encode() if settings.admin_token else None
         self.tracer_provider: TracerProvider | None = build_tracer_provider(settings, span_exporter)
         self.tracer = get_tracer(self.tracer_provider)
+        self.server_spans = ServerSpans(self.tracer, settings.trace_sample_ratio, self.tracer_provider is not None)
         if feature_sink is None and settings.drift_url:
             token = settings.drift_token.get_secret_value() if settings.drift_token else None
             feature_sink = HttpSink(settings.drift_url, token)
@@ -288,8 +289,8 @@ class Gateway:
         route = exchange.route
         path = ROUTE_PATHS[route]
         parent = PROPAGATOR.extract(exchange.headers)
-        span = self.tracer.start_span(f"POST {path}", context=parent, kind=SpanKind.SERVER,
-                                      attributes={"http.request.method": "POST", "http.route": path, "url.path": path})
+        span = self.server_spans.start(f"POST {path}", parent,
+                                       {"http.request.method": "POST", "http.route": path, "url.path": path})
         state = RequestState(route, path, time.perf_counter(), time.time(), span,
                              trace.set_span_in_context(span, parent) if span.is_recording() else parent,
                              self.settings.variant, self.upstream)
