@@ -23,22 +23,32 @@ def counts(registry: CollectorRegistry) -> dict[str, float]:
             for o in ("queued", "sent", "dropped_full", "dropped_send_error")}
 
 
-class SlowSink(MemorySink):
-    def __init__(self, delay: float) -> None:
+def started(sink, **options) -> tuple[CollectorRegistry, FeatureQueue]:
+    """A started queue on a fresh registry (inside a running loop)."""
+    registry = CollectorRegistry()
+    queue = FeatureQueue(sink, create_metrics(registry), **options)
+    queue.start()
+    return registry, queue
+
+
+class SpySink(MemorySink):
+    """Keeps the records and each batch's size; each send takes ``delay`` seconds."""
+
+    def __init__(self, delay: float = 0.0) -> None:
         super().__init__()
         self.delay = delay
+        self.batches: list[int] = []
 
     async def send(self, batch):
+        self.batches.append(len(batch))
         await asyncio.sleep(self.delay)
         await super().send(batch)
 
 
 def test_full_queue_drops_and_counts_without_waiting():
     async def scenario():
-        registry = CollectorRegistry()
-        sink = SlowSink(delay=0.2)
-        queue = FeatureQueue(sink, create_metrics(registry), maxsize=5, batch_size=100, flush_s=0.01)
-        queue.start()
+        sink = SpySink(delay=0.2)
+        registry, queue = started(sink, maxsize=5, batch_size=100, flush_s=0.01)
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         for i in range(20):
@@ -56,23 +66,13 @@ def test_full_queue_drops_and_counts_without_waiting():
 
 def test_batches_respect_size_and_keep_order():
     async def scenario():
-        registry = CollectorRegistry()
-        sink = MemorySink()
-        batches = []
-        original = sink.send
-
-        async def spy(batch):
-            batches.append(len(batch))
-            await original(batch)
-
-        sink.send = spy
-        queue = FeatureQueue(sink, create_metrics(registry), maxsize=1000, batch_size=7, flush_s=0.05)
-        queue.start()
+        sink = SpySink()
+        registry, queue = started(sink, maxsize=1000, batch_size=7, flush_s=0.05)
         for i in range(30):
             queue.submit(record(i))
         await asyncio.sleep(0.3)
         await queue.stop()
-        return sink, batches
+        return sink, sink.batches
 
     sink, batches = asyncio.run(scenario())
     assert [r.started_at for r in sink.records] == [1000.0 + i for i in range(30)]
@@ -81,10 +81,8 @@ def test_batches_respect_size_and_keep_order():
 
 def test_a_partial_batch_goes_out_after_flush_s_without_waiting_for_more():
     async def scenario():
-        registry = CollectorRegistry()
         sink = MemorySink()
-        queue = FeatureQueue(sink, create_metrics(registry), maxsize=1000, batch_size=10, flush_s=0.05)
-        queue.start()
+        registry, queue = started(sink, maxsize=1000, batch_size=10, flush_s=0.05)
         seen = []
         for i in range(13):  # one full batch at once, three left behind it
             queue.submit(record(i))
@@ -155,24 +153,14 @@ def test_a_steady_trickle_is_sent_in_batches_not_record_by_record():
     """Records arriving while a batch is on its way wait for their own timer: at a steady
     rate the sink gets about one batch per flush interval, not one per few records."""
     async def scenario():
-        registry = CollectorRegistry()
-        sink = SlowSink(delay=0.01)
-        batches = []
-        original = sink.send
-
-        async def spy(batch):
-            batches.append(len(batch))
-            await original(batch)
-
-        sink.send = spy
-        queue = FeatureQueue(sink, create_metrics(registry), maxsize=10_000, batch_size=500, flush_s=0.1)
-        queue.start()
+        sink = SpySink(delay=0.01)
+        registry, queue = started(sink, maxsize=10_000, batch_size=500, flush_s=0.1)
         for i in range(400):  # 400 records over ~0.4 s
             queue.submit(record(i))
             await asyncio.sleep(0.001)
         await asyncio.sleep(0.15)
         await queue.stop()
-        return batches
+        return sink.batches
 
     batches = asyncio.run(scenario())
     assert sum(batches) == 400 and len(batches) <= 8, batches

@@ -28,12 +28,6 @@ def error_of(resp):
     return resp.json()["error"]
 
 
-@pytest.fixture(scope="module")
-def stub():
-    with StubUpstream() as s:
-        yield s
-
-
 @pytest.fixture
 def gw(stub):
     settings = GatewaySettings(upstream_url=stub.url, upstream_timeout_s=1.0, upstream_stream_idle_timeout_s=1.0,

@@ -17,15 +17,9 @@ from serving.relay_client import UpstreamResponse
 from serving.settings import GatewaySettings
 from serving.server import UVICORN_OPTIONS
 from tests.support.servers import AppServer, GatewayServer, eventually, metric_sum
-from tests.support.stub_upstream import LONG_STREAM_CHUNKS, StubUpstream
+from tests.support.stub_upstream import LONG_STREAM_CHUNKS
 
 CHAT = "/v1/chat/completions"
-
-
-@pytest.fixture(scope="module")
-def stub():
-    with StubUpstream() as s:
-        yield s
 
 
 @pytest.fixture
