@@ -5,10 +5,11 @@ Set-up (2-core box): the proxy under test runs pinned to core 0; the mock upstre
 (bench/mock_upstream.py) and the load generator (wrk, C) share core 1, so the proxy's core
 is its own. "direct" is wrk against the mock. Yardsticks in the same run, in front of the
 same mock: nginx as a plain reverse proxy (the floor for one proxy hop: Debian's nginx,
-one process, keep-alive upstream, no buffering) and LiteLLM's proxy (when
-bench/.venv-litellm exists: `make bench` makes it). "gateway (production)" has API-key
-auth, feature records to a drift sink and tracing sampled at 10 % on; ratios are CPU per
-request against nginx's.
+one process, keep-alive upstream, no buffering), LiteLLM's proxy (when
+bench/.venv-litellm exists: `make bench` makes it) and, for streams, bench/byte_relay.py
+(bytes copied in Python on uvloop, no HTTP: the floor for any Python proxy). "gateway
+(production)" has API-key auth, feature records to a drift sink and tracing sampled at
+10 % on; ratios are CPU per request against nginx's.
 
     python bench/gateway_overhead.py [--runs 3] [--seconds 4]
 """
