@@ -157,10 +157,11 @@ class Admission:
                 setattr(acc, attr, None)
             elif bucket is None:
                 setattr(acc, attr, Bucket(rate, max(rate, 1.0), now))
-            elif bucket.per_minute != rate:
+            elif bucket.per_minute != rate:  # the share of the allowance left carries over, not the count
                 bucket.refill(now)
+                share = bucket.level / bucket.capacity
                 bucket.per_minute = rate
-                bucket.level = min(bucket.level, bucket.capacity)
+                bucket.level = share * bucket.capacity
         return acc
 
     def admit(self, key: str, model: str) -> Ticket | Rejection:

@@ -74,7 +74,7 @@ class Exchange:
 
     __slots__ = ("protocol", "transport", "route", "raw_headers", "_headers", "body", "more_body", "disconnected",
                  "response_complete", "response_started", "keep_alive", "chunked", "message_event", "_body_limit",
-                 "_body_waiter", "_on_gone", "on_writable")
+                 "_body_waiter", "_on_gone", "on_writable", "raw_length")
 
     def __init__(self, protocol: GatewayHttpProtocol, route: Route, raw_headers: list[tuple[bytes, bytes]], *,
                  keep_alive: bool, chunked: bool) -> None:
@@ -92,6 +92,7 @@ class Exchange:
         self._body_waiter: asyncio.Future[None] | None = None
         self._on_gone: Callable[[], None] | None = None
         self.on_writable: Callable[[bool], None] | None = None  # the client's socket filled up (False) or drained
+        self.raw_length: int | None = None  # set when the parser stopped at an Upgrade: the body comes raw
 
     # -- driven by the protocol --------------------------------------------------------
 
@@ -125,6 +126,15 @@ class Exchange:
             return
         self._wake_body()
 
+    def take_raw_body(self, data: bytes) -> None:
+        """Body bytes the HTTP parser did not read (it stops at an Upgrade header, where the
+        new protocol would begin): up to the Content-Length, which such a request must have."""
+        assert self.raw_length is not None
+        self.body += data[:self.raw_length - len(self.body)]
+        if len(self.body) >= self.raw_length:
+            self.more_body = False
+        self.set()
+
     def writable(self, ok: bool) -> None:
         if self.on_writable is not None:
             self.on_writable(ok)
@@ -155,6 +165,9 @@ class Exchange:
         """The request body, up to ``limit`` bytes, within ``BODY_TIMEOUT_S``. It has usually
         arrived with the headers, before this runs."""
         check_declared_length(self.headers.get("content-length"), limit)
+        if self.raw_length is not None and "transfer-encoding" in self.headers:
+            raise GatewayError(400, "upgrade_with_chunked_body", "A request with an Upgrade header needs a "
+                               "Content-Length body here: the gateway answers it over HTTP/1.1.")
         self._body_limit = limit
         if self.more_body and not self.disconnected and len(self.body) <= limit:
             if self.protocol.expect_100_continue and not self.transport.is_closing():
@@ -194,8 +207,9 @@ class Exchange:
 
     def answer(self, status: int, body: bytes, headers: Mapping[str, str] | None = None, *,
                extra: list[bytes] | None = None, close: bool = False) -> None:
-        """A whole JSON answer. ``extra`` holds ready header lines (``b"name: value\\r\\n"``)."""
-        if close:
+        """A whole JSON answer. ``extra`` holds ready header lines (``b"name: value\\r\\n"``).
+        Given before the request's body has all come (a 413, a 401), it closes the connection."""
+        if close or self.more_body:
             self.keep_alive = False
         if not self.gone:
             lines = [_JSON, b"content-length: %d\r\n" % len(body)]

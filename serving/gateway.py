@@ -47,7 +47,7 @@ from serving.experiments import Experiments
 from serving.exposition import render
 from serving.features import FeatureQueue, FeatureRecord, FeatureSink, HttpSink
 from serving.feedback import AnswerMemory, FeedbackSink, parse_rating, unknown_answer
-from serving.metrics import GatewayMetrics, RouteSeries, create_metrics, observe_many
+from serving.metrics import UNROUTED, GatewayMetrics, RouteSeries, create_metrics, observe_many
 from serving.relay_client import TIMER_SLACK_S, UpstreamResponse
 from serving.settings import GatewaySettings
 from serving.sse import EventProcessor, SSESplitter, StreamAccount, chunk_logprobs, strip_logprobs
@@ -889,6 +889,7 @@ _HTTP_ERRORS = {
 async def _openai_http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
     code, error_type, hint = _HTTP_ERRORS.get(exc.status_code, ("http_error", errors.INVALID_REQUEST, ""))
+    request.app.state.gateway.metrics.rejected.labels(UNROUTED, code).inc()
     message = f"{request.method} {request.url.path[:200]}: {exc.detail}. {hint}".strip()
     return Response(errors.error_body(message, error_type, code), exc.status_code, media_type="application/json",
                     headers=exc.headers)
@@ -935,6 +936,7 @@ def _variant_header(state: RequestState) -> list[bytes] | None:
 async def _served_by_the_protocol(request: Request) -> Response:
     """The proxy routes are answered by ``serving.server.GatewayHttpProtocol`` before the ASGI
     app sees them; this answers only under a server started without it."""
+    request.app.state.gateway.metrics.rejected.labels(request.url.path, "misconfigured_server").inc()
     return Response(errors.error_body("This server runs the gateway's app without its HTTP protocol: start it with "
                                       "`inferwatch gateway` (or uvicorn with serving.server.UVICORN_OPTIONS).",
                                       errors.UPSTREAM, "misconfigured_server"), 501, media_type="application/json")

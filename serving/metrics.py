@@ -25,6 +25,7 @@ INTER_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05
 TOKEN_COUNT_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 131072)
 
 REQUEST_LABELS = ("model", "variant", "route", "status_class")
+UNROUTED = "none"  # the route label of a request refused before any route matched (bounded: never the path)
 TOKEN_LABELS = ("model", "variant", "route")
 
 # Upstream error reasons: a closed set so the label stays bounded.

@@ -16,12 +16,14 @@ protocol level, plus what that server lacks in front of untrusted clients.
 from __future__ import annotations
 
 import asyncio
+from urllib.parse import unquote_to_bytes
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from serving.errors import error_body
 from serving.exchange import Exchange
+from serving.metrics import UNROUTED
 from serving.validation import ROUTE_PATHS
 
 MAX_HEAD_BYTES = 64 * 1024  # request line and headers; nginx's large_client_header_buffers default is 32 KiB
@@ -30,6 +32,7 @@ HEAD_TIMEOUT_S = 10.0  # from a request's first byte to the end of its headers
 LINGER_S = 5.0  # reading a refused body away before closing (nginx's lingering_timeout)
 STATUS_LINES = {400: b"400 Bad Request", 408: b"408 Request Timeout", 431: b"431 Request Header Fields Too Large"}
 PROXY_ROUTES = {path.encode(): route for route, path in ROUTE_PATHS.items()}
+PIPELINE_READ_AHEAD = 8  # requests read while they wait behind the one being answered
 
 
 def _find_gateway(app: object) -> object | None:
@@ -51,6 +54,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     _head_timer: asyncio.TimerHandle | None = None
     _head_started = 0.0
     _idle_since: float | None = None  # when the last answer of a keep-alive connection went out
+    _active = None  # the request being answered (an Exchange or uvicorn's cycle)
     _refusal: tuple[int, str, str] | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -71,17 +75,38 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self.loop.call_later(LINGER_S, self.transport.close)
 
     def data_received(self, data: bytes) -> None:
+        """uvicorn's, bounding the head, and reading on past an Upgrade the gateway ignores."""
         if self._lingering:
+            return
+        cycle = self.cycle
+        if isinstance(cycle, Exchange) and cycle.raw_length is not None:
+            if not cycle.response_complete:
+                cycle.take_raw_body(data)
             return
         if self._in_head:
             self._head_bytes += len(data)  # counted before parsing: one endless header line is bounded too
             if self._head_bytes > MAX_HEAD_BYTES + FIRST_READ_BYTES:
                 self._refuse(431, "header_too_large", f"The request line and headers exceed {MAX_HEAD_BYTES} bytes.")
                 return
-        super().data_received(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            self.send_400_response("Invalid HTTP request received.")
+        except httptools.HttpParserUpgrade as upgrade:
+            cycle = self.cycle
+            if isinstance(cycle, Exchange) and cycle.raw_length is not None:
+                cycle.take_raw_body(data[upgrade.args[0]:])
+            # uvicorn's routes: the request is served without what follows, as uvicorn does
+
+    def on_message_complete(self) -> None:
+        cycle = self.cycle
+        if isinstance(cycle, Exchange) and cycle.raw_length is not None:
+            return  # its body comes raw (take_raw_body)
+        super().on_message_complete()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._idle_since = None  # a request began: the keep-alive clock stops
         self._in_head, self._head_bytes, self._header_bytes = True, 0, 0
         self._head_started = self.loop.time()
         if self._head_timer is None:  # one timer per connection, moved on lazily, not one per request
@@ -101,20 +126,38 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._end_head()
         parser = self.parser
         route = None
-        if self.gateway is not None and parser.get_method() == b"POST" and not parser.should_upgrade():
-            route = PROXY_ROUTES.get(httptools.parse_url(self.url).path)
+        if self.gateway is not None and parser.get_method() == b"POST":
+            path = httptools.parse_url(self.url).path
+            route = PROXY_ROUTES.get(unquote_to_bytes(path) if b"%" in path else path)  # as uvicorn routes
         if route is None:
             super().on_headers_complete()
-            return
-        http_11 = parser.get_http_version() == "1.1"
-        previous = self.cycle
-        self.cycle = Exchange(self, route, self.headers, keep_alive=http_11 and parser.should_keep_alive(),  # type: ignore[assignment]
-                              chunked=http_11)
-        if previous is None or previous.response_complete:
-            self._start_asgi_task(self.cycle, self.app)
-        else:  # pipelined behind a request still being answered: uvicorn starts it in turn
-            self.flow.pause_reading()
-            self.pipeline.appendleft((self.cycle, self.app))
+        else:
+            http_11 = parser.get_http_version() == "1.1"
+            # an Upgrade (curl --http2 asks for h2c) is ignored, as nginx does: the answer is
+            # HTTP/1.1, and the connection closes after it (the parser stops at an upgrade)
+            keep_alive = http_11 and parser.should_keep_alive() and not parser.should_upgrade()
+            previous = self.cycle
+            self.cycle = Exchange(self, route, self.headers, keep_alive=keep_alive, chunked=http_11)  # type: ignore[assignment]
+            if parser.should_upgrade():
+                declared = dict(self.headers).get(b"content-length", b"0")
+                self.cycle.raw_length = int(declared) if declared.isdigit() else 0
+            if previous is None or previous.response_complete:
+                self._start_asgi_task(self.cycle, self.app)
+            else:  # pipelined behind a request still being answered: started in turn
+                self.pipeline.appendleft((self.cycle, self.app))
+        if self.pipeline:
+            # uvicorn stops reading while a request waits; reading on (a few requests ahead)
+            # is what notices a client that leaves meanwhile, so the one being answered aborts
+            if len(self.pipeline) < PIPELINE_READ_AHEAD:
+                self.flow.resume_reading()
+            else:
+                self.flow.pause_reading()
+
+    def _start_asgi_task(self, cycle, app) -> None:  # type: ignore[no-untyped-def, override]
+        self._active = cycle
+        super()._start_asgi_task(cycle, app)
+
+
 
     def on_response_complete(self) -> None:
         """uvicorn's, with one keep-alive timer per connection, moved on lazily, instead of
@@ -131,8 +174,10 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         if self.timeout_keep_alive_task is None:
             self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self._keep_alive_due)
 
-    def _unset_keepalive_if_required(self) -> None:  # uvicorn calls it on every read
-        self._idle_since = None
+    def _unset_keepalive_if_required(self) -> None:
+        """uvicorn calls this on every read. The keep-alive clock stops when a request begins
+        (``on_message_begin``) instead: bytes that still come for a request already answered
+        (a body refused unread) do not keep the connection open."""
 
     def _keep_alive_due(self) -> None:
         self.timeout_keep_alive_task = None
@@ -160,6 +205,10 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             if timer is not None:
                 timer.cancel()
         self._head_timer = self.timeout_keep_alive_task = None
+        active = self._active  # uvicorn tells only the newest request, which may be a pipelined one
+        if active is not None and active is not self.cycle and not active.response_complete:
+            active.disconnected = True
+            active.message_event.set()
         super().connection_lost(exc)
 
     def _end_head(self) -> None:
@@ -189,6 +238,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                          f"{msg} Check the request line, headers and Content-Length.")
 
     def _answer(self, status: int, code: str, message: str) -> None:
+        if self.gateway is not None:
+            self.gateway.metrics.rejected.labels(UNROUTED, code).inc()
         if self.transport.is_closing():
             return
         body = error_body(message, "invalid_request_error", code)
@@ -201,4 +252,5 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
 
 # uvicorn.Config/run keywords for the gateway, shared by the CLI and the tests' servers.
-UVICORN_OPTIONS = {"loop": "uvloop", "http": GatewayHttpProtocol, "access_log": False, "proxy_headers": False}
+UVICORN_OPTIONS = {"loop": "uvloop", "http": GatewayHttpProtocol, "ws": "none", "access_log": False,
+                   "proxy_headers": False}

@@ -80,14 +80,24 @@ def test_tokens_are_charged_when_a_request_ends_and_refuse_until_refilled():
     assert isinstance(adm.admit("a", "m"), Ticket)
 
 
-def test_new_limits_apply_to_the_next_request():
-    adm, _ = admission(Policy(default_key=Limits(requests_per_minute=1)))
+def test_new_limits_apply_to_the_next_request_with_the_share_of_the_allowance_left():
+    adm, clock = admission(Policy(default_key=Limits(requests_per_minute=1)))
     adm.admit("a", "m")
     assert isinstance(adm.admit("a", "m"), Rejection)
+    clock.now += 1.5  # 2.5 % of a minute's allowance refilled
     adm.policy = Policy(default_key=Limits(requests_per_minute=1000))
-    assert isinstance(adm.admit("a", "m"), Rejection)  # the bucket is empty; it refills faster now
+    admitted = [adm.admit("a", "m") for _ in range(30)]
+    assert sum(isinstance(t, Ticket) for t in admitted) == 25  # 2.5 % of the new allowance, not of the old
     adm.policy = Policy()
     assert isinstance(adm.admit("a", "m"), Ticket)
+
+
+def test_a_lowered_limit_allows_no_burst_of_the_old_allowance():
+    adm, _ = admission(Policy(default_key=Limits(requests_per_minute=600)))
+    assert isinstance(adm.admit("a", "m"), Ticket)  # the bucket is (almost) full
+    adm.policy = Policy(default_key=Limits(requests_per_minute=6))
+    admitted = [adm.admit("a", "m") for _ in range(10)]
+    assert sum(isinstance(t, Ticket) for t in admitted) == 5  # 599/600 of 6, rounded down
 
 
 @pytest.mark.parametrize("text, fragment", [

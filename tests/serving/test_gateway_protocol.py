@@ -226,3 +226,77 @@ def test_an_idle_keep_alive_connection_is_closed_after_the_timeout_counted_from_
         started = time.monotonic()
         assert sock.recv(1) == b""  # the server closes the idle connection
         assert 0.7 < time.monotonic() - started < 3.0
+
+
+@pytest.mark.parametrize("model, stream, wait_for", [("stall_stream", True, b'"content":"a"'),
+                                                      ("stall_headers", False, None)])
+def test_a_client_that_leaves_with_a_request_pipelined_behind_the_one_in_flight_aborts_it(gw, model, stream,
+                                                                                          wait_for):
+    """uvicorn tells only the newest (pipelined) request that the client left, and stops
+    reading while it waits, so the one in flight would run on: to vLLM's end, or its timeout."""
+    with _connect(gw) as sock:
+        sock.sendall(_request(_body(model, stream=stream)) + _request(_body()))
+        if wait_for:
+            _read_until(sock, wait_for)
+        else:
+            time.sleep(0.3)
+    eventually(lambda: metric_sum(gw.metrics_text(), "inferwatch_gateway_requests_total") == 1, timeout_s=3)
+    text = gw.metrics_text()
+    assert metric_sum(text, "inferwatch_gateway_requests_total", model=model, status_class="4xx") == 1
+    assert metric_sum(text, "inferwatch_gateway_requests_in_flight") == 0
+    assert metric_sum(text, "inferwatch_gateway_upstream_errors_total") == 0
+
+
+@pytest.mark.parametrize("headers", [b"Content-Length: 2097152\r\n",  # over the 512 KiB limit: refused unread
+                                     b"Content-Length: 300000\r\nAuthorization: Bearer nope\r\n"])
+def test_an_answer_given_before_the_body_came_closes_the_connection_after_reading_it_away(stub, headers):
+    settings = GatewaySettings(upstream_url=stub.url, max_body_bytes=512 * 1024, api_keys=["k"])
+    with GatewayServer(settings) as g, socket.create_connection(("127.0.0.1", g.port), timeout=10) as sock:
+        declared = int(headers.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+        sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\n%s\r\n" % (CHAT.encode(), headers))
+        answer = _read_until(sock, b"\r\n\r\n")
+        assert answer.startswith((b"HTTP/1.1 413", b"HTTP/1.1 401")) and b"connection: close" in answer
+        sent = 0
+        while sent < declared:  # the client sends its whole body anyway, then waits
+            sent += sock.send(b"x" * min(65536, declared - sent))
+        started = time.monotonic()
+        while sock.recv(65536):
+            pass
+        assert time.monotonic() - started < 8  # closed once the body was read away (at most 5 s)
+
+
+@pytest.mark.parametrize("extra", [b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n",
+                                   b"Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+                                   b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"])
+def test_an_upgrade_request_is_answered_over_http_11_and_the_connection_closed(gw, extra):
+    with _connect(gw) as sock:
+        sock.sendall(_request(_body(), extra=extra))
+        got = _read_to_close(sock)
+    assert got.startswith(b"HTTP/1.1 200") and b"connection: close" in got and b'"content": "hi"' in got
+
+
+@pytest.mark.parametrize("path", [b"/v1%2Fchat%2Fcompletions", b"/v1/chat/%63ompletions"])
+def test_a_percent_encoded_proxy_path_is_served_as_uvicorn_would_route_it(gw, path):
+    with _connect(gw) as sock:
+        sock.sendall(_request(_body()).replace(CHAT.encode(), path, 1))
+        assert _read_until(sock, b'"total_tokens"').startswith(b"HTTP/1.1 200")
+
+
+def test_errors_answered_before_any_route_are_counted(gw, monkeypatch):
+    monkeypatch.setattr("serving.server.HEAD_TIMEOUT_S", 0.3)
+    requests.get(gw.url + "/nowhere", timeout=5)
+    requests.get(gw.url + CHAT, timeout=5)
+    with _connect(gw) as sock:
+        sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n" % CHAT.encode())
+        assert _read_to_close(sock).startswith(b"HTTP/1.1 400")
+    with _connect(gw) as sock:
+        sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nX-Big: %s\r\n\r\n" % (CHAT.encode(), b"a" * 70_000))
+        assert _read_to_close(sock).startswith(b"HTTP/1.1 431")
+    with _connect(gw) as sock:
+        sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\n" % CHAT.encode())
+        assert _read_to_close(sock).startswith(b"HTTP/1.1 408")
+    text = gw.metrics_text()
+    counted = {code: metric_sum(text, "inferwatch_gateway_rejected_requests_total", route="none", code=code)
+               for code in ("not_found", "method_not_allowed", "invalid_http_request", "header_too_large",
+                            "request_timeout")}
+    assert counted == dict.fromkeys(counted, 1.0), counted
