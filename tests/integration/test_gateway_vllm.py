@@ -91,10 +91,17 @@ def test_streaming_chunks_equal_vllm_direct(gateway, vllm_server, include_usage)
             stream_options={"include_usage": True} if include_usage else None, **GREEDY)
         return list(stream)
 
-    via, direct = run(gateway.url), run(vllm_server.url)
     text = lambda chunks: "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)  # noqa: E731
-    assert text(via) == text(direct) and text(via)
-    assert len(via) == len(direct)  # chunk by chunk, nothing merged, nothing added
+    for _ in range(3):
+        # vLLM merges deltas when its reader lags, so on a loaded machine either run may come
+        # in fewer chunks; the exact check, every cut of a recorded vLLM stream, is
+        # tests/serving/test_relay_replay.py
+        via, direct = run(gateway.url), run(vllm_server.url)
+        assert text(via) == text(direct) and text(via)
+        if len(via) == len(direct):  # chunk by chunk, nothing merged, nothing added
+            break
+    else:
+        raise AssertionError(f"the gateway relayed {len(via)} chunks where vLLM sent {len(direct)}, three times")
     usage_chunks = [c for c in via if not c.choices]
     if include_usage:
         assert len(usage_chunks) == 1 and usage_chunks[0].usage.completion_tokens == 16
