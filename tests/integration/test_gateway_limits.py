@@ -82,9 +82,7 @@ def _send_and_leave(url: str, body: dict, until: bytes, linger_s: float) -> byte
 def test_a_non_streaming_client_that_leaves_aborts_the_upstream_request(gateway, vllm_server):
     """A warm tiny engine makes the 450 tokens in about a quarter second, so whether the abort
     lands first depends on the machine's moment: of three clients that leave after 50 ms, at
-    least one must see vLLM stop well short. (How each is recorded is checked where the race
-    is controlled, in the starved-loop tests below: here one in three was occasionally still
-    recorded as a 200, an open defect stated in the README.)"""
+    least one must see vLLM stop well short. Each is a 499: the client left before any answer."""
     body = {"model": TINY_MODEL_NAME, "messages": MSG, "max_tokens": LONG, "temperature": 0.0,
             "ignore_eos": True}
     g0, generated = gateway.metrics_text(), []
@@ -97,6 +95,8 @@ def test_a_non_streaming_client_that_leaves_aborts_the_upstream_request(gateway,
     assert min(generated) < LONG * 0.75, f"vLLM generated {generated} of {LONG} tokens for clients gone after 50 ms"
     g1 = gateway.metrics_text()
     assert metric_sum(g1, "inferwatch_gateway_requests_total") - metric_sum(g0, "inferwatch_gateway_requests_total") == 3
+    assert (metric_sum(g1, "inferwatch_gateway_requests_total", status_class="4xx")
+            - metric_sum(g0, "inferwatch_gateway_requests_total", status_class="4xx")) == 3
 
 
 def _reset(sock: socket.socket) -> None:
