@@ -91,6 +91,7 @@ class _Connection(asyncio.Protocol):
         response = self.response
         if response is not None:
             response.status = self.parser.get_status_code()
+            response.status_late = time.monotonic() - response._deadline > TIMER_SLACK_S  # noqa: SLF001
             response.keep_alive = self.parser.should_keep_alive()
             response.wake()
 
@@ -143,6 +144,7 @@ class UpstreamResponse:
         self._ended = False
         self.release_pending = False  # released before the body's last bytes: pooled once they come
         self._deadline = 0.0
+        self.status_late = False  # the status line was read after the deadline
         self._sink: BodySink | None = None
 
     # fed by the connection
@@ -200,12 +202,19 @@ class UpstreamResponse:
         else:
             self._conn.fire_by(self._deadline)
 
-    async def headers(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s  # one deadline for the status line, however often woken
+    async def headers(self, deadline: float) -> None:
+        """Wait for the status line until ``deadline`` (``time.monotonic()``), however often woken.
+
+        A status line read only after the deadline is a timeout too: when the process was
+        paused past both the deadline and the answer's arrival, which one the loop runs first
+        (uvloop: the timer; asyncio's own loop: the read) must not decide."""
+        self._deadline = deadline
         while not self.status:
             if self._error is not None:
                 raise self._error
             await self._wait(deadline)
+        if self.status_late:
+            raise TimeoutError()
 
     async def readany(self, timeout_s: float) -> bytes:
         """The body bytes that have arrived (waiting up to ``timeout_s`` for some), or b"" at
@@ -315,9 +324,12 @@ class UpstreamPool:
             response = UpstreamResponse(self, conn)
             conn.response = response
             assert conn.transport is not None
+            # the deadline counts from the send: a pause of the process between the send and the
+            # wait (a collection of a large heap) must not push it past an answer that came meanwhile
+            deadline = time.monotonic() + timeout_s
             conn.transport.write(request)
             try:
-                await response.headers(timeout_s)
+                await response.headers(deadline)
                 return response
             except UpstreamConnectError:
                 response.close()

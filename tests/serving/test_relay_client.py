@@ -196,3 +196,51 @@ def test_a_slow_reader_pauses_the_upstream_instead_of_buffering_everything():
 
     buffered, total = run(scenario())
     assert total == len(big) and buffered < 2 << 20
+
+
+def test_the_status_line_deadline_counts_from_the_send_not_from_a_pause_after_it(monkeypatch):
+    """The process pauses right after sending (a collection of a large heap) for longer than
+    the timeout, and the answer, slower than the timeout too, arrives during the pause: by
+    the clock the upstream was late, so it is a timeout, not an answer."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        time.sleep(0.2)  # slower than the 0.05 s timeout
+        conn.sendall(OK)
+        time.sleep(1)
+        conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+
+    class Pausing:
+        def __init__(self, transport) -> None:
+            self.transport = transport
+
+        def write(self, data: bytes) -> None:
+            self.transport.write(data)
+            time.sleep(0.4)  # the answer comes in meanwhile
+
+        def __getattr__(self, name):
+            return getattr(self.transport, name)
+
+    acquire = UpstreamPool._acquire
+
+    async def pausing_acquire(self):
+        conn, reused = await acquire(self)
+        conn.transport = Pausing(conn.transport)
+        return conn, reused
+
+    monkeypatch.setattr(UpstreamPool, "_acquire", pausing_acquire)
+
+    async def scenario():
+        pool = UpstreamPool(f"http://127.0.0.1:{listener.getsockname()[1]}", 1.0, 4)
+        with pytest.raises(TimeoutError):
+            await pool.post("/v1/completions", b"{}", {}, 0.05)
+
+    run(scenario())
+    listener.close()
