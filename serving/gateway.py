@@ -48,7 +48,8 @@ from serving.exposition import render
 from serving.features import FeatureQueue, FeatureRecord, FeatureSink, HttpSink
 from serving.feedback import AnswerMemory, FeedbackSink, parse_rating, unknown_answer
 from serving.metrics import UNROUTED, GatewayMetrics, RouteSeries, create_metrics, observe_many
-from serving.relay_client import TIMER_SLACK_S, UpstreamResponse
+from serving.lazy_timer import SLACK_S, LazyTimer
+from serving.relay_client import UpstreamResponse
 from serving.settings import GatewaySettings
 from serving.sse import EventProcessor, SSESplitter, StreamAccount, chunk_logprobs, strip_logprobs
 from serving.tracing import PROPAGATOR, ServerSpans, build_tracer_provider, exemplar, get_tracer, inject_context
@@ -655,11 +656,11 @@ class StreamRelay:
         self.as_is = not self.want_id and state.rename is None  # chunks may go out as they came
         self.first_seen = False
         self.idle_s = gateway.settings.upstream_stream_idle_timeout_s
-        self.last = time.perf_counter()  # of the last chunk, for the idle timeout
+        self.last = time.perf_counter()  # when the last chunk came (or the client caught up): the idle clock
         self.client_slow = False  # reading paused until the client's socket drains: not idle
-        loop = asyncio.get_running_loop()
-        self.finished: asyncio.Future[None] = loop.create_future()
-        self._timer = loop.call_later(self.idle_s, self._on_idle)
+        self.finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._idle = LazyTimer(self._idle_due)  # per chunk, only ``last`` moves
+        self._idle.fire_by(time.monotonic() + self.idle_s)
 
     def start(self) -> None:
         headers = [b"%s: %s\r\n" % h for h in RELAY_HEADERS]
@@ -737,16 +738,17 @@ class StreamRelay:
         else:
             self.resp.pause_reading()
 
-    def _on_idle(self) -> None:
+    def _idle_due(self) -> float | None:
         if self.settled:
-            return
-        remaining = self.last + self.idle_s - time.perf_counter()
-        if self.client_slow or remaining > TIMER_SLACK_S:
-            self._timer = asyncio.get_running_loop().call_later(self.idle_s if self.client_slow else remaining,
-                                                                self._on_idle)
-            return
+            return None
+        if self.client_slow:
+            return time.monotonic() + self.idle_s
+        remaining = self.last + self.idle_s - time.perf_counter()  # ``last`` is on the tokens' clock
+        if remaining > SLACK_S:
+            return time.monotonic() + remaining
         self.fail(504, "timeout", f"upstream sent nothing for {self.idle_s}s", code="upstream_timeout")
         self._end(errors.stream_error_event(self.error or "stream failed", self.code))
+        return None
 
     def abort(self, error: str) -> None:
         if not self.settled:
@@ -762,7 +764,7 @@ class StreamRelay:
     def _end(self, last: bytes) -> None:
         """Settle, then send the stream's last bytes (nothing to a client that left)."""
         self.settled = True
-        self._timer.cancel()
+        self._idle.cancel()
         if self.account.done:
             self.resp.release()
         else:

@@ -20,8 +20,9 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from serving.lazy_timer import SLACK_S, LazyTimer, reached
+
 HIGH_WATER = 1 << 20  # bytes buffered from vLLM before reading pauses (a client slower than vLLM)
-TIMER_SLACK_S = 0.001  # a deadline this close counts as reached (timers fire with millisecond steps)
 IDLE_KEEP_S = 4.0  # reuse a pooled connection only this long: uvicorn (vLLM's server) closes after 5 s
 
 
@@ -50,8 +51,7 @@ class _Connection(asyncio.Protocol):
         self.response: UpstreamResponse | None = None
         self.lost = False
         self.idle_since = 0.0
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = 0.0
+        self.timer = LazyTimer(self._on_timer)  # the waiting response's deadline, one per connection
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -69,9 +69,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self.timer.cancel()
         response = self.response
         if response is not None and not response.complete:
             error = (UpstreamDisconnected if response.status else UpstreamConnectError)(
@@ -91,7 +89,7 @@ class _Connection(asyncio.Protocol):
         response = self.response
         if response is not None:
             response.status = self.parser.get_status_code()
-            response.status_late = time.monotonic() - response._deadline > TIMER_SLACK_S  # noqa: SLF001
+            response.status_late = time.monotonic() - response._deadline > SLACK_S  # noqa: SLF001
             response.keep_alive = self.parser.should_keep_alive()
             response.wake()
 
@@ -108,21 +106,8 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None and not self.lost:
             self.transport.close()
 
-    def fire_by(self, deadline: float) -> None:
-        """Have the timer fire by ``deadline`` (``time.monotonic()``): one timer per
-        connection, kept across its requests and moved on when it fires early, because
-        starting and cancelling a timer per request costs more than the rest of the wait."""
-        if self._timer is not None:
-            if self._timer_at <= deadline + TIMER_SLACK_S:
-                return
-            self._timer.cancel()
-        self._timer_at = deadline
-        self._timer = asyncio.get_running_loop().call_later(max(0.0, deadline - time.monotonic()), self._on_timer)
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        if self.response is not None:
-            self.response.on_timer()
+    def _on_timer(self) -> float | None:
+        return self.response.on_timer() if self.response is not None else None
 
 
 class UpstreamResponse:
@@ -182,25 +167,24 @@ class UpstreamResponse:
     async def _wait(self, deadline: float) -> None:
         """Wait for the connection to report something, until ``deadline`` (``time.monotonic()``).
 
-        The connection's timer (``fire_by``) is moved on lazily when it fires before the
-        current deadline. The monotonic clock, not the loop's: uvloop's steps in
-        milliseconds and is read at the start of a loop iteration."""
+        The connection's timer (serving/lazy_timer.py) is kept across its requests."""
         waiter = self._waiter = asyncio.get_running_loop().create_future()
         self._deadline = deadline
-        self._conn.fire_by(deadline)
+        self._conn.timer.fire_by(deadline)
         try:
             await waiter
         finally:
             self._waiter = None
 
-    def on_timer(self) -> None:
+    def on_timer(self) -> float | None:
+        """The connection's timer fired: time out the wait, or say when to look again."""
         waiter = self._waiter
         if waiter is None or waiter.done():
-            return  # nothing waits: the next wait sets the timer again
-        if self._deadline - time.monotonic() <= TIMER_SLACK_S:
-            waiter.set_exception(TimeoutError())
-        else:
-            self._conn.fire_by(self._deadline)
+            return None  # nothing waits: the next wait sets the timer again
+        if not reached(self._deadline):
+            return self._deadline
+        waiter.set_exception(TimeoutError())
+        return None
 
     async def headers(self, deadline: float) -> None:
         """Wait for the status line until ``deadline`` (``time.monotonic()``), however often woken.

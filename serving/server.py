@@ -16,13 +16,15 @@ protocol level, plus what that server lacks in front of untrusted clients.
 from __future__ import annotations
 
 import asyncio
+import time
 from urllib.parse import unquote_to_bytes
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from serving.errors import error_body
 from serving.exchange import Exchange
+from serving.lazy_timer import LazyTimer, reached
 from serving.metrics import UNROUTED
 from serving.validation import ROUTE_PATHS
 
@@ -30,7 +32,6 @@ MAX_HEAD_BYTES = 64 * 1024  # request line and headers; nginx's large_client_hea
 FIRST_READ_BYTES = 256 * 1024  # the first reads may carry the start of the body along with the head
 HEAD_TIMEOUT_S = 10.0  # from a request's first byte to the end of its headers
 LINGER_S = 5.0  # reading a refused body away before closing (nginx's lingering_timeout)
-STATUS_LINES = {400: b"400 Bad Request", 408: b"408 Request Timeout", 431: b"431 Request Header Fields Too Large"}
 PROXY_ROUTES = {path.encode(): route for route, path in ROUTE_PATHS.items()}
 PIPELINE_READ_AHEAD = 8  # requests read while they wait behind the one being answered
 
@@ -51,8 +52,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     _in_head = False
     _head_bytes = 0  # received while the head is incomplete
     _header_bytes = 0  # of parsed header names and values
-    _head_timer: asyncio.TimerHandle | None = None
-    _head_started = 0.0
+    _head_started = 0.0  # time.monotonic()
     _idle_since: float | None = None  # when the last answer of a keep-alive connection went out
     _active = None  # the request being answered (an Exchange or uvicorn's cycle)
     _refusal: tuple[int, str, str] | None = None
@@ -60,6 +60,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self.gateway = _find_gateway(self.app)
+        # one timer each per connection, moved on lazily, not one started and cancelled per request
+        self._head_timer = LazyTimer(self._head_due)
+        self._keep_alive_timer = LazyTimer(self._keep_alive_due)
 
     def linger(self) -> None:
         """Close after an answer given before the request's body was read, without a reset.
@@ -108,9 +111,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._idle_since = None  # a request began: the keep-alive clock stops
         self._in_head, self._head_bytes, self._header_bytes = True, 0, 0
-        self._head_started = self.loop.time()
-        if self._head_timer is None:  # one timer per connection, moved on lazily, not one per request
-            self._head_timer = self.loop.call_later(HEAD_TIMEOUT_S, self._head_timeout)
+        self._head_started = time.monotonic()
+        self._head_timer.fire_by(self._head_started + HEAD_TIMEOUT_S)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_bytes += len(name) + len(value) + 4
@@ -160,8 +162,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
 
     def on_response_complete(self) -> None:
-        """uvicorn's, with one keep-alive timer per connection, moved on lazily, instead of
-        a timer started and cancelled per request (a few microseconds each)."""
+        """uvicorn's, with the connection's lazy keep-alive timer."""
         self.server_state.total_requests += 1
         if self.transport.is_closing():
             return
@@ -170,24 +171,22 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             cycle, app = self.pipeline.pop()
             self._start_asgi_task(cycle, app)
             return
-        self._idle_since = self.loop.time()
-        if self.timeout_keep_alive_task is None:
-            self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self._keep_alive_due)
+        self._idle_since = time.monotonic()
+        self._keep_alive_timer.fire_by(self._idle_since + self.timeout_keep_alive)
 
     def _unset_keepalive_if_required(self) -> None:
         """uvicorn calls this on every read. The keep-alive clock stops when a request begins
         (``on_message_begin``) instead: bytes that still come for a request already answered
         (a body refused unread) do not keep the connection open."""
 
-    def _keep_alive_due(self) -> None:
-        self.timeout_keep_alive_task = None
+    def _keep_alive_due(self) -> float | None:
         if self._idle_since is None:
-            return  # busy: the next answer sets the timer again
-        remaining = self._idle_since + self.timeout_keep_alive - self.loop.time()
-        if remaining > 0:
-            self.timeout_keep_alive_task = self.loop.call_later(remaining, self._keep_alive_due)
-        else:
-            self.timeout_keep_alive_handler()
+            return None  # busy: the next answer sets the timer again
+        deadline = self._idle_since + self.timeout_keep_alive
+        if not reached(deadline):
+            return deadline
+        self.timeout_keep_alive_handler()
+        return None
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -201,10 +200,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._end_head()
-        for timer in (self._head_timer, self.timeout_keep_alive_task):
-            if timer is not None:
-                timer.cancel()
-        self._head_timer = self.timeout_keep_alive_task = None
+        self._head_timer.cancel()
+        self._keep_alive_timer.cancel()
         active = self._active  # uvicorn tells only the newest request, which may be a pipelined one
         if active is not None and active is not self.cycle and not active.response_complete:
             active.disconnected = True
@@ -214,15 +211,14 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def _end_head(self) -> None:
         self._in_head = False
 
-    def _head_timeout(self) -> None:
-        self._head_timer = None
+    def _head_due(self) -> float | None:
         if not self._in_head or self.transport.is_closing():
-            return  # the next request's head arms it again
-        remaining = self._head_started + HEAD_TIMEOUT_S - self.loop.time()
-        if remaining > 0:
-            self._head_timer = self.loop.call_later(remaining, self._head_timeout)
-        else:
-            self._refuse(408, "request_timeout", f"The request's headers did not arrive within {HEAD_TIMEOUT_S:g}s.")
+            return None  # the next request's head sets the timer again
+        deadline = self._head_started + HEAD_TIMEOUT_S
+        if not reached(deadline):
+            return deadline
+        self._refuse(408, "request_timeout", f"The request's headers did not arrive within {HEAD_TIMEOUT_S:g}s.")
+        return None
 
     def _refuse(self, status: int, code: str, message: str) -> None:
         self._end_head()
@@ -243,7 +239,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         body = error_body(message, "invalid_request_error", code)
-        head = [b"HTTP/1.1 %s\r\n" % STATUS_LINES[status]]
+        head = [STATUS_LINE[status]]
         for name, value in self.server_state.default_headers:
             head.extend([name, b": ", value, b"\r\n"])
         head.append(b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(body))
