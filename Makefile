@@ -91,8 +91,8 @@ bench: install $(LITELLM_VENV)/.installed
 
 # Regenerate the Grafana dashboards (dashboards/json) from dashboards/*.py.
 dashboards: install
-	$(PY) -m dashboards.generate
-	$(PY) -m inferwatch.kubernetes
+	$(PY) -m inferwatch.dashboards.generate
+	$(PY) -m inferwatch.deploy.manifests
 
 # Alert rule evaluation with 50 models x 2 variants, and fault-to-page times through `inferwatch up`.
 bench-alerts: install
@@ -115,7 +115,7 @@ clean:
 # Regenerate the alert rules, the Prometheus/Alertmanager configs and the Kubernetes
 # manifests under deploy/.
 alerts: install
-	$(PY) -m alerts.generate
-	$(PY) -m alerts.dcgm
-	$(PY) -m inferwatch.monitoring
-	$(PY) -m inferwatch.kubernetes
+	$(PY) -m inferwatch.alerts.generate
+	$(PY) -m inferwatch.alerts.dcgm
+	$(PY) -m inferwatch.deploy.monitoring
+	$(PY) -m inferwatch.deploy.manifests

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import yaml
 
-from exporters.metrics import THROTTLE_REASONS
+from inferwatch.exporters.metrics import THROTTLE_REASONS
 from inferwatch.catalog import metric as m
 
 OUT = Path(__file__).resolve().parent / "compat" / "dcgm-exporter.yml"

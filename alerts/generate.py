@@ -22,8 +22,8 @@ from pathlib import Path
 
 import yaml
 
-from alerts import spec
-from alerts.model import SLO, Alert, BurnTier, BurnWindow, seconds
+from inferwatch.alerts import spec
+from inferwatch.alerts.model import SLO, Alert, BurnTier, BurnWindow, seconds
 from inferwatch.catalog import metric as catalog_metric
 
 RULES_DIR = Path(__file__).resolve().parent / "rules"

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"  # Alertmanager notification templates (package data)
+
 GROUP_BY = ["alertname", "model", "cluster"]
 
 

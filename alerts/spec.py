@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from prometheus_client.utils import floatToGoString
 
-from alerts.model import SLO, Alert, BurnTier, BurnWindow
-from dashboards import uids
-from drift.ab.spec import PAGE_SHARE, PAGING
+from inferwatch.alerts.model import SLO, Alert, BurnTier, BurnWindow
+from inferwatch.dashboards import uids
+from inferwatch.drift.ab.spec import PAGE_SHARE, PAGING
 from inferwatch.catalog import metric as m
-from serving.metrics import REQUEST_DURATION_BUCKETS, TTFT_BUCKETS
+from inferwatch.serving.metrics import REQUEST_DURATION_BUCKETS, TTFT_BUCKETS
 
 RUNBOOK_BASE_URL = "https://github.com/inferwatch/inferwatch/blob/main/alerts/runbooks"
 GRAFANA_URL = "http://localhost:3000"

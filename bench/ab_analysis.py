@@ -21,11 +21,11 @@ import numpy as np  # noqa: E402
 from scipy import special  # noqa: E402
 from scipy import stats as sps  # noqa: E402
 
-from drift.ab import sequential as seq  # noqa: E402
-from drift.ab import stats  # noqa: E402
-from drift.ab.decision import Arm, Experiment, analyse, evaluate_metric  # noqa: E402
-from drift.ab.spec import BY_NAME  # noqa: E402
-from drift.calibration import holm  # noqa: E402
+from inferwatch.drift.ab import sequential as seq  # noqa: E402
+from inferwatch.drift.ab import stats  # noqa: E402
+from inferwatch.drift.ab.decision import Arm, Experiment, analyse, evaluate_metric  # noqa: E402
+from inferwatch.drift.ab.spec import BY_NAME  # noqa: E402
+from inferwatch.drift.calibration import holm  # noqa: E402
 from tests.drift.ab_sim import Effects, arm_at, stream  # noqa: E402
 from tests.drift.test_ab_sequential import _power_proportion, _ttft_probabilities  # noqa: E402
 

@@ -24,10 +24,10 @@ from opentelemetry import trace  # noqa: E402
 from prometheus_client import CollectorRegistry  # noqa: E402
 from starlette.requests import Request  # noqa: E402
 
-from serving.feedback import AnswerMemory  # noqa: E402
-from serving.gateway import _RESPONSE_ID, Gateway, RequestState  # noqa: E402
-from serving.settings import GatewaySettings  # noqa: E402
-from serving.validation import ModelInfo  # noqa: E402
+from inferwatch.serving.feedback import AnswerMemory  # noqa: E402
+from inferwatch.serving.gateway import _RESPONSE_ID, Gateway, RequestState  # noqa: E402
+from inferwatch.serving.settings import GatewaySettings  # noqa: E402
+from inferwatch.serving.validation import ModelInfo  # noqa: E402
 
 EXPERIMENT = """
 experiments:

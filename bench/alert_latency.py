@@ -30,11 +30,11 @@ sys.path.insert(0, str(ROOT))
 import psutil  # noqa: E402
 import requests  # noqa: E402
 
-from alerts import spec  # noqa: E402
-from alerts.generate import cap_for, rule_files, write  # noqa: E402
-from alerts.model import seconds  # noqa: E402
-from inferwatch.monitoring import FAST_INTERVALS, Intervals  # noqa: E402
-from serving.tiny_model import build_tiny_model  # noqa: E402
+from inferwatch.alerts import spec  # noqa: E402
+from inferwatch.alerts.generate import cap_for, rule_files, write  # noqa: E402
+from inferwatch.alerts.model import seconds  # noqa: E402
+from inferwatch.deploy.monitoring import FAST_INTERVALS, Intervals  # noqa: E402
+from inferwatch.serving.tiny_model import build_tiny_model  # noqa: E402
 from tests.drift.records import body, records  # noqa: E402
 from tests.support.servers import free_ports  # noqa: E402
 

@@ -27,15 +27,15 @@ import numpy as np  # noqa: E402
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 from scipy import stats  # noqa: E402
 
-from drift.binning import categorical_counts, histogram, log_edges, merge, merged_bins, merged_edges  # noqa: E402
-from drift.binning import quantile_starts  # noqa: E402
-from drift.calibration import STATISTICS, holm, null_distribution, size_band, statistics as stat_rows  # noqa: E402
-from drift.methods import METHODS, chi_square, evaluate  # noqa: E402
-from drift.schema import FEATURES  # noqa: E402
-from drift.service import DriftCollector  # noqa: E402
-from drift.state import DriftState, WindowConfig  # noqa: E402
-from drift.store import Store  # noqa: E402
-from drift.verdicts import CalibrationCache, Policy, method_results, score  # noqa: E402
+from inferwatch.drift.binning import categorical_counts, histogram, log_edges, merge, merged_bins, merged_edges  # noqa: E402
+from inferwatch.drift.binning import quantile_starts  # noqa: E402
+from inferwatch.drift.calibration import STATISTICS, holm, null_distribution, size_band, statistics as stat_rows  # noqa: E402
+from inferwatch.drift.methods import METHODS, chi_square, evaluate  # noqa: E402
+from inferwatch.drift.schema import FEATURES  # noqa: E402
+from inferwatch.drift.service import DriftCollector  # noqa: E402
+from inferwatch.drift.state import DriftState, WindowConfig  # noqa: E402
+from inferwatch.drift.store import Store  # noqa: E402
+from inferwatch.drift.verdicts import CalibrationCache, Policy, method_results, score  # noqa: E402
 from tests.drift.records import body, records  # noqa: E402
 
 ALPHA = 0.01

@@ -26,8 +26,8 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from drift.binning import histogram, log_edges  # noqa: E402
-from drift.methods import METHODS, evaluate, prepare  # noqa: E402
+from inferwatch.drift.binning import histogram, log_edges  # noqa: E402
+from inferwatch.drift.methods import METHODS, evaluate, prepare  # noqa: E402
 
 EVIDENTLY_VENV = ROOT / "bench" / ".venv-evidently"
 EVIDENTLY_PY = EVIDENTLY_VENV / "bin" / "python"

@@ -25,8 +25,8 @@ sys.path.insert(0, str(ROOT))
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 from prometheus_client.registry import Collector  # noqa: E402
 
-from exporters.collector import CachedExposition, NvmlCollector, SnapshotStore  # noqa: E402
-from exporters.sampler import Sampler  # noqa: E402
+from inferwatch.exporters.collector import CachedExposition, NvmlCollector, SnapshotStore  # noqa: E402
+from inferwatch.exporters.sampler import Sampler  # noqa: E402
 from bench.procs import running  # noqa: E402
 from tests.exporters.fleet import Clock, fleet  # noqa: E402
 from tests.support.servers import free_port  # noqa: E402
@@ -142,7 +142,7 @@ def render_rows(gpus: int, repeats: int = 500) -> list[str]:
 
 RUNNER = """
 import sys; sys.path.insert(0, {root!r})
-from exporters.server import ExporterSettings, serve
+from inferwatch.exporters.server import ExporterSettings, serve
 from tests.exporters.fleet import fleet
 serve(ExporterSettings(port={port}, interval_s=1.0, gpm={gpm}), nvml=fleet({gpus}))
 """

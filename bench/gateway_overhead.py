@@ -271,7 +271,7 @@ def populated_registry(models: int, variants: int):
     """Metrics as a busy gateway has them: every route and status class seen per model/variant."""
     from prometheus_client import CollectorRegistry
 
-    from serving.metrics import create_metrics
+    from inferwatch.serving.metrics import create_metrics
 
     registry = CollectorRegistry()
     m = create_metrics(registry)
@@ -302,7 +302,7 @@ def render_table(repeats: int = 50) -> list[str]:
     alternated in the same run on the same registry; ratio: prometheus_client's median over ours."""
     from prometheus_client.exposition import choose_encoder
 
-    from serving.exposition import render
+    from inferwatch.serving.exposition import render
 
     rows = ["| label set | format | series | bytes | prometheus_client median | ours median | ours p99 | ratio |",
             "|---|---|---|---|---|---|---|---|"]

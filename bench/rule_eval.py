@@ -37,11 +37,11 @@ import requests  # noqa: E402
 import yaml  # noqa: E402
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest  # noqa: E402
 
-from alerts import spec  # noqa: E402
-from alerts.generate import (  # noqa: E402
+from inferwatch.alerts import spec  # noqa: E402
+from inferwatch.alerts.generate import (  # noqa: E402
     ERRORS_1H_SAMPLED, ERRORS_5M, ERRORS_5M_SAMPLED, EVENTS_1H_SAMPLED, EVENTS_5M, EVENTS_5M_SAMPLED, RULES_DIR)
 from bench.procs import running  # noqa: E402
-from serving.metrics import create_metrics  # noqa: E402
+from inferwatch.serving.metrics import create_metrics  # noqa: E402
 from tests.support.servers import free_ports  # noqa: E402
 
 ROUTES = ("/v1/chat/completions", "/v1/completions")

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dashboards import uids
-from dashboards.panels import (RATE, dashboard, or_zero, q, quantiles, query_variable, server_error_ratio, stat_panel,
+from inferwatch.dashboards import uids
+from inferwatch.dashboards.panels import (RATE, dashboard, or_zero, q, quantiles, query_variable, server_error_ratio, stat_panel,
                                timeseries_panel)
-from alerts.spec import JOB_DRIFT
+from inferwatch.alerts.spec import JOB_DRIFT
 from inferwatch.catalog import metric as m
 
 SEG = 'model=~"$model", variant=~"$variant", instance=~"$drift"'

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
-from dashboards import drift, gpus, serving, slos
+from inferwatch.dashboards import drift, gpus, serving, slos
 
 JSON_DIR = Path(__file__).resolve().parent / "json"
 MODULES = (serving, gpus, drift, slos)

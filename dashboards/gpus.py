@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dashboards import uids
-from dashboards.panels import RATE, dashboard, or_zero, q, query_variable, stat_panel, timeseries_panel
+from inferwatch.dashboards import uids
+from inferwatch.dashboards.panels import RATE, dashboard, or_zero, q, query_variable, stat_panel, timeseries_panel
 from inferwatch.catalog import metric as m
 
 SEL = 'instance=~"$host", gpu=~"$gpu"'

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dashboards import uids
-from dashboards.panels import (RATE, dashboard, heatmap_panel, or_zero, q, quantiles, query_variable,
+from inferwatch.dashboards import uids
+from inferwatch.dashboards.panels import (RATE, dashboard, heatmap_panel, or_zero, q, quantiles, query_variable,
                                server_error_ratio, stat_panel, timeseries_panel)
-from alerts.spec import JOB_GATEWAY, JOB_VLLM
+from inferwatch.alerts.spec import JOB_GATEWAY, JOB_VLLM
 from inferwatch.catalog import metric as m
-from serving.gateway import UNKNOWN_MODEL
+from inferwatch.serving.gateway import UNKNOWN_MODEL
 
 SEL = 'model=~"$model", variant=~"$variant", instance=~"$gateway"'
 REQ = m("inferwatch_gateway_requests_total")

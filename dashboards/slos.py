@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from alerts.generate import BUDGET_REMAINING, PERIOD_INTERVAL, error_ratio, fresh, interval_of
-from alerts.spec import TIERS
-from dashboards import uids
-from dashboards.panels import dashboard, or_zero, q, query_variable, stat_panel, timeseries_panel
-from serving.gateway import UNKNOWN_MODEL
+from inferwatch.alerts.generate import BUDGET_REMAINING, PERIOD_INTERVAL, error_ratio, fresh, interval_of
+from inferwatch.alerts.spec import TIERS
+from inferwatch.dashboards import uids
+from inferwatch.dashboards.panels import dashboard, or_zero, q, query_variable, stat_panel, timeseries_panel
+from inferwatch.serving.gateway import UNKNOWN_MODEL
 
 SEL = 'model=~"$model", slo=~"$slo"'
 BUDGET = "inferwatch_slo:error_budget:ratio"

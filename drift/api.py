@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from drift.schema import RANGES, SEGMENT_TEXT_MAX
+from inferwatch.drift.schema import RANGES, SEGMENT_TEXT_MAX
 
 Text = Field(min_length=1, max_length=SEGMENT_TEXT_MAX)
 

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special
 
-from drift.binning import Edges
-from drift.methods import EPSILON, w1_normed
+from inferwatch.drift.binning import Edges
+from inferwatch.drift.methods import EPSILON, w1_normed
 
 # The statistics computed per draw, in this order; "ks" is the KS distance D (its p-value
 # comes from the draws, not from the Kolmogorov distribution, which binning makes conservative).

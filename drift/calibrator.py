@@ -19,8 +19,8 @@ import threading
 from collections import deque
 from typing import Callable
 
-from drift.calibration import NullDistribution, next_band, size_band
-from drift.verdicts import CacheKey, CalibrationCache, Reference, calibrate
+from inferwatch.drift.calibration import NullDistribution, next_band, size_band
+from inferwatch.drift.verdicts import CacheKey, CalibrationCache, Reference, calibrate
 
 log = logging.getLogger(__name__)
 Compute = Callable[[Reference, str, int, int], NullDistribution]  # reference, feature, band, resamples

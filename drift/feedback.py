@@ -17,7 +17,7 @@ from typing import Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from drift.schema import RANGES, SEGMENT_TEXT_MAX
+from inferwatch.drift.schema import RANGES, SEGMENT_TEXT_MAX
 
 POSITIVE = 0.5
 MAX_RECORDS = 10_000

@@ -22,7 +22,7 @@ from typing import Callable, Literal
 import numpy as np
 from scipy import special, stats
 
-from drift.binning import CategoricalCounts, Histogram
+from inferwatch.drift.binning import CategoricalCounts, Histogram
 
 EPSILON = 1e-4
 Kind = Literal["distance", "p_value"]

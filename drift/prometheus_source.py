@@ -15,10 +15,10 @@ import re
 import numpy as np
 import requests
 
-from drift.binning import Edges, Histogram, merge, merged_bins, merged_edges, quantile_starts
-from drift.calibration import null_distribution, size_band
-from drift.methods import METHODS, DriftResult
-from drift.verdicts import Policy, method_results
+from inferwatch.drift.binning import Edges, Histogram, merge, merged_bins, merged_edges, quantile_starts
+from inferwatch.drift.calibration import null_distribution, size_band
+from inferwatch.drift.methods import METHODS, DriftResult
+from inferwatch.drift.verdicts import Policy, method_results
 
 _NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _SELECTOR = re.compile(r'^(\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"[^"\\]*"\s*,?)*$')

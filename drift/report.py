@@ -16,12 +16,12 @@ import math
 import time
 from dataclasses import dataclass
 
-from drift.ab.report import AbEntry
-from drift.binning import CategoricalCounts, Histogram, merge
-from drift.methods import DriftResult
-from drift.schema import FEATURES, UNITS
-from drift.state import Baseline, HistoryPoint, headline
-from drift.verdicts import SegmentVerdict
+from inferwatch.drift.ab.report import AbEntry
+from inferwatch.drift.binning import CategoricalCounts, Histogram, merge
+from inferwatch.drift.methods import DriftResult
+from inferwatch.drift.schema import FEATURES, UNITS
+from inferwatch.drift.state import Baseline, HistoryPoint, headline
+from inferwatch.drift.verdicts import SegmentVerdict
 
 W, H = 900, 170  # chart area
 LEFT, BOTTOM, TOP = 46, 40, 12

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 
-from drift.binning import Edges, linear_edges, log_edges
+from inferwatch.drift.binning import Edges, linear_edges, log_edges
 
 MAX_BATCH = 10_000
 SEGMENT_TEXT_MAX = 128

@@ -22,21 +22,21 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
-from drift import api, report
-from drift.ab import http as ab_http
-from drift.ab import report as ab_report
-from drift.ab.exposition import AbCollector, Watchlist
-from drift import metrics as drift_metrics
-from drift.errors import CatchAll, http_error
-from drift.feedback import FeedbackBatch, FeedbackLog
-from drift.errors import error_response as _error
-from drift.methods import DriftResult
-from drift.prometheus_source import PrometheusSource, SourceError
-from drift.schema import FEATURES, NUMERIC_FEATURES, RANGES, SEGMENT_TEXT_MAX, UNITS, BatchError
-from drift.state import Baseline, DriftState, SegmentLimit, WindowConfig, headline, smallest_alpha
-from drift.store import Store
-from drift.verdicts import SegmentVerdict, analysis_edges, feature_status
-from drift.windows import Segment
+from inferwatch.drift import api, report
+from inferwatch.drift.ab import http as ab_http
+from inferwatch.drift.ab import report as ab_report
+from inferwatch.drift.ab.exposition import AbCollector, Watchlist
+from inferwatch.drift import metrics as drift_metrics
+from inferwatch.drift.errors import CatchAll, http_error
+from inferwatch.drift.feedback import FeedbackBatch, FeedbackLog
+from inferwatch.drift.errors import error_response as _error
+from inferwatch.drift.methods import DriftResult
+from inferwatch.drift.prometheus_source import PrometheusSource, SourceError
+from inferwatch.drift.schema import FEATURES, NUMERIC_FEATURES, RANGES, SEGMENT_TEXT_MAX, UNITS, BatchError
+from inferwatch.drift.state import Baseline, DriftState, SegmentLimit, WindowConfig, headline, smallest_alpha
+from inferwatch.drift.store import Store
+from inferwatch.drift.verdicts import SegmentVerdict, analysis_edges, feature_status
+from inferwatch.drift.windows import Segment
 from inferwatch import __version__
 
 

@@ -17,14 +17,14 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from drift.binning import OTHER, CategoricalCounts, Histogram
-from drift.calibration import RESAMPLES
-from drift.calibrator import BackgroundCalibrator
-from drift.methods import METHODS, DriftResult, ks_exact, wasserstein_exact
-from drift.schema import CATEGORICAL_FEATURES, FEATURES, NUMERIC_FEATURES, UNITS, Batch, BatchError, parse_batch
-from drift.store import Store
-from drift.verdicts import CalibrationCache, Policy, Reference, SegmentVerdict, analysis_edges, reference_of, score
-from drift.windows import Segment, SegmentWindow, baseline_from, segments_of
+from inferwatch.drift.binning import OTHER, CategoricalCounts, Histogram
+from inferwatch.drift.calibration import RESAMPLES
+from inferwatch.drift.calibrator import BackgroundCalibrator
+from inferwatch.drift.methods import METHODS, DriftResult, ks_exact, wasserstein_exact
+from inferwatch.drift.schema import CATEGORICAL_FEATURES, FEATURES, NUMERIC_FEATURES, UNITS, Batch, BatchError, parse_batch
+from inferwatch.drift.store import Store
+from inferwatch.drift.verdicts import CalibrationCache, Policy, Reference, SegmentVerdict, analysis_edges, reference_of, score
+from inferwatch.drift.windows import Segment, SegmentWindow, baseline_from, segments_of
 
 log = logging.getLogger(__name__)
 Windows = dict[str, Histogram | CategoricalCounts]

@@ -16,10 +16,10 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from drift.binning import CategoricalCounts, Edges, Histogram, merge, merged_bins, merged_edges, quantile_starts
-from drift.calibration import RESAMPLES, NullDistribution, holm, null_distribution, size_band
-from drift.methods import METHODS, DriftResult, chi_square, evaluate, prepare
-from drift.schema import CATEGORICAL_FEATURES, NUMERIC_FEATURES
+from inferwatch.drift.binning import CategoricalCounts, Edges, Histogram, merge, merged_bins, merged_edges, quantile_starts
+from inferwatch.drift.calibration import RESAMPLES, NullDistribution, holm, null_distribution, size_band
+from inferwatch.drift.methods import METHODS, DriftResult, chi_square, evaluate, prepare
+from inferwatch.drift.schema import CATEGORICAL_FEATURES, NUMERIC_FEATURES
 
 Windows = dict[str, Histogram | CategoricalCounts]
 NUMERIC_METHODS = tuple(m for m, s in METHODS.items() if s.applies_to == "numeric")

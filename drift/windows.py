@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from drift.binning import CategoricalCounts, Histogram, histogram
-from drift.schema import CATEGORICAL_FEATURES, NUMERIC_FEATURES, Batch
+from inferwatch.drift.binning import CategoricalCounts, Histogram, histogram
+from inferwatch.drift.schema import CATEGORICAL_FEATURES, NUMERIC_FEATURES, Batch
 
 Segment = tuple[str, str]  # (model, variant)
 

@@ -15,9 +15,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from exporters.metrics import SPECS
-from exporters.sampler import Snapshot
-from exporters.xid import XidWatcher
+from inferwatch.exporters.metrics import SPECS
+from inferwatch.exporters.sampler import Snapshot
+from inferwatch.exporters.xid import XidWatcher
 
 
 class SnapshotStore:

@@ -15,7 +15,7 @@ import logging
 import time
 from typing import Any, Callable
 
-from exporters.metrics import GPM_METRICS
+from inferwatch.exporters.metrics import GPM_METRICS
 
 log = logging.getLogger(__name__)
 MIN_INTERVAL_S = 0.1  # NVML's shortest time between the two samples of a GPM metric

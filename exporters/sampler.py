@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from exporters.gpm import GpmReader, gpm_supported
-from exporters.metrics import COMPUTE_MODES, TEMPERATURE_THRESHOLDS, THROTTLE_REASONS
+from inferwatch.exporters.gpm import GpmReader, gpm_supported
+from inferwatch.exporters.metrics import COMPUTE_MODES, TEMPERATURE_THRESHOLDS, THROTTLE_REASONS
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ from typing import Any
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from exporters.collector import CachedExposition, SnapshotStore
-from exporters.sampler import Sampler
-from exporters.xid import XidWatcher
+from inferwatch.exporters.collector import CachedExposition, SnapshotStore
+from inferwatch.exporters.sampler import Sampler
+from inferwatch.exporters.xid import XidWatcher
 
 log = logging.getLogger(__name__)
 STALE_AFTER_S = 60.0  # /health fails past this snapshot age (GPUExporterSnapshotStale's threshold)

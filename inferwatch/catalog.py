@@ -32,11 +32,11 @@ def _registry_series(registry: CollectorRegistry) -> list[tuple[str, str]]:
 @cache
 def _exposed() -> dict[str, tuple[str, str]]:
     """Series name -> (component that exports it, family kind)."""
-    from drift.metrics import DRIFT_METRICS
-    from exporters.metrics import SPECS
+    from inferwatch.drift.metrics import DRIFT_METRICS
+    from inferwatch.exporters.metrics import SPECS
     from inferwatch.supervise import Supervisor
-    from serving.metrics import create_metrics
-    from serving.vllm_metrics import VLLM_METRICS
+    from inferwatch.serving.metrics import create_metrics
+    from inferwatch.serving.vllm_metrics import VLLM_METRICS
 
     out = {name: ("prometheus", "gauge") for name in PROMETHEUS_SERIES}
     gateway = CollectorRegistry()

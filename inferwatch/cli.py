@@ -58,7 +58,7 @@ def model_build(
     force: Annotated[bool, typer.Option(help="Rebuild even if an identical build exists.")] = False,
 ) -> None:
     """Build the seeded tiny Llama (random weights, local tokenizer) and print its folder. No download."""
-    from serving.tiny_model import build_tiny_model
+    from inferwatch.serving.tiny_model import build_tiny_model
 
     typer.echo(build_tiny_model(cache_dir, force=force))
 
@@ -66,7 +66,7 @@ def model_build(
 def _resolve_model(model: str) -> str:
     if model != "tiny":
         return model
-    from serving.tiny_model import build_tiny_model
+    from inferwatch.serving.tiny_model import build_tiny_model
 
     return str(build_tiny_model())
 
@@ -87,7 +87,7 @@ def vllm(
              "Default: <run-dir>/vllm.log.")] = None,
 ) -> None:
     """Run vLLM's OpenAI server (CPU or CUDA build) in the foreground until Ctrl-C."""
-    from serving.vllm_launcher import VLLMConfig, vllm_process
+    from inferwatch.serving.vllm_launcher import VLLMConfig, vllm_process
 
     cfg = VLLMConfig(_resolve_model(model), served_model_name, host, port, max_model_len, dtype,
                      otlp_traces_endpoint=otlp_endpoint, startup_timeout_s=startup_timeout)
@@ -114,11 +114,11 @@ def gateway(
     """Run the instrumented OpenAI-compatible gateway. Every setting also reads INFERWATCH_GATEWAY_*."""
     import uvicorn
 
-    from serving.admission import PolicyError
-    from serving.experiment import ExperimentError
-    from serving.gateway import create_app
-    from serving.server import UVICORN_OPTIONS
-    from serving.settings import GatewaySettings
+    from inferwatch.serving.admission import PolicyError
+    from inferwatch.serving.experiment import ExperimentError
+    from inferwatch.serving.gateway import create_app
+    from inferwatch.serving.server import UVICORN_OPTIONS
+    from inferwatch.serving.settings import GatewaySettings
 
     settings = _settings(GatewaySettings, "gateway", host=host, port=port, upstream_url=upstream_url,
                          variant=variant, otlp_endpoint=otlp_endpoint, otlp_protocol=otlp_protocol,
@@ -203,7 +203,7 @@ def experiment_set_weights(
 @app.command("key-id")
 def key_id_command(key: Annotated[str, typer.Argument(help="An API key of the gateway.")]) -> None:
     """Print the id a limits file and the logs use for an API key (never the key itself)."""
-    from serving.admission import key_id
+    from inferwatch.serving.admission import key_id
 
     typer.echo(key_id(key))
 
@@ -220,7 +220,7 @@ def exporter(
     log_level: str = "info",
 ) -> None:
     """Run the NVML GPU exporter (USE metrics, XID errors). Without a GPU it serves inferwatch_nvml_up 0."""
-    from exporters.server import ExporterSettings, ListenError, serve
+    from inferwatch.exporters.server import ExporterSettings, ListenError, serve
 
     settings = _settings(ExporterSettings, "exporter", host=host, port=port, interval_s=interval,
                          slow_interval_s=slow_interval, processes=processes, gpm=gpm)
@@ -245,7 +245,7 @@ def drift_serve(
     """Run the drift service: ingest feature records, serve drift as JSON, /metrics and /report."""
     import uvicorn
 
-    from drift.service import DriftSettings, create_app
+    from inferwatch.drift.service import DriftSettings, create_app
 
     settings = _settings(DriftSettings, "drift", host=host, port=port, db_path=db_path, window_s=window,
                          prometheus_url=prometheus_url)
@@ -285,8 +285,8 @@ def dashboards_preview(
     """Draw every dashboard from a live Prometheus into a PNG, laid out as in Grafana."""
     import requests
 
-    from dashboards.generate import dashboards
-    from dashboards.preview import render_all
+    from inferwatch.dashboards.generate import dashboards
+    from inferwatch.dashboards.preview import render_all
 
     try:
         paths = render_all(dashboards(), prometheus.rstrip("/"), out, minutes, scrape_interval)
@@ -306,7 +306,7 @@ def pager(
     """Run the local pager: logs each page, ticket and resolution readably; serves them at /events."""
     import uvicorn
 
-    from inferwatch.pager import create_app
+    from inferwatch.alerts.pager import create_app
 
     logging.basicConfig(level="WARNING", format="%(asctime)s %(message)s")
     uvicorn.run(create_app(), host=host, port=port, log_level="warning", access_log=False)
@@ -340,7 +340,7 @@ def up(
     """Run the local stack until Ctrl-C: vLLM, drift service, gateway, GPU exporter, then Prometheus,
     Alertmanager and the local pager. A child that crashes is restarted with backoff."""
     from inferwatch.supervise import ManagedProcess
-    from serving.vllm_launcher import VLLMConfig, vllm_process
+    from inferwatch.serving.vllm_launcher import VLLMConfig, vllm_process
 
     if pagerduty_routing_key_file is not None:
         try:
@@ -383,7 +383,7 @@ def up(
                                exporter_port), 30.0))
         urls["GPU exporter /metrics"] = f"http://{host}:{exporter_port}/metrics"
     if prometheus_port:
-        from inferwatch.monitoring import Targets
+        from inferwatch.deploy.monitoring import Targets
 
         at = lambda port: f"{host}:{port}"  # noqa: E731
         targets = Targets(prometheus=at(prometheus_port), alertmanager=at(alertmanager_port),
@@ -413,9 +413,9 @@ def _alerts_page(prometheus_url: str) -> str:
 def _monitoring_children(run_dir: Path, targets, pager, pagerduty_key: Optional[Path], rules_dir: Optional[Path],
                          fast: bool) -> list:
     """The local pager, Alertmanager and Prometheus, configured by the same functions as deploy/."""
-    from alerts.generate import rule_files, write
-    from alerts.routing import Receivers
-    from inferwatch.monitoring import FAST_INTERVALS, Intervals, alertmanager_process, prometheus_process, write_local_configs
+    from inferwatch.alerts.generate import rule_files, write
+    from inferwatch.alerts.routing import Receivers
+    from inferwatch.deploy.monitoring import FAST_INTERVALS, Intervals, alertmanager_process, prometheus_process, write_local_configs
 
     hooks = pager.health_url.removesuffix("/health") + "/hooks"
     receivers = Receivers(f"{hooks}/pager", f"{hooks}/ticket", f"{hooks}/deadman",

@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
-from serving import errors
-from serving.errors import GatewayError
-from serving.validation import Route
+from inferwatch.serving import errors
+from inferwatch.serving.errors import GatewayError
+from inferwatch.serving.validation import Route
 
 if TYPE_CHECKING:
-    from serving.server import GatewayHttpProtocol
+    from inferwatch.serving.server import GatewayHttpProtocol
 
 log = logging.getLogger(__name__)
 

@@ -13,12 +13,12 @@ from pathlib import Path
 
 from prometheus_client import Counter
 
-from serving.experiment import Split, resolve_weights
-from serving.experiment_state import describe_change, load_splits, save_weights
-from serving.metrics import GatewayMetrics
-from serving.settings import GatewaySettings
-from serving.upstream import Upstream
-from serving.validation import ModelInfo
+from inferwatch.serving.experiment import Split, resolve_weights
+from inferwatch.serving.experiment_state import describe_change, load_splits, save_weights
+from inferwatch.serving.metrics import GatewayMetrics
+from inferwatch.serving.settings import GatewaySettings
+from inferwatch.serving.upstream import Upstream
+from inferwatch.serving.validation import ModelInfo
 
 log = logging.getLogger(__name__)
 

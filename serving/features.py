@@ -16,7 +16,7 @@ from typing import Protocol
 import aiohttp
 import orjson
 
-from serving.metrics import GatewayMetrics
+from inferwatch.serving.metrics import GatewayMetrics
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from typing import Callable
 import aiohttp
 import orjson
 
-from serving.errors import NOT_FOUND, GatewayError
+from inferwatch.serving.errors import NOT_FOUND, GatewayError
 
 MAX_ID_CHARS = 256
 

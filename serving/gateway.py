@@ -38,23 +38,23 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive
 
 from inferwatch import __version__
-from serving import errors
-from serving.admission import ANONYMOUS, Admission, PolicyFile, Rejection, Ticket, key_id
-from serving.errors import GatewayError, status_class
-from serving.experiment import FORCE_HEADER, FORCE_TOKEN_HEADER, ExperimentError, Split
-from serving.exchange import BODY_TIMEOUT_S, CLIENT_CLOSED, Exchange, check_declared_length
-from serving.experiments import Experiments
-from serving.exposition import render
-from serving.features import FeatureQueue, FeatureRecord, FeatureSink, HttpSink
-from serving.feedback import AnswerMemory, FeedbackSink, parse_rating, unknown_answer
-from serving.metrics import UNROUTED, GatewayMetrics, RouteSeries, create_metrics, observe_many
-from serving.lazy_timer import SLACK_S, LazyTimer
-from serving.relay_client import UpstreamResponse
-from serving.settings import GatewaySettings
-from serving.sse import EventProcessor, SSESplitter, StreamAccount, chunk_logprobs, strip_logprobs
-from serving.tracing import PROPAGATOR, ServerSpans, build_tracer_provider, exemplar, get_tracer, inject_context
-from serving.upstream import Upstream
-from serving.validation import ROUTE_PATHS, ParsedRequest, Route, parse_request, upstream_payload
+from inferwatch.serving import errors
+from inferwatch.serving.admission import ANONYMOUS, Admission, PolicyFile, Rejection, Ticket, key_id
+from inferwatch.serving.errors import GatewayError, status_class
+from inferwatch.serving.experiment import FORCE_HEADER, FORCE_TOKEN_HEADER, ExperimentError, Split
+from inferwatch.serving.exchange import BODY_TIMEOUT_S, CLIENT_CLOSED, Exchange, check_declared_length
+from inferwatch.serving.experiments import Experiments
+from inferwatch.serving.exposition import render
+from inferwatch.serving.features import FeatureQueue, FeatureRecord, FeatureSink, HttpSink
+from inferwatch.serving.feedback import AnswerMemory, FeedbackSink, parse_rating, unknown_answer
+from inferwatch.serving.metrics import UNROUTED, GatewayMetrics, RouteSeries, create_metrics, observe_many
+from inferwatch.serving.lazy_timer import SLACK_S, LazyTimer
+from inferwatch.serving.relay_client import UpstreamResponse
+from inferwatch.serving.settings import GatewaySettings
+from inferwatch.serving.sse import EventProcessor, SSESplitter, StreamAccount, chunk_logprobs, strip_logprobs
+from inferwatch.serving.tracing import PROPAGATOR, ServerSpans, build_tracer_provider, exemplar, get_tracer, inject_context
+from inferwatch.serving.upstream import Upstream
+from inferwatch.serving.validation import ROUTE_PATHS, ParsedRequest, Route, parse_request, upstream_payload
 
 
 log = logging.getLogger(__name__)

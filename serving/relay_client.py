@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from serving.lazy_timer import SLACK_S, LazyTimer, reached
+from inferwatch.serving.lazy_timer import SLACK_S, LazyTimer, reached
 
 HIGH_WATER = 1 << 20  # bytes buffered from vLLM before reading pauses (a client slower than vLLM)
 IDLE_KEEP_S = 4.0  # reuse a pooled connection only this long: uvicorn (vLLM's server) closes after 5 s

@@ -22,11 +22,11 @@ from urllib.parse import unquote_to_bytes
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from serving.errors import error_body
-from serving.exchange import Exchange
-from serving.lazy_timer import LazyTimer, reached
-from serving.metrics import UNROUTED
-from serving.validation import ROUTE_PATHS
+from inferwatch.serving.errors import error_body
+from inferwatch.serving.exchange import Exchange
+from inferwatch.serving.lazy_timer import LazyTimer, reached
+from inferwatch.serving.metrics import UNROUTED
+from inferwatch.serving.validation import ROUTE_PATHS
 
 MAX_HEAD_BYTES = 64 * 1024  # request line and headers; nginx's large_client_header_buffers default is 32 KiB
 FIRST_READ_BYTES = 256 * 1024  # the first reads may carry the start of the body along with the head

@@ -19,7 +19,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFl
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from inferwatch import __version__
-from serving.settings import GatewaySettings
+from inferwatch.serving.settings import GatewaySettings
 
 PROPAGATOR = TraceContextTextMapPropagator()
 INSTRUMENTATION = "inferwatch.serving"

@@ -9,10 +9,10 @@ import time
 import aiohttp
 import orjson
 
-from serving.metrics import GatewayMetrics
-from serving.relay_client import UpstreamPool
-from serving.settings import GatewaySettings
-from serving.validation import ModelInfo
+from inferwatch.serving.metrics import GatewayMetrics
+from inferwatch.serving.relay_client import UpstreamPool
+from inferwatch.serving.settings import GatewaySettings
+from inferwatch.serving.validation import ModelInfo
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from typing import Any, Literal, Mapping
 
 import orjson
 
-from serving.errors import NOT_FOUND, GatewayError
+from inferwatch.serving.errors import NOT_FOUND, GatewayError
 
 Route = Literal["chat", "completions"]
 

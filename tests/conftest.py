@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from inferwatch.supervise import ManagedProcess
-from serving.tiny_model import build_tiny_model
-from serving.vllm_launcher import VLLMConfig, vllm_process
+from inferwatch.serving.tiny_model import build_tiny_model
+from inferwatch.serving.vllm_launcher import VLLMConfig, vllm_process
 from tests.support.otlp import OTLPReceiver
 from tests.support.servers import free_port
 

@@ -81,6 +81,6 @@ def test_gateway_refuses_a_broken_limits_file_and_key_id_names_keys(tmp_path):
     result = run("gateway", "--limits-file", str(bad), "--port", "1")
     assert result.returncode == 2 and "default_key.requests_per_minute" in result.stderr + result.stdout
     assert "Traceback" not in result.stderr
-    from serving.admission import key_id
+    from inferwatch.serving.admission import key_id
 
     assert run("key-id", "s3cret").stdout.strip() == key_id("s3cret") != "s3cret"

@@ -6,7 +6,7 @@ import logging
 
 import requests
 
-from inferwatch.pager import create_app
+from inferwatch.alerts.pager import create_app
 from tests.support.servers import AppServer
 
 PAYLOAD = {
@@ -21,7 +21,7 @@ PAYLOAD = {
 
 
 def test_pages_are_logged_readably_and_served_as_json(caplog):
-    with caplog.at_level(logging.WARNING, logger="inferwatch.pager"), AppServer(create_app()) as pager:
+    with caplog.at_level(logging.WARNING, logger="inferwatch.alerts.pager"), AppServer(create_app()) as pager:
         r = requests.post(f"{pager.url}/hooks/pager", json=PAYLOAD, timeout=5)
         assert r.status_code == 200 and r.json() == {"received": 1}
         resolved = {**PAYLOAD, "alerts": [{**PAYLOAD["alerts"][0], "status": "resolved"}]}
@@ -55,7 +55,7 @@ def test_bad_input_gets_a_clear_4xx_and_stores_nothing():
 
 
 def test_odd_payloads_are_refused_whole_and_cannot_forge_log_lines(caplog):
-    with caplog.at_level(logging.WARNING, logger="inferwatch.pager"), AppServer(create_app()) as pager:
+    with caplog.at_level(logging.WARNING, logger="inferwatch.alerts.pager"), AppServer(create_app()) as pager:
         alert = PAYLOAD["alerts"][0]
         for bad in ({**alert, "annotations": "abc"}, {**alert, "labels": {"a": 1}}, {**alert, "annotations": ["x"]}):
             r = requests.post(f"{pager.url}/hooks/pager", json={"alerts": [alert, bad]}, timeout=5)

@@ -24,10 +24,10 @@ from typing import Literal
 
 import numpy as np
 
-from drift.ab import sequential as seq
-from drift.ab import stats
-from drift.ab.spec import METRICS, MetricSpec
-from drift.calibration import holm
+from inferwatch.drift.ab import sequential as seq
+from inferwatch.drift.ab import stats
+from inferwatch.drift.ab.spec import METRICS, MetricSpec
+from inferwatch.drift.calibration import holm
 
 Decision = Literal["rollback", "hold", "continue", "promote"]
 DECISIONS: tuple[Decision, ...] = ("rollback", "hold", "continue", "promote")

@@ -15,10 +15,10 @@ from typing import Iterator
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from drift import metrics as m
-from drift.ab.decision import DECISIONS, AbResult, Experiment, analyse
-from drift.ab.source import read_arms
-from drift.state import DriftState
+from inferwatch.drift import metrics as m
+from inferwatch.drift.ab.decision import DECISIONS, AbResult, Experiment, analyse
+from inferwatch.drift.ab.source import read_arms
+from inferwatch.drift.state import DriftState
 
 
 @dataclass(frozen=True)

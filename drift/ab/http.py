@@ -32,14 +32,14 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from drift.ab.decision import DECISIONS, AbResult, Experiment, MetricResult, analyse
-from drift.ab.exposition import Watchlist
-from drift.ab.source import read_arms
-from drift.api import ErrorResponse
-from drift.errors import error_response
-from drift.feedback import FeedbackLog
-from drift.schema import RANGES, SEGMENT_TEXT_MAX
-from drift.state import DriftState
+from inferwatch.drift.ab.decision import DECISIONS, AbResult, Experiment, MetricResult, analyse
+from inferwatch.drift.ab.exposition import Watchlist
+from inferwatch.drift.ab.source import read_arms
+from inferwatch.drift.api import ErrorResponse
+from inferwatch.drift.errors import error_response
+from inferwatch.drift.feedback import FeedbackLog
+from inferwatch.drift.schema import RANGES, SEGMENT_TEXT_MAX
+from inferwatch.drift.state import DriftState
 
 Decision = Literal["rollback", "hold", "continue", "promote"]
 Variant = Field(min_length=1, max_length=SEGMENT_TEXT_MAX, pattern=r"^\S+$")

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from drift.ab.decision import AbResult, Arm, MetricResult, analyse
-from drift.ab.exposition import Watchlist
-from drift.ab.source import read_arm
-from drift.ab.stats import wilson
-from drift.schema import FEATURES
-from drift.state import DriftState
+from inferwatch.drift.ab.decision import AbResult, Arm, MetricResult, analyse
+from inferwatch.drift.ab.exposition import Watchlist
+from inferwatch.drift.ab.source import read_arm
+from inferwatch.drift.ab.stats import wilson
+from inferwatch.drift.schema import FEATURES
+from inferwatch.drift.state import DriftState
 
 W, LEFT, RIGHT = 620, 150, 16
 CONTROL, TREATMENT, WORSE, BETTER = "#80868b", "#1a73e8", "#c5221f", "#188038"

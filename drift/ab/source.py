@@ -8,10 +8,10 @@ the sampling error of that sample, which their intervals already include."""
 
 from __future__ import annotations
 
-from drift.ab.decision import Arm
-from drift.binning import CategoricalCounts
-from drift.state import DriftState
-from drift.windows import split_counts
+from inferwatch.drift.ab.decision import Arm
+from inferwatch.drift.binning import CategoricalCounts
+from inferwatch.drift.state import DriftState
+from inferwatch.drift.windows import split_counts
 
 RANK_FEATURES = ("ttft_s", "tpot_s", "e2e_s", "completion_tokens")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from alerts.generate import RULES_DIR
+from inferwatch.alerts.generate import RULES_DIR
 
 RULE_FILES = sorted(RULES_DIR.glob("*.yml"))
 BASE = {"job": "test", "instance": "host:1"}

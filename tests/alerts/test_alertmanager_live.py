@@ -9,9 +9,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import requests
 
-from alerts.routing import Receivers, Timing
-from inferwatch.monitoring import Intervals, Targets, alertmanager_process, write_local_configs
-from inferwatch.pager import create_app
+from inferwatch.alerts.routing import Receivers, Timing
+from inferwatch.deploy.monitoring import Intervals, Targets, alertmanager_process, write_local_configs
+from inferwatch.alerts.pager import create_app
 from tests.support.servers import AppServer, eventually, free_ports
 
 QUICK = Timing("1s", "1s", "1h")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from alerts import dcgm
-from exporters.metrics import SPECS
+from inferwatch.alerts import dcgm
+from inferwatch.exporters.metrics import SPECS
 from inferwatch.catalog import series_of
 from tests.alerts.promtool import RULE_FILES, Scenario, promtool_doc, run_promtool, selector
 from tests.support.promql import metric_names

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from alerts import generate, spec
-from alerts.generate import RULES_DIR, render, rule_files
-from dashboards import uids
+from inferwatch.alerts import generate, spec
+from inferwatch.alerts.generate import RULES_DIR, render, rule_files
+from inferwatch.dashboards import uids
 from inferwatch.catalog import exposed
-from inferwatch.monitoring import DEPLOY_DIR, compose_files
+from inferwatch.deploy.monitoring import DEPLOY_DIR, compose_files
 from tests.support.promql import metric_names
 
 ROOT = Path(__file__).resolve().parents[2]

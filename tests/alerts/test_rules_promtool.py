@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import yaml
 
-from alerts.model import seconds
+from inferwatch.alerts.model import seconds
 from tests.alerts.promtool import BASE, GPU, Scenario, expected, promtool_doc, run_promtool, selector
 
 GW = {"job": "inferwatch-gateway", "instance": "gw:8080"}
@@ -338,7 +338,7 @@ def test_every_alert_fires_with_its_labels_and_resolves(tmp_path):
 
 def test_every_alert_has_a_scenario_that_fires_it():
     rules = [r for f in ("alerts.yml", "slos.yml")
-             for g in yaml.safe_load((__import__("alerts.generate").generate.RULES_DIR / f).read_text())["groups"]
+             for g in yaml.safe_load((__import__("inferwatch.alerts.generate").generate.RULES_DIR / f).read_text())["groups"]
              for r in g["rules"] if "alert" in r]
     assert {r["alert"] for r in rules} == {s.alert for s in SCENARIOS + SLO_SCENARIOS}
 
@@ -370,7 +370,7 @@ def test_multiwindow_page_resolves_when_the_burn_stops(tmp_path):
 
 
 def test_burn_factors_follow_the_sre_workbook():
-    from alerts.spec import TIERS
+    from inferwatch.alerts.spec import TIERS
 
     assert [w.factor("30d") for t in TIERS for w in t.windows] == [14.4, 6.0, 3.0, 1.0]
     assert seconds("3d") == 3 * 86400
@@ -379,7 +379,7 @@ def test_burn_factors_follow_the_sre_workbook():
 def test_error_budget_remaining_over_the_period(tmp_path):
     """0.05% of requests fail, steadily, against a 0.1% budget: half of it is left (the
     analytic value), computed from the hourly means of the 5-minute samples."""
-    from alerts.generate import BUDGET_REMAINING
+    from inferwatch.alerts.generate import BUDGET_REMAINING
 
     doc = promtool_doc([])
     doc["tests"] = [{"name": "budget remaining", "interval": "1m",

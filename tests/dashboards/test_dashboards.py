@@ -9,10 +9,10 @@ import pytest
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as dash
 
-from alerts.generate import rule_files
-from alerts.spec import ALERTS
-from dashboards import uids
-from dashboards.generate import JSON_DIR, dashboards, render
+from inferwatch.alerts.generate import rule_files
+from inferwatch.alerts.spec import ALERTS
+from inferwatch.dashboards import uids
+from inferwatch.dashboards.generate import JSON_DIR, dashboards, render
 from inferwatch.catalog import exposed, kind_of
 from tests.support.promql import metric_names, range_functions
 

@@ -17,9 +17,9 @@ import pytest
 import requests
 import yaml
 
-from drift.service import DriftSettings, create_app as drift_app
-from inferwatch.pager import create_app as pager_app
-from serving.settings import GatewaySettings
+from inferwatch.drift.service import DriftSettings, create_app as drift_app
+from inferwatch.alerts.pager import create_app as pager_app
+from inferwatch.serving.settings import GatewaySettings
 from tests.support.servers import AppServer, GatewayServer
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,9 +10,9 @@ import subprocess
 
 import yaml
 
-from alerts.generate import RULES_DIR
-from dashboards.generate import JSON_DIR
-from inferwatch.kubernetes import COMPAT_RULES, K8S_DIR, kubernetes_files
+from inferwatch.alerts.generate import RULES_DIR
+from inferwatch.dashboards.generate import JSON_DIR
+from inferwatch.deploy.manifests import COMPAT_RULES, K8S_DIR, kubernetes_files
 
 LAST_APPLIED_LIMIT = 262_144  # kubectl apply keeps the object in an annotation of at most 256 KiB
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")

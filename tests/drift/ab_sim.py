@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from drift.ab.decision import Arm
-from drift.binning import histogram
-from drift.schema import FEATURES
+from inferwatch.drift.ab.decision import Arm
+from inferwatch.drift.binning import histogram
+from inferwatch.drift.schema import FEATURES
 
 RANK_FEATURES = ("ttft_s", "tpot_s", "e2e_s", "completion_tokens")
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import sys
 
-from drift import report
-from drift.state import DriftState, WindowConfig
-from drift.store import Store
+from inferwatch.drift import report
+from inferwatch.drift.state import DriftState, WindowConfig
+from inferwatch.drift.store import Store
 from tests.drift.records import body, records
 
 T0 = 1_800_000_000.0  # a fixed clock: the same report every time

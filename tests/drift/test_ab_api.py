@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
-from drift.service import DriftSettings, create_app
+from inferwatch.drift.service import DriftSettings, create_app
 from inferwatch.catalog import exposed
 from tests.drift.records import records
 

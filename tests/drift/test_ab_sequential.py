@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from scipy import special
 
-from drift.ab import sequential as seq
-from drift.ab.decision import Arm, Experiment, analyse, evaluate_metric
-from drift.ab.spec import BY_NAME
-from drift.schema import FEATURES
+from inferwatch.drift.ab import sequential as seq
+from inferwatch.drift.ab.decision import Arm, Experiment, analyse, evaluate_metric
+from inferwatch.drift.ab.spec import BY_NAME
+from inferwatch.drift.schema import FEATURES
 from tests.drift.ab_sim import Effects, arm_at, stream
 
 ALPHA = 0.05

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from drift.ab import stats
+from inferwatch.drift.ab import stats
 
 
 @pytest.mark.parametrize("seed", range(4))

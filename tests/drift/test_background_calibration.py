@@ -11,12 +11,12 @@ import time
 
 import requests
 
-from drift.calibration import size_band, next_band
-from drift.calibrator import BackgroundCalibrator
-from drift.service import DriftSettings, create_app
-from drift.state import DriftState, WindowConfig
-from drift.store import Store
-from drift.verdicts import CalibrationCache, calibrate, reference_of
+from inferwatch.drift.calibration import size_band, next_band
+from inferwatch.drift.calibrator import BackgroundCalibrator
+from inferwatch.drift.service import DriftSettings, create_app
+from inferwatch.drift.state import DriftState, WindowConfig
+from inferwatch.drift.store import Store
+from inferwatch.drift.verdicts import CalibrationCache, calibrate, reference_of
 from tests.drift.records import body, records
 from tests.support.servers import AppServer, metric_sum
 
@@ -127,7 +127,7 @@ def test_a_failed_calibration_is_counted_logged_and_asked_for_again(caplog):
 
     calibrator = BackgroundCalibrator(CalibrationCache(), compute=flaky)
     ref = _reference()
-    with caplog.at_level(logging.ERROR, logger="drift.calibrator"):
+    with caplog.at_level(logging.ERROR, logger="inferwatch.drift.calibrator"):
         assert calibrator.get(ref, "e2e_s", 500, 99) is None
         assert calibrator.wait(60)
     assert calibrator.failed == 1 and "out of memory" in caplog.text and "Traceback" in caplog.text

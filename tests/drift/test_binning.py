@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from drift.binning import Edges, bin_indices, histogram, linear_edges, log_edges, quantile_edges
+from inferwatch.drift.binning import Edges, bin_indices, histogram, linear_edges, log_edges, quantile_edges
 
 
 def search(values, edges):

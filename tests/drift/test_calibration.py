@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from drift.binning import Edges, Histogram, histogram, log_edges, merge, merged_bins, merged_edges, quantile_starts
-from drift.calibration import STATISTICS, holm, null_distribution, size_band, statistics
-from drift.methods import js_distance, kl_divergence, ks_binned, prepare, psi, w1_normed, wasserstein_normed
+from inferwatch.drift.binning import Edges, Histogram, histogram, log_edges, merge, merged_bins, merged_edges, quantile_starts
+from inferwatch.drift.calibration import STATISTICS, holm, null_distribution, size_band, statistics
+from inferwatch.drift.methods import js_distance, kl_divergence, ks_binned, prepare, psi, w1_normed, wasserstein_normed
 
 ALPHA, SIMS, RESAMPLES = 0.05, 200, 999
 BOUND = int(stats.binom.ppf(0.999, SIMS, ALPHA))

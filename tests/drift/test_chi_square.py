@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from drift.binning import CategoricalCounts
-from drift.methods import chi_square
+from inferwatch.drift.binning import CategoricalCounts
+from inferwatch.drift.methods import chi_square
 
 ALPHA, SIMS, REFERENCE = 0.01, 5000, 2000
 MIX = np.array([0.99, 0.003, 0.007])  # 2xx, 4xx, 5xx: a healthy service's status classes

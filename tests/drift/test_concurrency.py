@@ -9,9 +9,9 @@ import time
 
 import requests
 
-from drift.service import DriftSettings, create_app
-from drift.state import DriftState, WindowConfig
-from drift.store import Store
+from inferwatch.drift.service import DriftSettings, create_app
+from inferwatch.drift.state import DriftState, WindowConfig
+from inferwatch.drift.store import Store
 from tests.drift.records import body, records
 from tests.support.servers import AppServer
 

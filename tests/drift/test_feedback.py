@@ -10,8 +10,8 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
-from drift.feedback import FeedbackBatch, FeedbackLog
-from drift.service import DriftSettings, create_app
+from inferwatch.drift.feedback import FeedbackBatch, FeedbackLog
+from inferwatch.drift.service import DriftSettings, create_app
 from tests.drift.records import records
 
 SPLIT = {"control": "v1", "treatment": "v2", "control_weight": 0.5, "treatment_weight": 0.5}

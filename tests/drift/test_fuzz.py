@@ -21,7 +21,7 @@ from schemathesis.generation import GenerationMode
 from schemathesis.specs.openapi.checks import (content_type_conformance, response_schema_conformance,
                                                status_code_conformance)
 
-from drift.service import DriftSettings, create_app
+from inferwatch.drift.service import DriftSettings, create_app
 from tests.drift.records import body, records
 from tests.support.errors import error_names_what_was_wrong
 from tests.support.servers import AppServer

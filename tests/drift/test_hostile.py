@@ -9,10 +9,10 @@ import time
 import pytest
 import requests
 
-from drift.schema import FEATURES
-from drift.service import DriftSettings, create_app
-from drift.state import OTHER_SEGMENT, DriftState, WindowConfig
-from drift.store import Store
+from inferwatch.drift.schema import FEATURES
+from inferwatch.drift.service import DriftSettings, create_app
+from inferwatch.drift.state import OTHER_SEGMENT, DriftState, WindowConfig
+from inferwatch.drift.store import Store
 from tests.drift.records import body, records
 from tests.support.servers import AppServer, metric_sum
 

@@ -9,7 +9,7 @@ import time
 import pytest
 import requests
 
-from drift.service import DriftSettings, create_app
+from inferwatch.drift.service import DriftSettings, create_app
 from tests.drift.records import records
 from tests.support.servers import AppServer
 

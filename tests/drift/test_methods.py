@@ -7,8 +7,8 @@ import pytest
 from scipy import stats
 from scipy.spatial.distance import jensenshannon
 
-from drift.binning import OTHER, Histogram, categorical_counts, histogram, linear_edges, log_edges, quantile_edges
-from drift.methods import (
+from inferwatch.drift.binning import OTHER, Histogram, categorical_counts, histogram, linear_edges, log_edges, quantile_edges
+from inferwatch.drift.methods import (
     EPSILON, METHODS, evaluate, js_distance, kl_divergence, ks_binned, ks_exact, prepare, psi, wasserstein_binned,
     wasserstein_exact,
 )

@@ -12,8 +12,8 @@ import pytest
 import requests
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
 
-from drift.prometheus_source import PrometheusSource, SourceError, buckets_to_histogram
-from drift.service import DriftSettings, create_app
+from inferwatch.drift.prometheus_source import PrometheusSource, SourceError, buckets_to_histogram
+from inferwatch.drift.service import DriftSettings, create_app
 from inferwatch.supervise import ManagedProcess
 from tests.support.servers import AppServer, free_port
 

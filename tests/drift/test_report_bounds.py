@@ -12,11 +12,11 @@ from dataclasses import replace
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from drift import report
-from drift.ab.report import AbEntry
-from drift.service import DriftCollector
-from drift.state import DriftState, WindowConfig
-from drift.store import Store
+from inferwatch.drift import report
+from inferwatch.drift.ab.report import AbEntry
+from inferwatch.drift.service import DriftCollector
+from inferwatch.drift.state import DriftState, WindowConfig
+from inferwatch.drift.store import Store
 from tests.drift.records import body, records
 
 T0 = 1_800_000_000.0

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import requests
 
-from drift.service import DriftSettings, create_app
-from drift.state import DriftState, WindowConfig
-from drift.store import Store
+from inferwatch.drift.service import DriftSettings, create_app
+from inferwatch.drift.state import DriftState, WindowConfig
+from inferwatch.drift.store import Store
 from tests.drift.records import body, records
 from tests.support.servers import AppServer, free_port, metric_sum
 
@@ -224,7 +224,7 @@ def test_threshold_changes_are_validated(service, doc, field):
 
 
 def test_uploaded_baseline(service):
-    from drift.schema import FEATURES
+    from inferwatch.drift.schema import FEATURES
 
     now = time.time()
     counts = [0] * FEATURES["prompt_tokens"].edges.bins
@@ -246,7 +246,7 @@ def test_window_memory_does_not_grow_with_traffic(tmp_path):
     """Counts are fixed per live bucket and each bucket keeps at most R raw values per
     feature, so 100,000 records cost no more than the stated bound; the sample read back is
     the window's R values."""
-    from drift.windows import WIDTH
+    from inferwatch.drift.windows import WIDTH
 
     clock = [2_000_000.0]
     state = DriftState(Store(":memory:"), WindowConfig(window_s=600, buckets=10, reservoir=500),

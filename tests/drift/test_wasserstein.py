@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from drift.state import DriftState, WindowConfig
-from drift.store import Store
+from inferwatch.drift.state import DriftState, WindowConfig
+from inferwatch.drift.store import Store
 from tests.drift.records import body, records
 
 HOUR = 3600.0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from exporters.fake_nvml import FakeDevice, FakeMig, FakeNVML, FakeProcess
+from tests.support.fake_nvml import FakeDevice, FakeMig, FakeNVML, FakeProcess
 
 
 def h100(index: int, **overrides) -> FakeDevice:

@@ -14,11 +14,11 @@ import pynvml
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporters.collector import CachedExposition, SnapshotStore
-from exporters.metrics import GPU_LABELS, SPECS
-from exporters.sampler import Sampler
-from exporters.server import Exporter, ExporterSettings, make_server
-from exporters.xid import XidWatcher
+from inferwatch.exporters.collector import CachedExposition, SnapshotStore
+from inferwatch.exporters.metrics import GPU_LABELS, SPECS
+from inferwatch.exporters.sampler import Sampler
+from inferwatch.exporters.server import Exporter, ExporterSettings, make_server
+from inferwatch.exporters.xid import XidWatcher
 from tests.exporters.driver import kernel_gpus
 from tests.exporters.fleet import Clock, FakeMig, FakeProcess, fleet, h100
 

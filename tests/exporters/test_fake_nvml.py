@@ -5,8 +5,8 @@ import inspect
 import pynvml
 import pytest
 
-from exporters import fake_nvml
-from exporters.fake_nvml import FakeDevice, FakeNVML
+from tests.support import fake_nvml
+from tests.support.fake_nvml import FakeDevice, FakeNVML
 from tests.exporters.driver import kernel_gpus
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pynvml
 import pytest
 
-from exporters.sampler import Sampler
+from inferwatch.exporters.sampler import Sampler
 from tests.exporters.fleet import Clock, fleet, h100
 from tests.exporters.test_partial_failures import families_of, rows, started
 

@@ -9,9 +9,9 @@ import pynvml
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporters.collector import CachedExposition, SnapshotStore
-from exporters.sampler import Sampler
-from exporters.server import Exporter, ExporterSettings
+from inferwatch.exporters.collector import CachedExposition, SnapshotStore
+from inferwatch.exporters.sampler import Sampler
+from inferwatch.exporters.server import Exporter, ExporterSettings
 from tests.exporters.fleet import Clock, fleet
 
 

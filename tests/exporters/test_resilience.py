@@ -16,10 +16,10 @@ import pynvml
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporters.collector import CachedExposition, SnapshotStore
-from exporters.sampler import Sampler
-from exporters.server import Exporter, ExporterSettings, make_server
-from exporters.xid import XidWatcher
+from inferwatch.exporters.collector import CachedExposition, SnapshotStore
+from inferwatch.exporters.sampler import Sampler
+from inferwatch.exporters.server import Exporter, ExporterSettings, make_server
+from inferwatch.exporters.xid import XidWatcher
 from tests.exporters.fleet import FakeProcess, fleet
 
 
@@ -139,7 +139,7 @@ def test_a_persistently_failed_gpu_is_logged_when_its_state_changes_and_counted_
     sampler = Sampler(nvml)
     assert sampler.start()
     nvml.fail("nvmlDeviceGetPowerUsage", 1, pynvml.NVML_ERROR_GPU_IS_LOST)
-    with caplog.at_level(logging.INFO, logger="exporters.sampler"):
+    with caplog.at_level(logging.INFO, logger="inferwatch.exporters.sampler"):
         for _ in range(5):
             families = scrape(sampler)
         nvml.clear("nvmlDeviceGetPowerUsage", 1)
@@ -227,7 +227,7 @@ def test_the_xid_thread_warns_once_while_nvml_is_down(caplog):
     assert sampler.start()
     xid = XidWatcher(nvml, {0: sampler.devices[0].handle}, {0: sampler.devices[0].labels}, wait_ms=10,
                      retry_wait_s=0.01)
-    with caplog.at_level(logging.DEBUG, logger="exporters.xid"):
+    with caplog.at_level(logging.DEBUG, logger="inferwatch.exporters.xid"):
         xid.start()
         nvml.fail("nvmlEventSetWait_v2", None, pynvml.NVML_ERROR_UNKNOWN, times=30)
         assert wait_for(lambda: ("nvmlEventSetWait_v2", None) not in nvml._faults)
@@ -254,7 +254,7 @@ def test_an_unexpected_exception_in_a_cycle_is_logged_counted_and_sampling_conti
         return real()
 
     try:
-        with caplog.at_level(logging.ERROR, logger="exporters.server"):
+        with caplog.at_level(logging.ERROR, logger="inferwatch.exporters.server"):
             monkeypatch.setattr(exporter.sampler, "sample", flaky)
             assert wait_for(lambda: calls[0] > 10)
         assert exporter._thread.is_alive() and exporter.health()[0]

@@ -28,10 +28,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 import pynvml  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from exporters.collector import CachedExposition, SnapshotStore  # noqa: E402
-from exporters.metrics import SPECS, THROTTLE_REASONS  # noqa: E402
-from exporters.sampler import Sampler  # noqa: E402
-from exporters.xid import XidWatcher  # noqa: E402
+from inferwatch.exporters.collector import CachedExposition, SnapshotStore  # noqa: E402
+from inferwatch.exporters.metrics import SPECS, THROTTLE_REASONS  # noqa: E402
+from inferwatch.exporters.sampler import Sampler  # noqa: E402
+from inferwatch.exporters.xid import XidWatcher  # noqa: E402
 
 MIB = 1024 * 1024
 

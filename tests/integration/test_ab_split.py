@@ -17,9 +17,9 @@ import orjson
 import pytest
 import requests
 
-from drift.service import DriftSettings, create_app as create_drift_app
-from serving.settings import GatewaySettings
-from serving.vllm_launcher import VLLMConfig, vllm_process
+from inferwatch.drift.service import DriftSettings, create_app as create_drift_app
+from inferwatch.serving.settings import GatewaySettings
+from inferwatch.serving.vllm_launcher import VLLMConfig, vllm_process
 from tests.conftest import VLLM_STARTUP_TIMEOUT_S, RunningVLLM
 from tests.support.servers import AppServer, GatewayServer, eventually, free_ports, metric_sum
 

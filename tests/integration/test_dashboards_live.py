@@ -17,15 +17,15 @@ import pytest
 import requests
 import yaml
 
-from alerts.generate import cap_interval, rule_files, write
-from alerts.spec import JOB_DRIFT, JOB_EXPORTER, JOB_GATEWAY, JOB_VLLM
-from dashboards.generate import dashboards
-from dashboards.preview import render
-from dashboards.queries import TimeRange, panel_results, resolve_variables, substitute
-from drift.service import DriftSettings, create_app as drift_app
-from exporters.server import Exporter, ExporterSettings, make_server
+from inferwatch.alerts.generate import cap_interval, rule_files, write
+from inferwatch.alerts.spec import JOB_DRIFT, JOB_EXPORTER, JOB_GATEWAY, JOB_VLLM
+from inferwatch.dashboards.generate import dashboards
+from inferwatch.dashboards.preview import render
+from inferwatch.dashboards.queries import TimeRange, panel_results, resolve_variables, substitute
+from inferwatch.drift.service import DriftSettings, create_app as drift_app
+from inferwatch.exporters.server import Exporter, ExporterSettings, make_server
 from inferwatch.supervise import ManagedProcess
-from serving.settings import GatewaySettings
+from inferwatch.serving.settings import GatewaySettings
 from tests.conftest import TINY_MODEL_NAME
 from tests.drift.records import body, records
 from tests.exporters.fleet import FakeProcess, fleet

@@ -7,8 +7,8 @@ import openai
 import pytest
 import requests
 
-from drift.service import DriftSettings, create_app as create_drift_app
-from serving.settings import GatewaySettings
+from inferwatch.drift.service import DriftSettings, create_app as create_drift_app
+from inferwatch.serving.settings import GatewaySettings
 from tests.conftest import TINY_MODEL_NAME
 from tests.support.servers import AppServer, GatewayServer, eventually, free_port, metric_sum
 

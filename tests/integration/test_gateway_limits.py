@@ -14,7 +14,7 @@ import openai
 import pytest
 import requests
 
-from serving.settings import GatewaySettings
+from inferwatch.serving.settings import GatewaySettings
 from tests.conftest import TINY_MODEL_NAME
 from tests.integration.test_gateway_vllm import MSG, client, settled_vllm_metrics
 from tests.support.servers import GatewayServer, eventually, metric_sum
@@ -227,7 +227,7 @@ def test_prompt_and_completion_text_never_reach_spans_or_logs(vllm_server, otlp_
 def test_tokens_per_minute_are_charged_with_what_vllm_reports(vllm_server, tmp_path):
     """Key a may use 40 tokens a minute: its second request overdraws, its third is refused
     until the overdraft, as vLLM's usage reported it, has refilled. Key b is not held back."""
-    from serving.admission import key_id
+    from inferwatch.serving.admission import key_id
 
     limits = tmp_path / "limits.yml"
     limits.write_text(f"default_key: {{tokens_per_minute: 40}}\nkeys: {{{key_id('b')}: {{}}}}\n")

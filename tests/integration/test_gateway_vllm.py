@@ -15,8 +15,8 @@ import pytest
 import requests
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 
-from serving.features import MemorySink
-from serving.settings import GatewaySettings
+from inferwatch.serving.features import MemorySink
+from inferwatch.serving.settings import GatewaySettings
 from tests.conftest import TINY_MODEL_NAME
 from tests.support.servers import GatewayServer, eventually, metric_sum
 

@@ -9,9 +9,9 @@ import requests
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from alerts.spec import SLOS
-from serving.metrics import create_metrics
-from serving.vllm_metrics import VLLM_METRICS
+from inferwatch.alerts.spec import SLOS
+from inferwatch.serving.metrics import create_metrics
+from inferwatch.serving.vllm_metrics import VLLM_METRICS
 
 
 @pytest.mark.vllm

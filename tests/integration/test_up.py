@@ -25,9 +25,9 @@ import psutil
 import pytest
 import requests
 
-from alerts.generate import cap_for, rule_files, write
-from alerts.model import seconds
-from inferwatch.monitoring import FAST_INTERVALS
+from inferwatch.alerts.generate import cap_for, rule_files, write
+from inferwatch.alerts.model import seconds
+from inferwatch.deploy.monitoring import FAST_INTERVALS
 from tests.conftest import TINY_MODEL_NAME
 from tests.drift.records import body, records
 from tests.exporters.driver import kernel_gpus

@@ -10,7 +10,7 @@ import openai
 import pytest
 import requests
 
-from serving.settings import GatewaySettings
+from inferwatch.serving.settings import GatewaySettings
 from tests.conftest import TINY_MODEL_NAME, start_vllm
 from tests.support.servers import GatewayServer, metric_sum
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from serving.admission import Admission, Limits, Policy, PolicyError, PolicyFile, Rejection, Ticket, parse_policy
+from inferwatch.serving.admission import Admission, Limits, Policy, PolicyError, PolicyFile, Rejection, Ticket, parse_policy
 
 
 class Clock:
@@ -114,7 +114,7 @@ def test_a_bad_limits_file_says_where(text, fragment):
 
 
 def test_the_file_is_reread_when_it_changes_and_a_broken_one_keeps_the_limits(tmp_path, monkeypatch):
-    monkeypatch.setattr("serving.admission.RELOAD_CHECK_S", 0.0)
+    monkeypatch.setattr("inferwatch.serving.admission.RELOAD_CHECK_S", 0.0)
     path, errors = tmp_path / "limits.yml", []
     path.write_text("default_key: {requests_per_minute: 10}\n")
     limits = PolicyFile(path, errors.append)

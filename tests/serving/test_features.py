@@ -7,8 +7,8 @@ import orjson
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from serving.features import FeatureQueue, FeatureRecord, HttpSink, MemorySink
-from serving.metrics import create_metrics
+from inferwatch.serving.features import FeatureQueue, FeatureRecord, HttpSink, MemorySink
+from inferwatch.serving.metrics import create_metrics
 from tests.support.servers import free_port
 
 

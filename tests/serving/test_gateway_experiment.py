@@ -11,8 +11,8 @@ import orjson
 import pytest
 import requests
 
-from serving.features import MemorySink
-from serving.settings import GatewaySettings
+from inferwatch.serving.features import MemorySink
+from inferwatch.serving.settings import GatewaySettings
 from tests.support.servers import GatewayServer, eventually, metric_sum
 from tests.support.stub_upstream import StubUpstream
 

@@ -12,7 +12,7 @@ import orjson
 import pytest
 import requests
 
-from serving.settings import GatewaySettings
+from inferwatch.serving.settings import GatewaySettings
 from tests.support.servers import GatewayServer, eventually, free_port, metric_sum
 from tests.support.stub_upstream import StubUpstream
 
@@ -252,7 +252,7 @@ def test_a_request_the_http_parser_refuses_gets_an_openai_error_object(gw):
 def test_admission_answers_429_with_retry_after_per_key_and_per_model(stub, tmp_path):
     import openai
 
-    from serving.admission import key_id
+    from inferwatch.serving.admission import key_id
 
     limits = tmp_path / "limits.yml"
     limits.write_text("default_key: {requests_per_minute: 2}\n"
@@ -290,8 +290,8 @@ def test_admission_answers_429_with_retry_after_per_key_and_per_model(stub, tmp_
 
 
 def test_a_missing_or_broken_limits_file_stops_the_start_with_a_clear_error(stub, tmp_path):
-    from serving.admission import PolicyError
-    from serving.gateway import create_app
+    from inferwatch.serving.admission import PolicyError
+    from inferwatch.serving.gateway import create_app
 
     with pytest.raises(FileNotFoundError):
         create_app(GatewaySettings(upstream_url=stub.url, limits_file=tmp_path / "nope.yml"))
@@ -370,8 +370,8 @@ def test_a_request_head_is_bounded_in_size(gw, more):
 
 
 def test_half_sent_requests_are_timed_out(stub, monkeypatch):
-    monkeypatch.setattr("serving.server.HEAD_TIMEOUT_S", 0.5)
-    monkeypatch.setattr("serving.exchange.BODY_TIMEOUT_S", 0.5)
+    monkeypatch.setattr("inferwatch.serving.server.HEAD_TIMEOUT_S", 0.5)
+    monkeypatch.setattr("inferwatch.serving.exchange.BODY_TIMEOUT_S", 0.5)
     with GatewayServer(GatewaySettings(upstream_url=stub.url)) as g:
         for partial, code in ((b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n", "request_timeout"),
                               (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",

@@ -15,7 +15,7 @@ from schemathesis.generation import GenerationMode
 from schemathesis.specs.openapi.checks import (content_type_conformance, response_schema_conformance,
                                                status_code_conformance)
 
-from serving.settings import GatewaySettings
+from inferwatch.serving.settings import GatewaySettings
 from tests.serving.gateway_openapi import gateway_openapi
 from tests.support.errors import error_names_what_was_wrong
 from tests.support.servers import GatewayServer

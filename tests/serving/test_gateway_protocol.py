@@ -12,10 +12,10 @@ import time
 import pytest
 import requests
 
-from serving.gateway import create_app
-from serving.relay_client import UpstreamResponse
-from serving.settings import GatewaySettings
-from serving.server import UVICORN_OPTIONS
+from inferwatch.serving.gateway import create_app
+from inferwatch.serving.relay_client import UpstreamResponse
+from inferwatch.serving.settings import GatewaySettings
+from inferwatch.serving.server import UVICORN_OPTIONS
 from tests.support.servers import AppServer, GatewayServer, eventually, metric_sum
 from tests.support.stub_upstream import LONG_STREAM_CHUNKS
 
@@ -283,7 +283,7 @@ def test_a_percent_encoded_proxy_path_is_served_as_uvicorn_would_route_it(gw, pa
 
 
 def test_errors_answered_before_any_route_are_counted(gw, monkeypatch):
-    monkeypatch.setattr("serving.server.HEAD_TIMEOUT_S", 0.3)
+    monkeypatch.setattr("inferwatch.serving.server.HEAD_TIMEOUT_S", 0.3)
     requests.get(gw.url + "/nowhere", timeout=5)
     requests.get(gw.url + CHAT, timeout=5)
     with _connect(gw) as sock:

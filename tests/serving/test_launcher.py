@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from inferwatch.supervise import ManagedProcess, StartupError
-from serving.vllm_launcher import VLLMConfig, command, environment
+from inferwatch.serving.vllm_launcher import VLLMConfig, command, environment
 from tests.support.servers import eventually, free_port
 
 

@@ -3,7 +3,7 @@
 import asyncio
 import time
 
-from serving.lazy_timer import LazyTimer, reached
+from inferwatch.serving.lazy_timer import LazyTimer, reached
 
 
 def test_the_deadline_in_force_is_kept_whether_it_moves_later_or_earlier():

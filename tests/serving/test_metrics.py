@@ -7,7 +7,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.exposition import generate_latest
 
-from serving.metrics import INTER_TOKEN_BUCKETS, observe_many
+from inferwatch.serving.metrics import INTER_TOKEN_BUCKETS, observe_many
 
 
 def _pair():

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from serving.relay_client import UpstreamConnectError, UpstreamDisconnected, UpstreamPool
+from inferwatch.serving.relay_client import UpstreamConnectError, UpstreamDisconnected, UpstreamPool
 
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 12\r\n\r\n{\"ok\": true}"
 

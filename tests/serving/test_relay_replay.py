@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from serving.settings import GatewaySettings
+from inferwatch.serving.settings import GatewaySettings
 from tests.support.servers import GatewayServer, free_port
 
 SSE = (Path(__file__).parent / "data" / "vllm-0.32-chat-stream.sse").read_bytes()

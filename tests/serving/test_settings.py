@@ -3,7 +3,7 @@
 import pytest
 from pydantic import ValidationError
 
-from serving.settings import GatewaySettings
+from inferwatch.serving.settings import GatewaySettings
 
 
 def test_defaults_follow_the_design_ports():

@@ -3,7 +3,7 @@
 import orjson
 import pytest
 
-from serving.sse import EventProcessor, SSESplitter, StreamAccount, chunk_logprobs, is_token_event
+from inferwatch.serving.sse import EventProcessor, SSESplitter, StreamAccount, chunk_logprobs, is_token_event
 
 
 def chat_chunk(content=None, role=None, finish=None, logprobs=None) -> bytes:

@@ -3,7 +3,7 @@
 import hashlib
 import json
 
-from serving.tiny_model import build_tiny_model, is_built
+from inferwatch.serving.tiny_model import build_tiny_model, is_built
 
 
 def digest(folder):

@@ -8,8 +8,8 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, Trace
 
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from serving.settings import GatewaySettings
-from serving.tracing import PROPAGATOR, ServerSpans, build_tracer_provider, get_tracer, inject_context
+from inferwatch.serving.settings import GatewaySettings
+from inferwatch.serving.tracing import PROPAGATOR, ServerSpans, build_tracer_provider, get_tracer, inject_context
 
 INCOMING = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
             "tracestate": "vendor=abc,other=x1"}

@@ -3,8 +3,8 @@
 import orjson
 import pytest
 
-from serving.errors import GatewayError
-from serving.validation import ModelInfo, parse_request, upstream_payload
+from inferwatch.serving.errors import GatewayError
+from inferwatch.serving.validation import ModelInfo, parse_request, upstream_payload
 
 MODELS = {"m": ModelInfo("m", max_model_len=512)}
 

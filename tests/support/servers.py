@@ -11,9 +11,9 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from serving.gateway import create_app
-from serving.server import UVICORN_OPTIONS
-from serving.settings import GatewaySettings
+from inferwatch.serving.gateway import create_app
+from inferwatch.serving.server import UVICORN_OPTIONS
+from inferwatch.serving.settings import GatewaySettings
 
 
 def eventually(probe, timeout_s: float = 10.0, interval_s: float = 0.05):

@@ -18,9 +18,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from alerts.routing import MAX_ALERTS_PER_WEBHOOK
+from inferwatch.alerts.routing import MAX_ALERTS_PER_WEBHOOK
 
-log = logging.getLogger("inferwatch.pager")
+log = logging.getLogger(__name__)
 RECEIVER = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_BODY = 4 * 1024 * 1024
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")

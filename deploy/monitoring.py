@@ -19,14 +19,12 @@ from pathlib import Path
 
 import yaml
 
-from alerts import spec
-from alerts.generate import RULES_DIR, render
-from alerts.routing import Receivers, Timing, alertmanager_config, PAGE, TICKET, DEADMAN
+from inferwatch.alerts import spec
+from inferwatch.alerts.generate import RULES_DIR, render
+from inferwatch.alerts.routing import DEADMAN, PAGE, TEMPLATES_DIR, TICKET, Receivers, Timing, alertmanager_config
 from inferwatch.supervise import ManagedProcess
 
-ROOT = Path(__file__).resolve().parent.parent
-DEPLOY_DIR = ROOT / "deploy"
-TEMPLATES_DIR = ROOT / "alerts" / "templates"
+DEPLOY_DIR = Path(__file__).resolve().parent  # package data: the same in a checkout and an installed wheel
 SCRAPE_INTERVAL = "10s"
 EVALUATION_INTERVAL = "10s"
 

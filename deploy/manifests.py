@@ -13,9 +13,9 @@ from pathlib import Path
 
 import yaml
 
-from alerts.generate import RULES_DIR
-from dashboards.generate import JSON_DIR
-from inferwatch.monitoring import DEPLOY_DIR
+from inferwatch.alerts.generate import RULES_DIR
+from inferwatch.dashboards.generate import JSON_DIR
+from inferwatch.deploy.monitoring import DEPLOY_DIR
 
 K8S_DIR = DEPLOY_DIR / "kubernetes"
 COMPAT_RULES = RULES_DIR.parent / "compat" / "dcgm-exporter.yml"
