@@ -7,7 +7,7 @@ from inferwatch.dashboards.panels import (RATE, dashboard, heatmap_panel, or_zer
                                server_error_ratio, stat_panel, timeseries_panel)
 from inferwatch.alerts.spec import JOB_GATEWAY, JOB_VLLM
 from inferwatch.catalog import metric as m
-from inferwatch.serving.gateway import UNKNOWN_MODEL
+from inferwatch.serving.metrics import UNKNOWN_MODEL
 
 SEL = 'model=~"$model", variant=~"$variant", instance=~"$gateway"'
 REQ = m("inferwatch_gateway_requests_total")

@@ -6,7 +6,7 @@ from inferwatch.alerts.generate import BUDGET_REMAINING, PERIOD_INTERVAL, error_
 from inferwatch.alerts.spec import TIERS
 from inferwatch.dashboards import uids
 from inferwatch.dashboards.panels import dashboard, or_zero, q, query_variable, stat_panel, timeseries_panel
-from inferwatch.serving.gateway import UNKNOWN_MODEL
+from inferwatch.serving.metrics import UNKNOWN_MODEL
 
 SEL = 'model=~"$model", slo=~"$slo"'
 BUDGET = "inferwatch_slo:error_budget:ratio"

@@ -47,7 +47,7 @@ from inferwatch.serving.experiments import Experiments
 from inferwatch.serving.exposition import render
 from inferwatch.serving.features import FeatureQueue, FeatureRecord, FeatureSink, HttpSink
 from inferwatch.serving.feedback import AnswerMemory, FeedbackSink, parse_rating, unknown_answer
-from inferwatch.serving.metrics import UNROUTED, GatewayMetrics, RouteSeries, create_metrics, observe_many
+from inferwatch.serving.metrics import UNKNOWN_MODEL, UNROUTED, GatewayMetrics, RouteSeries, create_metrics, observe_many
 from inferwatch.serving.lazy_timer import SLACK_S, LazyTimer
 from inferwatch.serving.relay_client import UpstreamResponse
 from inferwatch.serving.settings import GatewaySettings
@@ -59,7 +59,6 @@ from inferwatch.serving.validation import ROUTE_PATHS, ParsedRequest, Route, par
 
 log = logging.getLogger(__name__)
 
-UNKNOWN_MODEL = "unknown"  # label for requests whose model is not (yet) known: keeps labels bounded
 RELAY_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
                  (b"x-accel-buffering", b"no")]
 VARIANT_HEADER = b"x-inferwatch-variant"  # on answers an experiment routed: which variant gave it

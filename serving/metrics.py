@@ -26,6 +26,7 @@ TOKEN_COUNT_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 
 
 REQUEST_LABELS = ("model", "variant", "route", "status_class")
 UNROUTED = "none"  # the route label of a request refused before any route matched (bounded: never the path)
+UNKNOWN_MODEL = "unknown"  # the model label of a request whose model is not (yet) known: keeps labels bounded
 TOKEN_LABELS = ("model", "variant", "route")
 
 # Upstream error reasons: a closed set so the label stays bounded.
