@@ -19,7 +19,7 @@ ENGINE_STAMP := $(VENV)/.inferwatch-engine-$(subst ==,-,$(VLLM_PACKAGE))
 DEPS_STAMP := $(VENV)/.inferwatch-deps
 SYSTEM_STAMP := $(VENV)/.inferwatch-system
 
-.PHONY: up test install model bench bench-drift bench-alerts clean alerts dashboards
+.PHONY: up test install model bench bench-drift bench-alerts clean generate
 
 up: install
 	$(VENV)/bin/inferwatch up
@@ -89,11 +89,6 @@ bench: install $(LITELLM_VENV)/.installed
 	$(PY) bench/exporter.py
 	$(PY) bench/drift_ingest.py
 
-# Regenerate the Grafana dashboards (dashboards/json) from dashboards/*.py.
-dashboards: install
-	$(PY) -m inferwatch.dashboards.generate
-	$(PY) -m inferwatch.deploy.manifests
-
 # Alert rule evaluation with 50 models x 2 variants, and fault-to-page times through `inferwatch up`.
 bench-alerts: install
 	$(PY) bench/rule_eval.py
@@ -112,10 +107,9 @@ bench-drift: install $(EVIDENTLY_VENV)/.installed
 clean:
 	rm -rf .run .pytest_cache
 
-# Regenerate the alert rules, the Prometheus/Alertmanager configs and the Kubernetes
-# manifests under deploy/.
-alerts: install
-	$(PY) -m inferwatch.alerts.generate
-	$(PY) -m inferwatch.alerts.dcgm
-	$(PY) -m inferwatch.deploy.monitoring
-	$(PY) -m inferwatch.deploy.manifests
+# Regenerate every generated file from the specs (inferwatch/generate.py): alert rules
+# (alerts/rules, alerts/compat), the compose stack's Prometheus and Alertmanager configs
+# (deploy/), the dashboards (dashboards/json) and the Kubernetes manifests
+# (deploy/kubernetes). A test fails when what is committed differs from what this writes.
+generate: install
+	$(PY) -m inferwatch.generate

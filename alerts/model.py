@@ -74,6 +74,11 @@ class SLO:
     def budget(self) -> float:
         return round(1 - self.objective, 12)
 
+    def burn_threshold(self, window: BurnWindow) -> float:
+        """The error ratio at which ``window`` alerts: its burn-rate factor times the budget.
+        The alert rule and the dashboards' thresholds both read it, so they cannot disagree."""
+        return round(window.factor(self.period) * self.budget, 12)
+
 
 @dataclass(frozen=True)
 class Alert:

@@ -1,9 +1,9 @@
-"""Dashboards → JSON files under dashboards/json/ (``make dashboards``), one per module."""
+"""Dashboards → JSON documents for dashboards/json/, one per module. Pure functions;
+``make generate`` (``inferwatch.generate``) writes them."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
@@ -27,12 +27,6 @@ def render(doc: dict) -> str:
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
 
-def main() -> None:
-    JSON_DIR.mkdir(exist_ok=True)
-    for uid, doc in dashboards().items():
-        (JSON_DIR / f"{uid}.json").write_text(render(doc))
-        print(JSON_DIR / f"{uid}.json", file=sys.stderr)
-
-
-if __name__ == "__main__":
-    main()
+def files() -> dict[Path, str]:
+    """The committed dashboards (``dashboards/json/<uid>.json``), path -> text."""
+    return {JSON_DIR / f"{uid}.json": render(doc) for uid, doc in dashboards().items()}

@@ -1,4 +1,4 @@
-"""dcgm-exporter compatibility rules: current, valid, and through promtool on series shaped
+"""dcgm-exporter compatibility rules: valid, and through promtool on series shaped
 like dcgm-exporter's default counters (names, labels, units), the same values read back in
 inferwatch's names and units, and inferwatch's GPU alerts firing on them unchanged."""
 
@@ -58,10 +58,6 @@ def ours(index: int) -> dict[str, str]:
 def compat_doc(tests: list[dict], with_alerts: bool = False) -> dict:
     files = [str(dcgm.OUT)] + ([str(f) for f in RULE_FILES] if with_alerts else [])
     return {"rule_files": files, "evaluation_interval": "1m", "tests": tests}
-
-
-def test_committed_file_matches_the_generator():
-    assert dcgm.OUT.read_text() == dcgm.render(dcgm.rule_file()), "alerts/compat is stale: run `make alerts`"
 
 
 def test_promtool_accepts_the_rules():
