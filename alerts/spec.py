@@ -1,9 +1,11 @@
 """What inferwatch alerts on: SLOs, burn-rate tiers and alerts, as data.
 
-Change thresholds, objectives and ``for`` durations here, then ``make alerts`` regenerates
-``alerts/rules/``. Every metric is named through ``inferwatch.catalog.metric``, so a name
-that no component exports fails the generation. Each alert has a runbook in
-``alerts/runbooks/<name>.md``.
+This is the one settings source for thresholds: the dashboards draw their threshold lines
+and write their descriptions from the names here, so a panel cannot disagree with the alert
+it explains. Change thresholds, objectives and ``for`` durations here, then ``make generate``
+regenerates the rules, the dashboards and the manifests that carry them. Every metric is
+named through ``inferwatch.catalog.metric``, so a name that no component exports fails the
+generation. Each alert has a runbook in ``alerts/runbooks/<name>.md``.
 """
 
 from __future__ import annotations
@@ -44,13 +46,15 @@ VLLM_STARTUP_GRACE = "15m"  # model load time that pages nobody; raise it for ve
 KV_CACHE_HIGH = 0.9
 SNAPSHOT_STALE_S = 60
 DRIFT_MIN_WINDOW_RECORDS = 100
+DRIFT_FOR = "15m"
 
 # Multi-window, multi-burn-rate tiers (Google SRE workbook, ch. 5): the share of the
 # period's budget that may burn in the long window before someone is told.
-TIERS = (
-    BurnTier("fast", "critical", (BurnWindow("1h", "5m", 0.02, "2m"), BurnWindow("6h", "30m", 0.05, "15m"))),
-    BurnTier("slow", "warning", (BurnWindow("1d", "2h", 0.10, "1h"), BurnWindow("3d", "6h", 0.10, "3h"))),
-)
+FAST_BURN = BurnTier("fast", "critical", (BurnWindow("1h", "5m", 0.02, "2m"), BurnWindow("6h", "30m", 0.05, "15m")))
+SLOW_BURN = BurnTier("slow", "warning", (BurnWindow("1d", "2h", 0.10, "1h"), BurnWindow("3d", "6h", 0.10, "3h")))
+TIERS = (FAST_BURN, SLOW_BURN)
+# One period for every SLO: the SLO dashboard shows one error budget per SLO over it.
+SLO_PERIOD = "30d"
 
 TTFT_THRESHOLD_S = 1.0
 E2E_THRESHOLD_S = 30.0
@@ -67,15 +71,17 @@ _REQUESTS = m("inferwatch_gateway_requests_total")
 _TTFT = "inferwatch_gateway_time_to_first_token_seconds"
 _E2E = "inferwatch_gateway_request_duration_seconds"
 
-SLOS = (
-    SLO("availability", "requests answered without a server error", 0.999,
-        total=_REQUESTS, errors=f'{_REQUESTS}{{status_class="5xx"}}'),
-    SLO("ttft", f"first token within {TTFT_THRESHOLD_S:g}s", 0.99,
-        total=m(f"{_TTFT}_count"), good=f'{m(f"{_TTFT}_bucket")}{{le="{_le(TTFT_THRESHOLD_S, TTFT_BUCKETS)}"}}'),
-    SLO("e2e_latency", f"successful requests complete within {E2E_THRESHOLD_S:g}s", 0.99,
-        total=f'{m(f"{_E2E}_count")}{{status_class="2xx"}}',
-        good=f'{m(f"{_E2E}_bucket")}{{status_class="2xx",le="{_le(E2E_THRESHOLD_S, REQUEST_DURATION_BUCKETS)}"}}'),
-)
+AVAILABILITY = SLO("availability", "requests answered without a server error", 0.999,
+                   total=_REQUESTS, errors=f'{_REQUESTS}{{status_class="5xx"}}', period=SLO_PERIOD)
+TTFT = SLO("ttft", f"first token within {TTFT_THRESHOLD_S:g}s", 0.99,
+           total=m(f"{_TTFT}_count"), good=f'{m(f"{_TTFT}_bucket")}{{le="{_le(TTFT_THRESHOLD_S, TTFT_BUCKETS)}"}}',
+           period=SLO_PERIOD)
+E2E_LATENCY = SLO(
+    "e2e_latency", f"successful requests complete within {E2E_THRESHOLD_S:g}s", 0.99,
+    total=f'{m(f"{_E2E}_count")}{{status_class="2xx"}}',
+    good=f'{m(f"{_E2E}_bucket")}{{status_class="2xx",le="{_le(E2E_THRESHOLD_S, REQUEST_DURATION_BUCKETS)}"}}',
+    period=SLO_PERIOD)
+SLOS = (AVAILABILITY, TTFT, E2E_LATENCY)
 
 _XID = m("inferwatch_gpu_xid_errors_total")
 _VLLM_UP = f'up{{job="{JOB_VLLM}"}}'
@@ -195,11 +201,12 @@ ALERTS = (
     Alert("DriftDetected",
           f'max by (model, variant, feature) ({m("inferwatch_drift_feature_detected")} == 1)'
           f' and on (model, variant) {m("inferwatch_drift_window_records")} >= {DRIFT_MIN_WINDOW_RECORDS}',
-          "warning", for_="15m", dashboard=uids.DRIFT,
+          "warning", for_=DRIFT_FOR, dashboard=uids.DRIFT,
           summary="Drift in {{ $labels.feature }} of {{ $labels.model }}/{{ $labels.variant }}",
           description="{{ $labels.feature }} of model {{ $labels.model }} variant {{ $labels.variant }} has "
-                      "differed from its baseline for 15m: the segment's verdict (calibrated p-values, Holm across "
-                      "its features) holds its false-alarm rate at the drift service's alpha per evaluation."),
+                      f"differed from its baseline for {DRIFT_FOR}: the segment's verdict (calibrated p-values, "
+                      "Holm across its features) holds its false-alarm rate at the drift service's alpha per "
+                      "evaluation."),
     Alert("VLLMKVCacheSaturated",
           f'max by (model, instance) ({m("vllm:kv_cache_usage_perc")}) > {KV_CACHE_HIGH}'
           f' and on (model, instance) sum by (model, instance) ({m("vllm:num_requests_waiting")}) > 0',

@@ -5,7 +5,7 @@ from __future__ import annotations
 from inferwatch.dashboards import uids
 from inferwatch.dashboards.panels import (RATE, dashboard, or_zero, q, quantiles, query_variable, server_error_ratio, stat_panel,
                                timeseries_panel)
-from inferwatch.alerts.spec import JOB_DRIFT
+from inferwatch.alerts.spec import DRIFT_FOR, DRIFT_MIN_WINDOW_RECORDS, JOB_DRIFT
 from inferwatch.catalog import metric as m
 
 SEG = 'model=~"$model", variant=~"$variant", instance=~"$drift"'
@@ -39,8 +39,8 @@ def drift() -> list:
         timeseries_panel("Feature verdict (1 = drifted)", "short",
                          q(f'max by (model, variant, feature) ({m("inferwatch_drift_feature_detected")}{{{feature}}})',
                            "{{variant}} {{feature}}"),
-                         width=12, height=9, description="What DriftDetected alerts on (for 15m, with at least 100 "
-                                                         "records in the window)."),
+                         width=12, height=9, description=f"What DriftDetected alerts on (for {DRIFT_FOR}, with at "
+                                                         f"least {DRIFT_MIN_WINDOW_RECORDS} records in the window)."),
         timeseries_panel("Drift score vs threshold", "short",
                          q(f'{m("inferwatch_drift_score")}{{{RES}}}', "{{variant}} {{feature}} {{method}}"),
                          q(f'{m("inferwatch_drift_threshold")}{{{RES}}}',

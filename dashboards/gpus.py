@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from inferwatch.dashboards import uids
 from inferwatch.dashboards.panels import RATE, dashboard, or_zero, q, query_variable, stat_panel, timeseries_panel
+from inferwatch.alerts.spec import SNAPSHOT_STALE_S
 from inferwatch.catalog import metric as m
 
 SEL = 'instance=~"$host", gpu=~"$gpu"'
@@ -69,7 +70,7 @@ def processes_and_health() -> list:
                    thresholds=[(None, "red"), (1, "green")], height=8),
         stat_panel("Snapshot age", "s",
                    q(f'max(time() - {m("inferwatch_nvml_snapshot_timestamp_seconds")}{{instance=~"$host"}})', "age"),
-                   thresholds=[(None, "green"), (60, "red")], height=8),
+                   thresholds=[(None, "green"), (SNAPSHOT_STALE_S, "red")], height=8),
         stat_panel("Sampler duration", "s",
                    q(f'max({m("inferwatch_nvml_sampler_duration_seconds")}{{instance=~"$host"}})', "sampler"),
                    height=8),

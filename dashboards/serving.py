@@ -1,17 +1,22 @@
-"""LLM serving overview: are users hurting (RED, tokens, TTFT), is the engine saturated."""
+"""LLM serving overview: are users hurting (RED, tokens, TTFT), is the engine saturated.
+
+Threshold lines are the alert spec's numbers (``inferwatch.alerts.spec``), never retyped."""
 
 from __future__ import annotations
 
 from inferwatch.dashboards import uids
 from inferwatch.dashboards.panels import (RATE, dashboard, heatmap_panel, or_zero, q, quantiles, query_variable,
                                server_error_ratio, stat_panel, timeseries_panel)
-from inferwatch.alerts.spec import JOB_GATEWAY, JOB_VLLM
+from inferwatch.alerts.spec import AVAILABILITY, FAST_BURN, JOB_GATEWAY, JOB_VLLM, KV_CACHE_HIGH, TTFT_THRESHOLD_S
 from inferwatch.catalog import metric as m
 from inferwatch.serving.metrics import UNKNOWN_MODEL
 
 SEL = 'model=~"$model", variant=~"$variant", instance=~"$gateway"'
 REQ = m("inferwatch_gateway_requests_total")
 VLLM_SEL = 'model=~"$model", instance=~"$vllm"'
+# Red where the fastest burn-rate window pages on availability: the error ratio that spends
+# its share of the budget within that window.
+ERROR_RATIO_PAGES = AVAILABILITY.burn_threshold(FAST_BURN.windows[0])
 
 
 def _rate(name: str, by: str, selector: str = SEL) -> str:
@@ -23,8 +28,9 @@ def users() -> list:
         timeseries_panel("Request rate", "reqps", q(_rate(REQ, "model, status_class"), "{{model}} {{status_class}}"),
                          description="Requests answered per second, by status class."),
         timeseries_panel("Error ratio (5xx)", "percentunit", q(server_error_ratio(REQ, SEL, "model"), "{{model}}"),
-                         thresholds=[(None, "green"), (0.001, "orange"), (0.0144, "red")],
-                         description="Share of requests answered with a server error; the availability SLO allows 0.1%."),
+                         thresholds=[(None, "green"), (AVAILABILITY.budget, "orange"), (ERROR_RATIO_PAGES, "red")],
+                         description="Share of requests answered with a server error; the availability SLO allows "
+                                     f"{AVAILABILITY.budget:.1%}."),
         stat_panel("Requests in flight", "short",
                    q(f'sum({m("inferwatch_gateway_requests_in_flight")}{{{SEL}}})', "in flight"), width=4, height=8),
         stat_panel("Tokens/s out", "short",
@@ -38,8 +44,8 @@ def users() -> list:
                       "s", description="Requests per second in each latency bucket."),
         timeseries_panel("Time to first token", "s",
                          *quantiles(m("inferwatch_gateway_time_to_first_token_seconds_bucket"), SEL),
-                         thresholds=[(None, "green"), (1.0, "red")],
-                         description="What a streaming user waits for; the TTFT SLO is 1 s."),
+                         thresholds=[(None, "green"), (TTFT_THRESHOLD_S, "red")],
+                         description=f"What a streaming user waits for; the TTFT SLO is {TTFT_THRESHOLD_S:g} s."),
         timeseries_panel("Inter-token latency", "s",
                          *quantiles(m("inferwatch_gateway_inter_token_latency_seconds_bucket"), SEL, exemplar=False)),
         timeseries_panel("Time per output token", "s",
@@ -65,7 +71,7 @@ def engine() -> list:
         timeseries_panel("KV-cache usage", "percentunit",
                          q(f'max by (model, instance) ({m("vllm:kv_cache_usage_perc")}{{{VLLM_SEL}}})',
                            "{{model}} {{instance}}"),
-                         thresholds=[(None, "green"), (0.9, "red")]),
+                         thresholds=[(None, "green"), (KV_CACHE_HIGH, "red")]),
         timeseries_panel("Preemptions", "ops", q(_rate("vllm:num_preemptions_total", "model", VLLM_SEL), "{{model}}")),
         timeseries_panel("Prefix-cache hit rate", "percentunit",
                          q(f'{_rate("vllm:prefix_cache_hits_total", "model", VLLM_SEL)} / '

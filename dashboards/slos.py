@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 from inferwatch.alerts.generate import BUDGET_REMAINING, PERIOD_INTERVAL, error_ratio, fresh, interval_of
-from inferwatch.alerts.spec import TIERS
+from inferwatch.alerts.model import seconds
+from inferwatch.alerts.spec import ALERTS, FAST_BURN, SLO_PERIOD, TIERS
 from inferwatch.dashboards import uids
 from inferwatch.dashboards.panels import dashboard, or_zero, q, query_variable, stat_panel, timeseries_panel
 from inferwatch.serving.metrics import UNKNOWN_MODEL
 
 SEL = 'model=~"$model", slo=~"$slo"'
 BUDGET = "inferwatch_slo:error_budget:ratio"
-FIRING = 'ALERTS{alertstate="firing", alertname!~"Watchdog|InfoInhibitor"}'
+# The meta-alerts fire by design; counting them would hide whether anything is wrong.
+ALWAYS_FIRING = [a.name for a in ALERTS if a.severity == "none"]
+FIRING = f'ALERTS{{alertstate="firing", alertname!~"{"|".join(ALWAYS_FIRING)}"}}'
+# (long window, burn rate) at which the page tier fires: the panels turn red at the lowest
+# (paging begins) and the highest (every window pages).
+PAGE_FACTORS = [(w.long, w.factor(SLO_PERIOD)) for w in FAST_BURN.windows]
 
 
 def _ratio(window: str) -> str:
@@ -18,27 +24,28 @@ def _ratio(window: str) -> str:
 
 
 def build():
-    windows = sorted({w for tier in TIERS for bw in tier.windows for w in (bw.long, bw.short)},
-                     key=lambda w: {"m": 60, "h": 3600, "d": 86400}[w[-1]] * int(w[:-1]))
+    windows = sorted({w for tier in TIERS for bw in tier.windows for w in (bw.long, bw.short)}, key=seconds)
+    lowest, highest = min(f for _, f in PAGE_FACTORS), max(f for _, f in PAGE_FACTORS)
     burn = [q(f'{_ratio(w)} / on (slo) group_left {BUDGET}{{slo=~"$slo"}}', f"{w} {{{{model}}}} {{{{slo}}}}")
             for w in windows]
     slo_panels = [
         stat_panel("Objective", "percentunit", q('inferwatch_slo:objective:ratio{slo=~"$slo"}', "{{slo}}"),
                    width=6, height=6),
-        stat_panel("Error budget remaining (30d)", "percentunit",
+        stat_panel(f"Error budget remaining ({SLO_PERIOD})", "percentunit",
                    q(fresh(f"{BUDGET_REMAINING}{{{SEL}}}", PERIOD_INTERVAL), "{{model}} {{slo}}"),
                    thresholds=[(None, "red"), (0.25, "orange"), (0.5, "green")], width=10, height=6,
                    description="Share of the period's budget left; recomputed hourly."),
         stat_panel("Current burn rate", "x",
                    q(f'inferwatch_slo:current_burn_rate:ratio{{{SEL}}}', "{{model}} {{slo}}"),
-                   thresholds=[(None, "green"), (1, "orange"), (14.4, "red")], width=8, height=6),
+                   thresholds=[(None, "green"), (1, "orange"), (highest, "red")], width=8, height=6),
         timeseries_panel("SLI: share of bad events", "percentunit",
                          *[q(_ratio(w), f"{w} {{{{model}}}} {{{{slo}}}}") for w in ("5m", "1h", "6h", "1d")],
                          width=12),
         timeseries_panel("Burn rate per window", "x", *burn, width=12,
-                         thresholds=[(None, "green"), (1, "orange"), (6, "red")],
+                         thresholds=[(None, "green"), (1, "orange"), (lowest, "red")],
                          description="Error ratio divided by the budget: 1x spends the budget exactly over the "
-                                     "period; pages at 14.4x (1h) and 6x (6h)."),
+                                     "period; pages at "
+                                     + " and ".join(f"{f:g}x ({w})" for w, f in PAGE_FACTORS) + "."),
     ]
     alert_panels = [
         timeseries_panel("Alerts firing by severity", "short",
@@ -46,7 +53,7 @@ def build():
         timeseries_panel("Alerts firing", "short",
                          q(or_zero(f"sum by (alertname, severity) ({FIRING})", "alertname"),
                            "{{alertname}} ({{severity}})"), width=12,
-                         description="Watchdog and InfoInhibitor, which always fire by design, are left out."),
+                         description=f"{' and '.join(ALWAYS_FIRING)}, which always fire by design, are left out."),
     ]
     return dashboard(
         uids.SLOS, "inferwatch / SLOs and alerts", "Per-model SLOs with multi-window burn rates; alerts firing.",
