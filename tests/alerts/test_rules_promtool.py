@@ -6,7 +6,7 @@ from __future__ import annotations
 import yaml
 
 from inferwatch.alerts.model import seconds
-from tests.alerts.promtool import BASE, GPU, Scenario, expected, promtool_doc, run_promtool, selector
+from tests.alerts.promtool import BASE, GPU, RULE_FILES, Scenario, expected, promtool_doc, run_promtool, selector
 
 GW = {"job": "inferwatch-gateway", "instance": "gw:8080"}
 VLLM = {"job": "vllm", "instance": "vllm:8000", "model": "m1"}
@@ -337,9 +337,7 @@ def test_every_alert_fires_with_its_labels_and_resolves(tmp_path):
 
 
 def test_every_alert_has_a_scenario_that_fires_it():
-    rules = [r for f in ("alerts.yml", "slos.yml")
-             for g in yaml.safe_load((__import__("inferwatch.alerts.generate").generate.RULES_DIR / f).read_text())["groups"]
-             for r in g["rules"] if "alert" in r]
+    rules = [r for f in RULE_FILES for g in yaml.safe_load(f.read_text())["groups"] for r in g["rules"] if "alert" in r]
     assert {r["alert"] for r in rules} == {s.alert for s in SCENARIOS + SLO_SCENARIOS}
 
 
