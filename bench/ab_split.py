@@ -22,10 +22,11 @@ sys.path.insert(0, str(ROOT))
 
 from opentelemetry import trace  # noqa: E402
 from prometheus_client import CollectorRegistry  # noqa: E402
-from starlette.requests import Request  # noqa: E402
 
 from inferwatch.serving.feedback import AnswerMemory  # noqa: E402
-from inferwatch.serving.gateway import _RESPONSE_ID, Gateway, RequestState  # noqa: E402
+from inferwatch.serving.gateway import Gateway  # noqa: E402
+from inferwatch.serving.relay import _RESPONSE_ID  # noqa: E402
+from inferwatch.serving.request import RequestState  # noqa: E402
 from inferwatch.serving.settings import GatewaySettings  # noqa: E402
 from inferwatch.serving.validation import ModelInfo  # noqa: E402
 
@@ -50,14 +51,15 @@ def body(model: str) -> bytes:
             % model.encode())
 
 
-def request(data: bytes) -> Request:
-    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]}
+class BufferedRequest:
+    """What ``Proxy.preprocess`` reads of an exchange: its headers, and its body (whole here)."""
 
-    async def receive() -> dict:
-        return {"type": "http.request", "body": data, "more_body": False}
+    def __init__(self, data: bytes) -> None:
+        self.headers = {"content-type": "application/json", "content-length": str(len(data))}
+        self._data = data
 
-    return Request(scope, receive)
+    async def read_body(self, limit: int) -> bytes:
+        return self._data
 
 
 def build(experiment_file: Path) -> Gateway:
@@ -76,7 +78,7 @@ async def preprocess_us(gw: Gateway, model: str, n: int) -> float:
     for _ in range(n):
         state = RequestState("chat", "/v1/chat/completions", 0.0, 0.0, trace.INVALID_SPAN, ctx,
                              gw.settings.variant, gw.upstream)
-        await gw._preprocess(request(data), state)  # noqa: SLF001
+        await gw.proxy.preprocess(BufferedRequest(data), state)  # type: ignore[arg-type]
     return (time.perf_counter() - start) / n * 1e6
 
 

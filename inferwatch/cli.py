@@ -115,9 +115,9 @@ def gateway(
     import uvicorn
 
     from inferwatch.serving.admission import PolicyError
-    from inferwatch.serving.experiment import ExperimentError
+    from inferwatch.serving.split import ExperimentError
     from inferwatch.serving.gateway import create_app
-    from inferwatch.serving.server import UVICORN_OPTIONS
+    from inferwatch.serving.server import uvicorn_options
     from inferwatch.serving.settings import GatewaySettings
 
     settings = _settings(GatewaySettings, "gateway", host=host, port=port, upstream_url=upstream_url,
@@ -132,7 +132,8 @@ def gateway(
     except ExperimentError as exc:
         _fail(f"gateway: cannot use the experiment file: {exc}")
     _tune_gc()
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level, **UVICORN_OPTIONS)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level,
+                **uvicorn_options(app.state.gateway.proxy, settings.limit_concurrency))
 
 
 GatewayOption = Annotated[str, typer.Option(envvar="INFERWATCH_GATEWAY_URL", help="The gateway's base URL.")]

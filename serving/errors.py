@@ -11,6 +11,8 @@ AUTHENTICATION = "authentication_error"
 NOT_FOUND = "not_found_error"
 UPSTREAM = "upstream_error"
 
+CLIENT_CLOSED = 499  # nginx's convention for "client went away before the answer was complete"
+
 
 class GatewayError(Exception):
     """A failure the gateway answers itself, with an HTTP status and an actionable message.

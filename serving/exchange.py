@@ -11,43 +11,46 @@ client's transport, and a disconnect is a callback at the moment the connection 
 The protocol drives an ``Exchange`` through the attributes it drives uvicorn's
 ``RequestResponseCycle`` with (``body``, ``more_body``, ``message_event.set()``,
 ``disconnected``, ``response_complete``, ``keep_alive``, ``run_asgi``), so keep-alive,
-pipelining and graceful shutdown stay uvicorn's.
+pipelining and graceful shutdown stay uvicorn's. What the exchange needs of the protocol in
+turn is the ``Connection`` below; what it runs is the handler the protocol gives it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import Protocol
 
+from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
+from uvicorn.server import ServerState
 
-from inferwatch.serving import errors
+from inferwatch.serving import body, errors
 from inferwatch.serving.errors import GatewayError
 from inferwatch.serving.validation import Route
 
-if TYPE_CHECKING:
-    from inferwatch.serving.server import GatewayHttpProtocol
-
 log = logging.getLogger(__name__)
 
-BODY_TIMEOUT_S = 30.0  # for a request body to arrive once its headers have (slowloris)
-CLIENT_CLOSED = 499  # nginx's convention for "client went away before the answer was complete"
 _JSON = b"content-type: application/json\r\n"
 _CLOSE = b"connection: close\r\n"
 _CHUNKED = b"transfer-encoding: chunked\r\n"
 _LAST_CHUNK = b"0\r\n\r\n"
 
 
-def check_declared_length(declared: str | None, limit: int) -> None:
-    """Refuse a Content-Length that is not a number or is over ``limit``, before the body is read."""
-    if declared is None:
-        return
-    if not declared.isdigit():
-        raise GatewayError(400, "invalid_content_length", "Content-Length must be a whole number.")
-    if int(declared) > limit:
-        raise GatewayError(413, "body_too_large", f"Request body is {declared} bytes; the limit is {limit}.")
+class Connection(Protocol):
+    """What an exchange uses of the HTTP protocol that owns its connection."""
+
+    transport: asyncio.Transport
+    flow: FlowControl
+    server_state: ServerState
+    expect_100_continue: bool
+
+    def on_response_complete(self) -> None:
+        """The answer is out: arm keep-alive, or start the next pipelined request."""
+
+    def linger(self) -> None:
+        """Close after an answer given before the request's body was read, without a reset."""
 
 
 class _HeadCache:
@@ -72,13 +75,14 @@ _DEFAULT_HEAD = _HeadCache()
 class Exchange:
     """The request's head and body as they arrive, and its answer, whole or streamed."""
 
-    __slots__ = ("protocol", "transport", "route", "raw_headers", "_headers", "body", "more_body", "disconnected",
-                 "response_complete", "response_started", "keep_alive", "chunked", "message_event", "_body_limit",
-                 "_body_waiter", "_on_gone", "on_writable", "raw_length")
+    __slots__ = ("protocol", "handler", "transport", "route", "raw_headers", "_headers", "body", "more_body",
+                 "disconnected", "response_complete", "response_started", "keep_alive", "chunked", "message_event",
+                 "_body_limit", "_body_waiter", "_continued", "_on_gone", "on_writable", "raw_length")
 
-    def __init__(self, protocol: GatewayHttpProtocol, route: Route, raw_headers: list[tuple[bytes, bytes]], *,
-                 keep_alive: bool, chunked: bool) -> None:
-        self.protocol, self.transport, self.route, self.raw_headers = protocol, protocol.transport, route, raw_headers
+    def __init__(self, protocol: Connection, handler: Callable[[Exchange], Awaitable[None]], route: Route,
+                 raw_headers: list[tuple[bytes, bytes]], *, keep_alive: bool, chunked: bool) -> None:
+        self.protocol, self.handler, self.transport = protocol, handler, protocol.transport
+        self.route, self.raw_headers = route, raw_headers
         self._headers: dict[str, str] | None = None
         self.body = b""
         self.more_body = True
@@ -90,6 +94,7 @@ class Exchange:
         self.message_event = self  # the protocol signals body bytes, end of body and disconnect with .set()
         self._body_limit = 0
         self._body_waiter: asyncio.Future[None] | None = None
+        self._continued = False  # "100 Continue" sent
         self._on_gone: Callable[[], None] | None = None
         self.on_writable: Callable[[bool], None] | None = None  # the client's socket filled up (False) or drained
         self.raw_length: int | None = None  # set when the parser stopped at an Upgrade: the body comes raw
@@ -102,7 +107,7 @@ class Exchange:
 
     async def _run(self) -> None:
         try:
-            await self.protocol.gateway.serve(self)
+            await self.handler(self)
         except Exception:
             log.exception("the gateway failed on %s", self.route)
             if not self.response_started:
@@ -162,33 +167,31 @@ class Exchange:
             on_gone()
 
     async def read_body(self, limit: int) -> bytes:
-        """The request body, up to ``limit`` bytes, within ``BODY_TIMEOUT_S``. It has usually
-        arrived with the headers, before this runs."""
-        check_declared_length(self.headers.get("content-length"), limit)
+        """The request body (serving/body.py); a refused body is not read on: the connection
+        closes after the answer."""
         if self.raw_length is not None and "transfer-encoding" in self.headers:
             raise GatewayError(400, "upgrade_with_chunked_body", "A request with an Upgrade header needs a "
                                "Content-Length body here: the gateway answers it over HTTP/1.1.")
-        self._body_limit = limit
-        if self.more_body and not self.disconnected and len(self.body) <= limit:
-            if self.protocol.expect_100_continue and not self.transport.is_closing():
-                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            self._body_waiter = asyncio.get_running_loop().create_future()
-            self.protocol.flow.resume_reading()
-            try:
-                async with asyncio.timeout(BODY_TIMEOUT_S):
-                    await self._body_waiter
-            except TimeoutError:
+        try:
+            return await body.read_body(self, self.headers.get("content-length"), limit)
+        except GatewayError as exc:
+            if exc.status in (408, 413):
                 self.keep_alive = False
-                raise GatewayError(408, "request_timeout",
-                                   f"The request body did not arrive within {BODY_TIMEOUT_S:g}s.") from None
-            finally:
-                self._body_waiter = None
-        if len(self.body) > limit:
-            self.keep_alive = False  # the rest of the body is not read
-            raise GatewayError(413, "body_too_large", f"Request body exceeds the limit of {limit} bytes.")
-        if self.more_body:
-            raise GatewayError(CLIENT_CLOSED, "client_closed", "The client closed the connection before its body arrived.")
-        return self.body
+            raise
+
+    async def arrival(self, limit: int) -> None:
+        """``BodyBuffer``: wait for the protocol's signal (``set``) that the body ended, passed
+        ``limit``, or the client left."""
+        if not self._continued and self.protocol.expect_100_continue and not self.transport.is_closing():
+            self._continued = True
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        self._body_limit = limit
+        self._body_waiter = asyncio.get_running_loop().create_future()
+        self.protocol.flow.resume_reading()
+        try:
+            await self._body_waiter
+        finally:
+            self._body_waiter = None
 
     def _wake_body(self) -> None:
         waiter = self._body_waiter

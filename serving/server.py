@@ -2,7 +2,13 @@
 protocol level, plus what that server lacks in front of untrusted clients.
 
 - ``POST /v1/chat/completions`` and ``POST /v1/completions`` are served by an ``Exchange``
-  (serving/exchange.py) from the protocol's callbacks; everything else goes to the ASGI app.
+  (serving/exchange.py) from the protocol's callbacks, with the handler ``uvicorn_options``
+  binds; everything else goes to the ASGI app. uvicorn's ``limit_concurrency`` holds for
+  both (a 503 once that many connections or requests are open).
+- The subclass relies on members of uvicorn's ``HttpToolsProtocol`` that uvicorn does not
+  document as an API: ``UVICORN_MEMBERS`` lists them, ``check_uvicorn`` fails at import
+  with the missing one named, pyproject.toml bounds uvicorn to the versions tested, and
+  tests/serving/test_uvicorn_contract.py fails when an overridden method changes upstream.
 
 - Requests the HTTP parser refuses before the app sees them (a non-numeric
   Content-Length, a malformed request line) get an OpenAI error object, like every other
@@ -17,15 +23,17 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 from urllib.parse import unquote_to_bytes
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from inferwatch.serving import errors
 from inferwatch.serving.errors import error_body
 from inferwatch.serving.exchange import Exchange
 from inferwatch.serving.lazy_timer import LazyTimer, reached
-from inferwatch.serving.metrics import UNROUTED
 from inferwatch.serving.validation import ROUTE_PATHS
 
 MAX_HEAD_BYTES = 64 * 1024  # request line and headers; nginx's large_client_header_buffers default is 32 KiB
@@ -35,19 +43,41 @@ LINGER_S = 5.0  # reading a refused body away before closing (nginx's lingering_
 PROXY_ROUTES = {path.encode(): route for route, path in ROUTE_PATHS.items()}
 PIPELINE_READ_AHEAD = 8  # requests read while they wait behind the one being answered
 
+# What GatewayHttpProtocol uses of uvicorn's HttpToolsProtocol beyond asyncio.Protocol:
+# methods it extends or calls, and attributes it reads.
+UVICORN_METHODS = ("connection_made", "connection_lost", "data_received", "on_message_begin", "on_header",
+                   "on_headers_complete", "on_message_complete", "send_400_response", "pause_writing",
+                   "resume_writing", "timeout_keep_alive_handler")
+UVICORN_ATTRIBUTES = ("app", "loop", "transport", "flow", "parser", "cycle", "pipeline", "headers", "url", "tasks",
+                      "connections", "server_state", "limit_concurrency", "timeout_keep_alive", "expect_100_continue")
 
-def _find_gateway(app: object) -> object | None:
-    """The Gateway behind the ASGI app uvicorn loaded (through any middleware it wrapped it in)."""
-    while app is not None:
-        gateway = getattr(getattr(app, "state", None), "gateway", None)
-        if gateway is not None:
-            return gateway
-        app = getattr(app, "app", None)
-    return None
+
+def check_uvicorn() -> None:
+    """Fail at once, naming the member, on a uvicorn whose protocol lacks what the gateway uses
+    (instead of every proxied request failing at run time)."""
+    missing = [m for m in UVICORN_METHODS if not callable(getattr(HttpToolsProtocol, m, None))]
+    if missing:
+        import uvicorn
+
+        raise RuntimeError(f"uvicorn {uvicorn.__version__}: HttpToolsProtocol has no {', '.join(missing)}; the "
+                           "gateway's protocol (inferwatch.serving.server) needs the uvicorn range pinned in "
+                           "inferwatch's pyproject.toml.")
+
+
+check_uvicorn()
+
+
+class ProxyHandler(Protocol):
+    """What the protocol needs of the gateway: the proxy routes' handler, and a count of the
+    requests refused before any route."""
+
+    async def serve(self, exchange: Exchange) -> None: ...
+
+    def refused(self, code: str) -> None: ...
 
 
 class GatewayHttpProtocol(HttpToolsProtocol):
-    gateway = None  # set per connection from the loaded app
+    proxy: ProxyHandler  # bound by uvicorn_options
     _lingering = False
     _in_head = False
     _head_bytes = 0  # received while the head is incomplete
@@ -59,7 +89,6 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self.gateway = _find_gateway(self.app)
         # one timer each per connection, moved on lazily, not one started and cancelled per request
         self._head_timer = LazyTimer(self._head_due)
         self._keep_alive_timer = LazyTimer(self._keep_alive_due)
@@ -128,25 +157,31 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._end_head()
         parser = self.parser
         route = None
-        if self.gateway is not None and parser.get_method() == b"POST":
+        if parser.get_method() == b"POST":
             path = httptools.parse_url(self.url).path
             route = PROXY_ROUTES.get(unquote_to_bytes(path) if b"%" in path else path)  # as uvicorn routes
         if route is None:
             super().on_headers_complete()
+            if not self.pipeline or self.pipeline[0][0] is not self.cycle:
+                self._active = self.cycle  # started (not queued behind another)
         else:
             http_11 = parser.get_http_version() == "1.1"
             # an Upgrade (curl --http2 asks for h2c) is ignored, as nginx does: the answer is
             # HTTP/1.1, and the connection closes after it (the parser stops at an upgrade)
             keep_alive = http_11 and parser.should_keep_alive() and not parser.should_upgrade()
             previous = self.cycle
-            self.cycle = Exchange(self, route, self.headers, keep_alive=keep_alive, chunked=http_11)  # type: ignore[assignment]
+            limit = self.limit_concurrency
+            handler = self.proxy.serve if limit is None or (len(self.connections) < limit and len(self.tasks) < limit) \
+                else self._over_limit
+            exchange = Exchange(self, handler, route, self.headers, keep_alive=keep_alive, chunked=http_11)
+            self.cycle = exchange  # type: ignore[assignment]
             if parser.should_upgrade():
                 declared = dict(self.headers).get(b"content-length", b"0")
-                self.cycle.raw_length = int(declared) if declared.isdigit() else 0
+                exchange.raw_length = int(declared) if declared.isdigit() else 0
             if previous is None or previous.response_complete:
-                self._start_asgi_task(self.cycle, self.app)
+                self._start(exchange, self.app)
             else:  # pipelined behind a request still being answered: started in turn
-                self.pipeline.appendleft((self.cycle, self.app))
+                self.pipeline.appendleft((exchange, self.app))
         if self.pipeline:
             # uvicorn stops reading while a request waits; reading on (a few requests ahead)
             # is what notices a client that leaves meanwhile, so the one being answered aborts
@@ -155,11 +190,19 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             else:
                 self.flow.pause_reading()
 
-    def _start_asgi_task(self, cycle, app) -> None:  # type: ignore[no-untyped-def, override]
+    def _start(self, cycle: Any, app: Any) -> None:
+        """Start a request's task (an Exchange, or uvicorn's cycle for a pipelined request)."""
         self._active = cycle
-        super()._start_asgi_task(cycle, app)
+        task = self.loop.create_task(cycle.run_asgi(app))
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
 
-
+    async def _over_limit(self, exchange: Exchange) -> None:
+        """uvicorn's ``limit_concurrency`` on the proxy routes: an OpenAI error instead of its
+        plain-text 503."""
+        self.proxy.refused("concurrency_limit")
+        exchange.answer(503, error_body("The gateway is at its concurrency limit; retry later.", errors.UPSTREAM,
+                                        "concurrency_limit"), {"retry-after": "1"})
 
     def on_response_complete(self) -> None:
         """uvicorn's, with the connection's lazy keep-alive timer."""
@@ -169,15 +212,10 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self.flow.resume_reading()
         if self.pipeline:
             cycle, app = self.pipeline.pop()
-            self._start_asgi_task(cycle, app)
+            self._start(cycle, app)
             return
         self._idle_since = time.monotonic()
         self._keep_alive_timer.fire_by(self._idle_since + self.timeout_keep_alive)
-
-    def _unset_keepalive_if_required(self) -> None:
-        """uvicorn calls this on every read. The keep-alive clock stops when a request begins
-        (``on_message_begin``) instead: bytes that still come for a request already answered
-        (a body refused unread) do not keep the connection open."""
 
     def _keep_alive_due(self) -> float | None:
         if self._idle_since is None:
@@ -234,8 +272,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                          f"{msg} Check the request line, headers and Content-Length.")
 
     def _answer(self, status: int, code: str, message: str) -> None:
-        if self.gateway is not None:
-            self.gateway.metrics.rejected.labels(UNROUTED, code).inc()
+        self.proxy.refused(code)
         if self.transport.is_closing():
             return
         body = error_body(message, "invalid_request_error", code)
@@ -247,6 +284,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
-# uvicorn.Config/run keywords for the gateway, shared by the CLI and the tests' servers.
-UVICORN_OPTIONS = {"loop": "uvloop", "http": GatewayHttpProtocol, "ws": "none", "access_log": False,
-                   "proxy_headers": False}
+def uvicorn_options(proxy: ProxyHandler, limit_concurrency: int | None = None) -> dict[str, Any]:
+    """uvicorn.Config/run keywords for a gateway, shared by the CLI and the tests' servers: the
+    protocol class is bound to the gateway's proxy handler (one class per gateway)."""
+    protocol = type("BoundGatewayHttpProtocol", (GatewayHttpProtocol,), {"proxy": proxy})
+    return {"loop": "uvloop", "http": protocol, "ws": "none", "access_log": False, "proxy_headers": False,
+            "limit_concurrency": limit_concurrency}

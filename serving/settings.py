@@ -34,6 +34,9 @@ class GatewaySettings(BaseSettings):
     upstream_timeout_s: float = Field(300.0, gt=0)
     upstream_stream_idle_timeout_s: float = Field(60.0, gt=0)
     upstream_max_connections: int = Field(256, ge=1)
+    # uvicorn's limit_concurrency, on every route: past this many open connections or requests
+    # in progress, a 503 (an OpenAI error on the proxy routes). None: no limit.
+    limit_concurrency: int | None = Field(None, ge=1)
     upstream_api_key: SecretStr | None = Field(None, description="sent to vLLM if it runs with --api-key")
     models_refresh_s: float = Field(30.0, gt=0, description="how often /v1/models is re-read upstream")
 
@@ -43,7 +46,7 @@ class GatewaySettings(BaseSettings):
     # re-read when it changes. None: no limits beyond max_tokens_limit.
     limits_file: Path | None = None
 
-    # A/B: a YAML file of experiments (serving/experiment.py); None routes every model to
+    # A/B: a YAML file of experiments (serving/split.py); None routes every model to
     # upstream_url as the one variant above. Sticky assignment reads the request's `user`,
     # else this header, else the API key's id.
     experiment_file: Path | None = None

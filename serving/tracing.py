@@ -15,11 +15,13 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
-from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from inferwatch import __version__
 from inferwatch.serving.settings import GatewaySettings
+from inferwatch.serving.sse import StreamAccount
+from inferwatch.serving.validation import ParsedRequest
 
 PROPAGATOR = TraceContextTextMapPropagator()
 INSTRUMENTATION = "inferwatch.serving"
@@ -95,3 +97,42 @@ def exemplar(span: trace.Span) -> dict[str, str] | None:
     if not ctx.trace_flags.sampled:
         return None
     return {"trace_id": format(ctx.trace_id, "032x")}
+
+
+OPERATION = {"chat": "chat", "completions": "text_completion"}  # gen_ai.operation.name per route
+
+
+def request_attributes(req: ParsedRequest) -> dict:
+    """The GenAI client span's request attributes (semantic conventions)."""
+    attrs = {
+        "gen_ai.operation.name": OPERATION[req.route],
+        "gen_ai.provider.name": "vllm",  # gen_ai.system before semantic conventions 1.37
+        "gen_ai.request.model": req.model,
+        "gen_ai.request.stream": req.stream,
+    }
+    if req.max_tokens is not None:
+        attrs["gen_ai.request.max_tokens"] = req.max_tokens
+    for key in ("temperature", "top_p", "seed"):
+        value = req.payload.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            attrs[f"gen_ai.request.{key}"] = value
+    return attrs
+
+
+def usage_attributes(account: StreamAccount) -> dict:
+    attrs: dict = {}
+    if account.prompt_tokens is not None:
+        attrs["gen_ai.usage.input_tokens"] = account.prompt_tokens
+    if account.completion_tokens is not None:
+        attrs["gen_ai.usage.output_tokens"] = account.completion_tokens
+    if account.finish_reasons:
+        attrs["gen_ai.response.finish_reasons"] = account.finish_reasons
+    if account.ttft is not None:
+        attrs["gen_ai.server.time_to_first_token"] = account.ttft
+    return attrs
+
+
+def end_span(span: trace.Span, error: str | None) -> None:
+    if error is not None and span.is_recording():
+        span.set_status(Status(StatusCode.ERROR, error))
+    span.end()

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import orjson
 
-from inferwatch.serving.experiment import ExperimentFile, Split, parse_experiments
+from inferwatch.serving.split import ExperimentFile, Split, parse_experiments
 
 log = logging.getLogger(__name__)
 

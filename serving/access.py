@@ -1,0 +1,110 @@
+"""Who may do what: API keys on the OpenAI routes, the admin token on ``/admin/*`` and on
+forcing a variant, and admission (rate, token and in-flight limits per key and model).
+
+Tokens are compared with ``hmac.compare_digest``, every key every time, so timing says
+nothing about which key (if any) came close.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import math
+from collections.abc import Mapping
+
+from inferwatch.serving import errors
+from inferwatch.serving.admission import ANONYMOUS, Admission, PolicyFile, Rejection, key_id
+from inferwatch.serving.errors import CLIENT_CLOSED, GatewayError
+from inferwatch.serving.split import FORCE_TOKEN_HEADER
+from inferwatch.serving.metrics import GatewayMetrics
+from inferwatch.serving.request import RequestState
+from inferwatch.serving.settings import GatewaySettings
+from inferwatch.serving.sse import StreamAccount
+
+log = logging.getLogger(__name__)
+
+
+class Access:
+    def __init__(self, settings: GatewaySettings, metrics: GatewayMetrics) -> None:
+        self.metrics = metrics
+        self._keys = [k.get_secret_value().encode() for k in settings.api_keys]
+        self._key_ids = [key_id(k.get_secret_value()) for k in settings.api_keys]
+        self._admin_token = settings.admin_token.get_secret_value().encode() if settings.admin_token else None
+        self.limits: PolicyFile | None = None
+        self.admission: Admission | None = None
+        if settings.limits_file is not None:
+            self.limits = PolicyFile(settings.limits_file, self._limits_error)
+            self.admission = Admission(self.limits.policy)
+
+    def _limits_error(self, message: str) -> None:
+        log.error("limits file: %s", message)
+        self.metrics.limits_reload_errors.inc()
+
+    def authorize(self, headers: Mapping[str, str]) -> str:
+        """The id of the API key presented (``ANONYMOUS`` when the gateway has none)."""
+        if not self._keys:
+            return ANONYMOUS
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        presented = token.strip().encode()
+        matched = -1
+        for i, key in enumerate(self._keys):
+            if hmac.compare_digest(key, presented):
+                matched = i
+        if matched < 0 or scheme.lower() != "bearer":
+            raise GatewayError(401, "invalid_api_key",
+                               "Missing or invalid API key: send 'Authorization: Bearer <key>'.",
+                               error_type=errors.AUTHENTICATION)
+        return self._key_ids[matched]
+
+    def authorize_admin(self, headers: Mapping[str, str]) -> None:
+        if self._admin_token is None:
+            raise GatewayError(403, "admin_disabled", "The admin endpoints are off: start the gateway with "
+                               "INFERWATCH_GATEWAY_ADMIN_TOKEN.", error_type=errors.AUTHENTICATION)
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self._admin_token):
+            raise GatewayError(401, "invalid_admin_token", "Missing or invalid admin token: send "
+                               "'Authorization: Bearer <INFERWATCH_GATEWAY_ADMIN_TOKEN>'.",
+                               error_type=errors.AUTHENTICATION)
+
+    def may_force(self, headers: Mapping[str, str]) -> bool:
+        """Whether the request carries the admin token that forcing a variant takes."""
+        presented = headers.get(FORCE_TOKEN_HEADER, "").strip().encode()
+        return self._admin_token is not None and hmac.compare_digest(presented, self._admin_token)
+
+    # -- admission -------------------------------------------------------------------
+
+    def admit(self, state: RequestState) -> None:
+        """Take an admission ticket for the request, or refuse it with a 429 and when to retry."""
+        if self.admission is None or self.limits is None:
+            return
+        self.admission.policy = self.limits.current()
+        verdict = self.admission.admit(state.key, state.model)
+        if isinstance(verdict, Rejection):
+            self.metrics.admission_rejected.labels(state.model, verdict.scope, verdict.limit).inc()
+            raise GatewayError(429, "rate_limit_exceeded", verdict.message, error_type=errors.RATE_LIMIT,
+                               headers={"retry-after": str(max(1, math.ceil(verdict.retry_after_s)))})
+        state.ticket = verdict
+
+    def release(self, state: RequestState, status: int, account: StreamAccount | None) -> None:
+        """Give the ticket back, charged with the tokens the request used."""
+        if state.ticket is not None and self.admission is not None:
+            self.admission.release(state.ticket, tokens_to_charge(state, status, account))
+
+
+def tokens_to_charge(state: RequestState, status: int, account: StreamAccount | None) -> int:
+    """What a request is charged against tokens-per-minute: vLLM's usage when it reported
+    it. A request the client abandoned has no usage (vLLM aborted it partway), so it is
+    charged what it may have used: its prompt at about 4 bytes a token, and what it could
+    generate, or for a stream what was relayed, so that leaving early is no way around the
+    limit."""
+    req = state.req
+    n = req.n if req else 1
+    if account is not None and account.prompt_tokens is not None:
+        completion = account.completion_tokens if account.completion_tokens is not None else account.token_events
+        return account.prompt_tokens * n + completion
+    if status != CLIENT_CLOSED or req is None:
+        return 0
+    prompt = state.body_bytes // 4 * n
+    if req.stream and account is not None:
+        return prompt + account.token_events
+    return prompt + (req.max_tokens or 0) * n

@@ -1,0 +1,100 @@
+"""What the gateway records of each proxied request, written once, when the request ends:
+RED and token-level metrics, the feature record for the drift service, the answer
+remembered for feedback, and the server span's attributes and end.
+
+Recording once at the end (not per phase) keeps the per-request cost to a few metric
+updates; the label children of each (model, variant, route) are looked up once and cached
+(``RouteSeries``).
+"""
+
+from __future__ import annotations
+
+import time
+
+from inferwatch.serving.errors import CLIENT_CLOSED, status_class
+from inferwatch.serving.features import FeatureQueue, FeatureRecord
+from inferwatch.serving.feedback import AnswerMemory
+from inferwatch.serving.metrics import GatewayMetrics, RouteSeries, observe_many
+from inferwatch.serving.request import RequestState
+from inferwatch.serving.sse import StreamAccount
+from inferwatch.serving.tracing import end_span, exemplar, usage_attributes
+
+
+class Recorder:
+    def __init__(self, metrics: GatewayMetrics, features: FeatureQueue | None, answers: AnswerMemory | None) -> None:
+        self.metrics, self.features, self.answers = metrics, features, answers
+        self._route_series: dict[tuple[str, str, str], RouteSeries] = {}
+
+    def series(self, model: str, variant: str, route: str) -> RouteSeries:
+        series = self._route_series.get((model, variant, route))
+        if series is None:
+            series = self._route_series[(model, variant, route)] = RouteSeries(self.metrics, model, variant, route)
+        return series
+
+    def started(self, state: RequestState) -> None:
+        """The request passed preprocessing: it is in flight until ``ended``."""
+        self.series(state.model, state.variant, state.path).in_flight.inc()
+
+    def ended(self, state: RequestState, status: int, account: StreamAccount | None, error: str | None) -> None:
+        self.series(state.model, state.variant, state.path).in_flight.dec()
+        self.finish(state, status, account, error=error)
+
+    def rejected(self, path: str, code: str) -> None:
+        self.metrics.rejected.labels(path, code).inc()
+
+    def upstream_error(self, state: RequestState, reason: str) -> None:
+        self.metrics.upstream_errors.labels(state.model, state.variant, reason).inc()
+        if reason == "connect":
+            state.upstream.unreachable()
+
+    def finish(self, state: RequestState, status: int, account: StreamAccount | None, *, error: str | None) -> None:
+        """Record the request once: metrics, feature record, span attributes and end."""
+        e2e = time.perf_counter() - state.started
+        variant, span = state.variant, state.span
+        ex = exemplar(span)
+        series = self.series(state.model, variant, state.path)
+        requests, duration = series.answered(status_class(status))
+        requests.inc()
+        duration.observe(e2e, ex)
+        ok = account is not None and status < 400
+        if ok:
+            ttft = account.ttft
+            if ttft is not None:
+                series.ttft.observe(ttft, ex)
+                observe_many(series.itl, account.gaps)
+            tpot = account.tpot()
+            if tpot is not None:
+                series.tpot.observe(tpot)
+            if account.prompt_tokens is not None:
+                series.prompt_tokens.observe(account.prompt_tokens)
+            if account.completion_tokens is not None:
+                series.completion_tokens.observe(account.completion_tokens)
+        if account is not None and (ok or status == CLIENT_CLOSED):
+            # what vLLM spent, as its own counters count it: the prompt once per choice, and
+            # for an abandoned stream the tokens relayed before the client left
+            if account.prompt_tokens is not None:
+                series.input_tokens.inc(account.prompt_tokens * (state.req.n if state.req else 1))
+            output = account.completion_tokens if account.completion_tokens is not None else (
+                account.token_events if status == CLIENT_CLOSED else None)
+            if output:
+                series.output_tokens.inc(output)
+        # forced requests are test traffic, not assignments: a record would count them in the
+        # A/B arms (read per model and variant) and in drift's windows
+        if self.features is not None and state.req is not None and not state.forced:
+            self.features.submit(FeatureRecord(
+                model=state.model, variant=variant, route=state.route, stream=state.req.stream,
+                started_at=state.started_at, finished_at=state.started_at + e2e, status=status,
+                prompt_tokens=account.prompt_tokens if account else None,
+                completion_tokens=account.completion_tokens if account else None,
+                ttft_s=account.ttft if account else None, tpot_s=account.tpot() if account else None, e2e_s=e2e,
+                finish_reason=account.finish_reasons[0] if account and account.finish_reasons else None,
+                mean_logprob=account.mean_logprob if account else None,
+                experiment=state.experiment, unit=state.unit,
+            ))
+        if state.response_id is not None and status < 400 and self.answers is not None and not state.forced:
+            self.answers.remember(state.response_id, state.model, variant, state.experiment)
+        if span.is_recording():
+            span.set_attribute("http.response.status_code", status)
+            if account is not None:
+                span.set_attributes(usage_attributes(account))
+        end_span(span, error if status >= 500 or status == CLIENT_CLOSED else None)

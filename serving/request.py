@@ -1,0 +1,47 @@
+"""What one proxied request carries from its head to its record.
+
+Every role of the request path reads or fills it: access (the key's id, the admission
+ticket), routing (the variant and its upstream), the proxy (the parsed request), the relay
+and the recorder (what is written once, when the request ends).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+
+from inferwatch.serving.admission import ANONYMOUS, Ticket
+from inferwatch.serving.metrics import UNKNOWN_MODEL
+from inferwatch.serving.upstream import Upstream
+from inferwatch.serving.validation import ParsedRequest, Route
+
+VARIANT_HEADER = b"x-inferwatch-variant"  # on answers an experiment routed: which variant gave it
+
+
+@dataclass
+class RequestState:
+    route: Route
+    path: str
+    started: float  # perf_counter
+    started_at: float  # unix time
+    span: trace.Span
+    ctx: Context
+    variant: str  # the settings' one, or the variant an experiment routed the request to
+    upstream: Upstream
+    model: str = UNKNOWN_MODEL
+    req: ParsedRequest | None = None
+    key: str = ANONYMOUS  # the API key's id (serving/admission.py), never the key
+    body_bytes: int = 0  # of the client's request: a prompt's size when vLLM's count never came
+    ticket: Ticket | None = None  # admission's, given back when the request ends
+    experiment: str | None = None  # set when the experiment's split assigned the request
+    unit: str | None = None  # the hashed unit key the assignment used
+    rename: tuple[bytes, bytes] | None = None  # the variant's served model name → the public one
+    response_id: str | None = None  # the answer's id, remembered for feedback
+    routed: bool = False  # an experiment chose the variant: the response says which
+    forced: bool = False  # the force header picked (or tried to pick) the variant: test traffic, no feature record
+
+    def variant_header(self) -> list[bytes] | None:
+        """On answers an experiment routed: which variant gave it."""
+        return [b"%s: %s\r\n" % (VARIANT_HEADER, self.variant.encode())] if self.routed else None

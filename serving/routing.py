@@ -1,0 +1,173 @@
+"""Routing: which variant, and so which upstream, answers a request.
+
+The gateway's side of experiments: an upstream per variant, the public names in the model
+list, the assignment of each request (sticky by its unit key, or forced by an admin for
+testing) counted when it is routed, and weight changes that persist. The split logic itself
+is pure (serving/split.py); this module gives it I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+
+import orjson
+from prometheus_client import Counter
+
+from inferwatch.serving import errors
+from inferwatch.serving.admission import ANONYMOUS
+from inferwatch.serving.errors import GatewayError
+from inferwatch.serving.request import RequestState
+from inferwatch.serving.split import FORCE_HEADER, FORCE_TOKEN_HEADER, Split, resolve_weights
+from inferwatch.serving.weights_store import describe_change, load_splits, save_weights
+from inferwatch.serving.metrics import GatewayMetrics
+from inferwatch.serving.settings import GatewaySettings
+from inferwatch.serving.upstream import Upstream
+from inferwatch.serving.validation import ModelInfo, ParsedRequest
+
+log = logging.getLogger(__name__)
+
+
+class Catalog(Mapping[str, ModelInfo]):
+    """The models clients may ask for: the default upstream's, and each experiment's public
+    name, whose context is the smallest of its variants' (a request must fit every one)."""
+
+    def __init__(self, default: Upstream, experiments: "Experiments") -> None:
+        self._default, self._experiments = default, experiments
+
+    def __getitem__(self, name: str) -> ModelInfo:
+        split = self._experiments.splits.get(name)
+        if split is None:
+            return self._default.models[name]
+        lengths = []
+        for v in split.variants:
+            info = self._experiments.upstreams[v.upstream_url].models.get(v.served_model)
+            if info is not None and info.max_model_len is not None:
+                lengths.append(info.max_model_len)
+        return ModelInfo(name, min(lengths) if lengths else None)
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._experiments.splits
+        yield from (m for m in self._default.models if m not in self._experiments.splits)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+class Experiments:
+    """Every experiment of the file, ready to route. Splits are immutable and swapped whole,
+    so a request sees one set of weights from start to end."""
+
+    def __init__(self, experiment_file: Path, settings: GatewaySettings, metrics: GatewayMetrics,
+                 default: Upstream) -> None:
+        self.file = experiment_file
+        self.splits: dict[str, Split] = load_splits(experiment_file)
+        self.upstreams: dict[str, Upstream] = {default.base_url: default}
+        for split in self.splits.values():
+            for v in split.variants:
+                if v.upstream_url not in self.upstreams:
+                    self.upstreams[v.upstream_url] = Upstream(settings, metrics, v.upstream_url)
+        self._default = default
+        self.settings = settings
+        self.catalog = Catalog(default, self)
+        # children made once: the hot path increments without a label lookup
+        self.counters: dict[str, tuple[Counter, ...]] = {
+            model: tuple(metrics.assignments.labels(model, v.name) for v in split.variants)
+            for model, split in self.splits.items()}
+        self._weights = metrics.experiment_weight
+        for split in self.splits.values():
+            self._publish(split)
+        self._lock = asyncio.Lock()
+
+    def _publish(self, split: Split) -> None:
+        for v, w in zip(split.variants, split.weights):
+            self._weights.labels(split.model, split.name, v.name).set(w)
+
+    async def start(self) -> None:
+        await asyncio.gather(*(u.start() for u in self.upstreams.values() if u is not self._default))
+
+    async def close(self) -> None:
+        await asyncio.gather(*(u.close() for u in self.upstreams.values() if u is not self._default))
+
+    def describe(self) -> dict:
+        return {"experiments": [split.describe() for split in self.splits.values()]}
+
+    async def set_weights(self, model: str, given: object) -> Split:
+        """Apply new weights to ``model``'s experiment: checked, persisted, then routed by,
+        and logged. ``ExperimentError`` (nothing changed) for a change the experiment cannot
+        take; ``KeyError`` for a model without one; ``OSError`` if it could not be persisted."""
+        async with self._lock:
+            split = self.splits[model]
+            weights = resolve_weights(split, given)  # type: ignore[arg-type]
+            new = split.with_weights(weights)
+            changed = {**self.splits, model: new}
+            await asyncio.to_thread(save_weights, self.file, changed)
+            self.splits = changed
+            self._publish(new)
+            log.warning("%s", describe_change(split, new))
+            return new
+
+
+    def route(self, headers: Mapping[str, str], state: RequestState, req: ParsedRequest,
+              may_force: Callable[[Mapping[str, str]], bool]) -> str | None:
+        """Pick the variant of ``req.model``'s experiment (forced by header, else the split's
+        assignment, counted now) and point the request at its upstream; the served name to
+        send, if not the public one. ``None`` too for a model without an experiment."""
+        split = self.splits.get(req.model)
+        if split is None:
+            return None
+        forced = headers.get(FORCE_HEADER)
+        if forced is not None:
+            state.forced = True
+            index = self._forced_index(split, req, forced, may_force(headers))
+        else:
+            unit = req.payload.get("user")
+            if not isinstance(unit, str) or not unit:
+                unit = headers.get(self.settings.unit_header) or (state.key if state.key != ANONYMOUS else None)
+            index, state.unit = split.assign(unit)
+            state.experiment = split.name
+            self.counters[req.model][index].inc()
+        variant = split.variants[index]
+        state.routed = True
+        state.variant, state.upstream, state.rename = variant.name, self.upstreams[variant.upstream_url], variant.rename
+        return None if variant.rename is None else variant.served_model
+
+    def _forced_index(self, split: Split, req: ParsedRequest, forced: str, allowed: bool) -> int:
+        """The variant the force header names. Forcing bypasses the weights, so it takes the
+        admin token (any client could otherwise send users to a broken canary), and a variant
+        rolled back to weight 0 is refused unless ``force_zero_weight`` allows it for testing."""
+        if not allowed:
+            raise GatewayError(403, "forcing_not_allowed", f"Header '{FORCE_HEADER}' forces a variant only with "
+                               f"'{FORCE_TOKEN_HEADER}: <INFERWATCH_GATEWAY_ADMIN_TOKEN>' (and the gateway started "
+                               "with that token).", param=FORCE_HEADER, error_type=errors.AUTHENTICATION)
+        index = split.index(forced)
+        if index is None:
+            raise GatewayError(400, "unknown_variant",
+                               f"Header '{FORCE_HEADER}' names variant '{forced[:64]}', which experiment "
+                               f"'{split.name}' of model '{req.model}' does not have (variants: "
+                               f"{', '.join(v.name for v in split.variants)}).", param=FORCE_HEADER)
+        if split.weights[index] == 0 and not self.settings.force_zero_weight:
+            raise GatewayError(409, "variant_rolled_back",
+                               f"Variant '{forced[:64]}' of experiment '{split.name}' has weight 0 (rolled back); "
+                               "forcing it is refused unless the gateway runs with "
+                               "INFERWATCH_GATEWAY_FORCE_ZERO_WEIGHT=true.", param=FORCE_HEADER)
+        return index
+
+    def with_public_models(self, raw: bytes) -> bytes:
+        """The upstream's model list plus each experiment's public name."""
+        try:
+            doc = orjson.loads(raw)
+            data = doc["data"]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            return raw
+        if not isinstance(data, list):
+            return raw
+        listed = {m.get("id") for m in data if isinstance(m, dict)}
+        for model in self.splits:
+            if model not in listed:
+                info = self.catalog[model]
+                data.append({"id": model, "object": "model", "owned_by": "inferwatch",
+                             "max_model_len": info.max_model_len})
+        return orjson.dumps(doc)
