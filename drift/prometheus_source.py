@@ -20,8 +20,8 @@ from inferwatch.drift.calibration import null_distribution, size_band
 from inferwatch.drift.methods import METHODS, DriftResult
 from inferwatch.drift.verdicts import Policy, method_results
 
-_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
-_SELECTOR = re.compile(r'^(\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"[^"\\]*"\s*,?)*$')
+METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+SELECTOR = re.compile(r'^(\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"[^"\\]*"\s*,?)*$')
 
 
 class SourceError(Exception):
@@ -66,9 +66,9 @@ class PrometheusSource:
 
     def drift(self, metric: str, selector: str, reference_end: float, current_end: float, window_s: float,
               policy: Policy = Policy()) -> dict:
-        if not _NAME.match(metric) or not metric:
+        if not METRIC_NAME.match(metric) or not metric:
             raise SourceError(400, "'metric' must be a histogram's base name, e.g. inferwatch_gateway_request_prompt_tokens", field="metric")
-        if not _SELECTOR.match(selector):
+        if not SELECTOR.match(selector):
             raise SourceError(400, "'selector' must be label matchers like model=\"x\",variant=\"y\"", field="selector")
         if not all(math.isfinite(v) for v in (reference_end, current_end, window_s)):
             raise SourceError(400, "'reference_end', 'current_end' and 'window' must be finite numbers", field="reference_end")
