@@ -25,11 +25,12 @@ sys.path.insert(0, str(ROOT))
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 from prometheus_client.registry import Collector  # noqa: E402
 
+from bench.procs import running  # noqa: E402
 from inferwatch.exporters.collector import CachedExposition, NvmlCollector, SnapshotStore  # noqa: E402
 from inferwatch.exporters.sampler import Sampler  # noqa: E402
-from bench.procs import running  # noqa: E402
-from tests.exporters.fleet import Clock, fleet  # noqa: E402
-from tests.support.servers import free_port  # noqa: E402
+from tests.exporters.fleet import fleet  # noqa: E402
+from tests.support.clock import Clock  # noqa: E402
+from tests.support.sockets import free_port  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 

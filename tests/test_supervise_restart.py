@@ -9,15 +9,8 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from inferwatch.supervise import ManagedProcess, RestartPolicy, Supervisor
-from tests.support.servers import eventually
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import Clock
+from tests.support.waiting import eventually
 
 
 def test_backoff_doubles_up_to_the_cap_and_resets_after_a_stable_run():
@@ -40,7 +33,7 @@ def test_a_child_that_exits_is_restarted_after_its_backoff_and_counted(tmp_path)
     first_pid = child.pid
     assert registry.get_sample_value("inferwatch_supervisor_child_up", {"child": "flaky"}) == 1
 
-    assert eventually(lambda: not child.alive(), timeout_s=10)
+    eventually(lambda: not child.alive(), timeout_s=10)
     supervisor.poll()
     assert "flaky thing exited with code 0; restarting in 2s" in said[-1]
     assert registry.get_sample_value("inferwatch_supervisor_child_up", {"child": "flaky"}) == 0
@@ -55,7 +48,7 @@ def test_a_child_that_exits_is_restarted_after_its_backoff_and_counted(tmp_path)
     assert registry.get_sample_value("inferwatch_supervisor_restarts_total", {"child": "flaky"}) == 1
 
     # it crashes again soon after: the next delay doubles
-    assert eventually(lambda: not child.alive(), timeout_s=10)
+    eventually(lambda: not child.alive(), timeout_s=10)
     clock.now += 1
     supervisor.poll()
     assert "restarting in 4s" in said[-1]
@@ -71,7 +64,7 @@ def test_other_children_keep_running_while_one_is_down(tmp_path):
     for p in (steady, crasher):
         p.start()
         supervisor.adopt(p)
-    assert eventually(lambda: not crasher.alive(), timeout_s=10)
+    eventually(lambda: not crasher.alive(), timeout_s=10)
     supervisor.poll()
     assert steady.alive()
     assert registry.get_sample_value("inferwatch_supervisor_child_up", {"child": "steady"}) == 1
@@ -85,7 +78,7 @@ def test_a_restart_that_cannot_exec_is_retried_not_fatal(tmp_path):
     child = ManagedProcess("vanishing", [sys.executable, "-c", "pass"], log_path=tmp_path / "v.log")
     child.start()
     supervisor.adopt(child)
-    assert eventually(lambda: not child.alive(), timeout_s=10)
+    eventually(lambda: not child.alive(), timeout_s=10)
     supervisor.poll()
     child.argv = [str(tmp_path / "no-such-binary")]
     clock.now += 1

@@ -9,22 +9,23 @@ from inferwatch.drift import report
 from inferwatch.drift.state import DriftState, WindowConfig
 from inferwatch.drift.store import Store
 from tests.drift.records import body, records
+from tests.support.clock import Clock
 
 T0 = 1_800_000_000.0  # a fixed clock: the same report every time
 
 
 def sample_html() -> str:
-    clock = [T0]
-    state = DriftState(Store(":memory:"), WindowConfig(window_s=3600, buckets=60), clock=lambda: clock[0])
+    clock = Clock(T0)
+    state = DriftState(Store(":memory:"), WindowConfig(window_s=3600, buckets=60), clock=clock)
     for variant in ("stable", "canary"):
         state.ingest(body(records(4000, T0 - 7200, T0 - 5400, seed=1, model="llama-3.1-8b", variant=variant)))
         state.freeze_baseline(("llama-3.1-8b", variant), T0 - 7200, T0 - 5400)
     for step in range(40):  # 40 minutes of traffic; the canary's answers get longer after 20
-        clock[0] = T0 + 60 * step
+        clock.now = T0 + 60 * step
         shift = step >= 20
-        state.ingest(body(records(150, clock[0] - 60, clock[0], seed=100 + step, model="llama-3.1-8b",
+        state.ingest(body(records(150, clock.now - 60, clock.now, seed=100 + step, model="llama-3.1-8b",
                                   variant="stable")))
-        state.ingest(body(records(150, clock[0] - 60, clock[0], seed=200 + step, model="llama-3.1-8b",
+        state.ingest(body(records(150, clock.now - 60, clock.now, seed=200 + step, model="llama-3.1-8b",
                                   variant="canary",
                                   prompt_mu=5.4 if shift else 5.0, ttft_scale=0.13 if shift else 0.1,
                                   length_share=0.35 if shift else 0.2)))
@@ -32,7 +33,7 @@ def sample_html() -> str:
             state.calibrated_verdict(segment)
     rows = [report.SegmentReport(s, state.baselines[s], state.current(s), state.calibrated_verdict(s), state.history(s),
                                  state.drifting_since(s), state.window_records(s)) for s in state.segments()]
-    return report.render(rows, clock[0])
+    return report.render(rows, clock.now)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from inferwatch.drift.state import DriftState, WindowConfig
 from inferwatch.drift.store import Store
 from inferwatch.drift.verdicts import CalibrationCache, calibrate, reference_of
 from tests.drift.records import body, records
+from tests.support.clock import Clock
 from tests.support.servers import AppServer, metric_sum
 
 HOUR = 3600.0
@@ -155,15 +156,15 @@ def test_next_band_is_the_band_above():
 
 
 def test_a_restart_queues_the_calibrations_its_baselines_need(tmp_path):
-    clock = [2e9]
+    clock = Clock(2e9)
     path = tmp_path / "drift.sqlite3"
-    first = DriftState(Store(path), WindowConfig(), clock=lambda: clock[0])
-    first.ingest(body(records(2000, clock[0] - 2 * HOUR, clock[0] - 1.5 * HOUR, seed=4)))
-    first.ingest(body(records(500, clock[0] - 600, clock[0], seed=5)))
-    first.freeze_baseline(("m", "v1"), clock[0] - 2 * HOUR, clock[0] - 1.5 * HOUR)
+    first = DriftState(Store(path), WindowConfig(), clock=clock)
+    first.ingest(body(records(2000, clock.now - 2 * HOUR, clock.now - 1.5 * HOUR, seed=4)))
+    first.ingest(body(records(500, clock.now - 600, clock.now, seed=5)))
+    first.freeze_baseline(("m", "v1"), clock.now - 2 * HOUR, clock.now - 1.5 * HOUR)
     first.store.close()
     held = HeldWorker()
-    again = DriftState(Store(path), WindowConfig(), clock=lambda: clock[0],
+    again = DriftState(Store(path), WindowConfig(), clock=clock,
                        calibrator=BackgroundCalibrator(CalibrationCache(), compute=held))
     again.restore()
     assert held.entered.wait(10) and again.calibrator.pending == 6  # before any request asked

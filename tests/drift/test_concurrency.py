@@ -13,6 +13,7 @@ from inferwatch.drift.service import DriftSettings, create_app
 from inferwatch.drift.state import DriftState, WindowConfig
 from inferwatch.drift.store import Store
 from tests.drift.records import body, records
+from tests.support.clock import Clock
 from tests.support.servers import AppServer
 
 
@@ -45,10 +46,10 @@ def test_health_answers_while_an_ingest_holds_the_state(tmp_path):
 
 
 def test_idle_segments_expire_on_read_without_further_ingest():
-    clock = [1_700_000_000.0]
-    state = DriftState(Store(":memory:"), WindowConfig(window_s=600, buckets=10), clock=lambda: clock[0])
-    state.ingest(body(records(20, clock[0] - 60, clock[0] - 1, seed=2)))
+    clock = Clock(1_700_000_000.0)
+    state = DriftState(Store(":memory:"), WindowConfig(window_s=600, buckets=10), clock=clock)
+    state.ingest(body(records(20, clock.now - 60, clock.now - 1, seed=2)))
     assert state.segments() == [("m", "v1")]
-    clock[0] += 700  # a whole window without records, and no ingest since
+    clock.now += 700  # a whole window without records, and no ingest since
     assert state.segments() == []
     assert state.expired == 1

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from inferwatch.drift.feedback import FeedbackBatch, FeedbackLog
 from inferwatch.drift.service import DriftSettings, create_app
 from tests.drift.records import records
+from tests.support.clock import Clock
 
 SPLIT = {"control": "v1", "treatment": "v2", "control_weight": 0.5, "treatment_weight": 0.5}
 
@@ -70,11 +71,11 @@ def test_a_record_with_a_bad_experiment_is_refused_naming_it(client):
 
 
 def test_the_log_keeps_the_window_and_a_segment_bound():
-    now = [1000.0]
-    log = FeedbackLog(window_s=60, max_segments=1, clock=lambda: now[0])
+    clock = Clock(1000.0)
+    log = FeedbackLog(window_s=60, max_segments=1, clock=clock)
     batch = FeedbackBatch.model_validate({"records": ratings("v1", 2, 3, 950) + ratings("v2", 1, 1, 990)})
     assert log.add(batch) == 3  # v2 is beyond the bound
     assert log.counts("m", "v1") == (2, 3) and log.counts("m", "v2") == (0, 0)
-    now[0] = 1020.0
+    clock.now = 1020.0
     assert log.counts("m", "v1") == (0, 0)  # out of the window
     assert log.counts("m", "v1", since=900) == (0, 0)

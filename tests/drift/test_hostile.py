@@ -14,6 +14,7 @@ from inferwatch.drift.service import DriftSettings, create_app
 from inferwatch.drift.state import OTHER_SEGMENT, DriftState, WindowConfig
 from inferwatch.drift.store import Store
 from tests.drift.records import body, records
+from tests.support.clock import Clock
 from tests.support.servers import AppServer, metric_sum
 
 
@@ -105,14 +106,14 @@ def test_a_flood_of_model_names_stays_bounded(service):
 
 
 def test_idle_segments_expire_with_their_series(tmp_path):
-    clock = [5_000_000.0]
+    clock = Clock(5_000_000.0)
     state = DriftState(Store(":memory:"), WindowConfig(window_s=600, buckets=6, max_segments=3),
-                       clock=lambda: clock[0])
+                       clock=clock)
     for model in ("a", "b", "c", "d"):
-        state.ingest(body(records(10, clock[0] - 30, clock[0], seed=5, model=model)))
+        state.ingest(body(records(10, clock.now - 30, clock.now, seed=5, model=model)))
     assert state.segments() == [("a", "v1"), ("b", "v1"), OTHER_SEGMENT]
-    clock[0] += 700  # everything slid out
-    state.ingest(body(records(10, clock[0] - 30, clock[0], seed=6, model="e")))
+    clock.now += 700  # everything slid out
+    state.ingest(body(records(10, clock.now - 30, clock.now, seed=6, model="e")))
     assert state.segments() == [("e", "v1")] and state.expired == 3
 
 

@@ -16,7 +16,9 @@ from inferwatch.drift.service import DriftSettings, create_app
 from inferwatch.drift.state import DriftState, WindowConfig
 from inferwatch.drift.store import Store
 from tests.drift.records import body, records
-from tests.support.servers import AppServer, free_port, metric_sum
+from tests.support.clock import Clock
+from tests.support.servers import AppServer, metric_sum
+from tests.support.sockets import free_port
 
 HOUR = 3600.0
 
@@ -140,14 +142,14 @@ def test_false_positive_rate_over_repeated_windows(tmp_path):
     evaluations). All windows share one reference, whose own sampling error persists, so a
     single method may fire a little more often than over fresh pairs (tests in
     test_calibration.py draw fresh references); 5 of 20 would be far off."""
-    clock = [1_000_000.0]
-    state = DriftState(Store(tmp_path / "fp.sqlite3"), WindowConfig(window_s=600, buckets=10), clock=lambda: clock[0])
-    state.ingest(body(records(5000, clock[0] - 3000, clock[0] - 2000, seed=100)))
-    state.freeze_baseline(("m", "v1"), clock[0] - 3000, clock[0] - 2000)
+    clock = Clock(1_000_000.0)
+    state = DriftState(Store(tmp_path / "fp.sqlite3"), WindowConfig(window_s=600, buckets=10), clock=clock)
+    state.ingest(body(records(5000, clock.now - 3000, clock.now - 2000, seed=100)))
+    state.freeze_baseline(("m", "v1"), clock.now - 3000, clock.now - 2000)
     alarms: dict[tuple[str, str], int] = {}
     for trial in range(20):
-        clock[0] += 1200  # the previous window has slid out entirely
-        state.ingest(body(records(2000, clock[0] - 500, clock[0], seed=200 + trial)))
+        clock.now += 1200  # the previous window has slid out entirely
+        state.ingest(body(records(2000, clock.now - 500, clock.now, seed=200 + trial)))
         assert state.window_records(("m", "v1")) == 2000
         verdict = state.calibrated_verdict(("m", "v1"))
         alarms[("segment", "holm")] = alarms.get(("segment", "holm"), 0) + (verdict.status == "drift")
@@ -248,18 +250,18 @@ def test_window_memory_does_not_grow_with_traffic(tmp_path):
     the window's R values."""
     from inferwatch.drift.windows import WIDTH
 
-    clock = [2_000_000.0]
+    clock = Clock(2_000_000.0)
     state = DriftState(Store(":memory:"), WindowConfig(window_s=600, buckets=10, reservoir=500),
-                       clock=lambda: clock[0])
-    state.ingest(body(records(1000, clock[0] - 500, clock[0], seed=7)))
+                       clock=clock)
+    state.ingest(body(records(1000, clock.now - 500, clock.now, seed=7)))
     sizes = []
     for i in range(20):
-        state.ingest(body(records(5000, clock[0] - 500, clock[0], seed=8 + i)))
+        state.ingest(body(records(5000, clock.now - 500, clock.now, seed=8 + i)))
         sizes.append(state.windows[("m", "v1")].nbytes())
     bound = 10 * (WIDTH * 8 + 6 * 500 * 16)  # buckets x (counts + R keys and values per numeric feature)
     assert max(sizes) <= bound
     assert state.window_records(("m", "v1")) == 101_000
-    assert state.windows[("m", "v1")].samples("ttft_s", clock[0]).size == 500
+    assert state.windows[("m", "v1")].samples("ttft_s", clock.now).size == 500
 
 
 def test_kill_9_and_restart_keep_every_acknowledged_batch(tmp_path):
@@ -323,13 +325,13 @@ def test_report_cli_writes_the_html(service, tmp_path):
 
 
 def test_window_slides(tmp_path):
-    clock = [3_000_000.0]
-    state = DriftState(Store(":memory:"), WindowConfig(window_s=600, buckets=6), clock=lambda: clock[0])
+    clock = Clock(3_000_000.0)
+    state = DriftState(Store(":memory:"), WindowConfig(window_s=600, buckets=6), clock=clock)
     # buckets are 100 s; the window holds the 6 newest, so between 500 and 600 s of history
-    state.ingest(body(records(100, clock[0] - 450, clock[0] - 400, seed=12)))
-    state.ingest(body(records(50, clock[0] - 50, clock[0], seed=13)))
+    state.ingest(body(records(100, clock.now - 450, clock.now - 400, seed=12)))
+    state.ingest(body(records(50, clock.now - 50, clock.now, seed=13)))
     assert state.window_records(("m", "v1")) == 150
-    clock[0] += 200  # the first 100 slid out of the 600 s window
+    clock.now += 200  # the first 100 slid out of the 600 s window
     assert state.window_records(("m", "v1")) == 50
     assert int(np.sum(state.current(("m", "v1"))["prompt_tokens"].counts)) == 50
 

@@ -24,19 +24,9 @@ def h100(index: int, **overrides) -> FakeDevice:
     return FakeDevice(**base)
 
 
-class Clock:
-    """A hand-moved clock for the fake NVML's GPM samples and the sampler's GPM spacing."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def fleet(n: int = 2, **kwargs) -> FakeNVML:
     """``n`` H100s with GPM; ``kwargs`` go to FakeNVML (clock, library_missing, ...)."""
     return FakeNVML([h100(i) for i in range(n)], **kwargs)
 
 
-__all__ = ["Clock", "FakeMig", "FakeNVML", "FakeProcess", "fleet", "h100"]
+__all__ = ["FakeMig", "FakeNVML", "FakeProcess", "fleet", "h100"]

@@ -5,9 +5,10 @@ import inspect
 import pynvml
 import pytest
 
-from tests.support import fake_nvml
-from tests.support.fake_nvml import FakeDevice, FakeNVML
 from tests.exporters.driver import kernel_gpus
+from tests.support import fake_nvml
+from tests.support.clock import Clock
+from tests.support.fake_nvml import FakeDevice, FakeNVML
 
 
 def test_constants_match_pynvml():
@@ -100,9 +101,9 @@ def test_memory_v2_has_pynvml_field_names_and_v1_counts_reserved_as_used():
 
 def test_gpm_metrics_need_two_samples_of_one_gpu_in_order():
     """As NVML: a metric is defined between an earlier and a later sample of the same GPU."""
-    now = [0.0]
+    clock = Clock(0.0)
     fake = FakeNVML([FakeDevice(gpm={2: 50.0}), FakeDevice(gpm={2: 10.0}), FakeDevice(gpm=None)],
-                    clock=lambda: now[0])
+                    clock=clock)
     fake.nvmlInit()
     h0, h1, h2 = (fake.nvmlDeviceGetHandleByIndex(i) for i in range(3))
     assert [fake.nvmlGpmQueryDeviceSupport(h).isSupportedDevice for h in (h0, h1, h2)] == [1, 1, 0]
@@ -118,7 +119,7 @@ def test_gpm_metrics_need_two_samples_of_one_gpu_in_order():
 
     fake.nvmlGpmSampleGet(h0, a)
     fake.nvmlGpmSampleGet(h1, other)
-    now[0] = 2.0
+    clock.now = 2.0
     fake.nvmlGpmSampleGet(h0, b)
     sm, tensor = metrics(a, b)
     assert (sm.nvmlReturn, sm.value, tensor.nvmlReturn) == (0, 50.0, pynvml.NVML_ERROR_NOT_SUPPORTED)

@@ -9,14 +9,7 @@ import time
 import pytest
 
 from inferwatch.serving.admission import Admission, Limits, Policy, PolicyError, PolicyFile, Rejection, Ticket, parse_policy
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import Clock
 
 
 def admission(policy: Policy) -> tuple[Admission, Clock]:
