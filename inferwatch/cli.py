@@ -337,12 +337,17 @@ def up(
                                                      "short Alertmanager waits.")] = False,
     startup_timeout: float = 300.0,
     run_dir: Annotated[Path, typer.Option(help="Folder for logs and Prometheus/Alertmanager data.")] = DEFAULT_RUN_DIR,
+    monitoring_only: Annotated[bool, typer.Option(
+        help="Start only Prometheus, Alertmanager and the local pager; they scrape vLLM, the gateway, exporter "
+             "and drift service run apart (e.g. `inferwatch gateway`) at the ports given.")] = False,
 ) -> None:
     """Run the local stack until Ctrl-C: vLLM, drift service, gateway, GPU exporter, then Prometheus,
     Alertmanager and the local pager. A child that crashes is restarted with backoff."""
     from inferwatch.supervise import ManagedProcess
     from inferwatch.serving.vllm_launcher import VLLMConfig, vllm_process
 
+    if monitoring_only and not prometheus_port:
+        _fail("--monitoring-only with --prometheus-port 0 leaves nothing to start.")
     if pagerduty_routing_key_file is not None:
         try:
             key = pagerduty_routing_key_file.read_text().strip()
@@ -352,37 +357,40 @@ def up(
             _fail(f"The PagerDuty routing key file {pagerduty_routing_key_file} is empty.")
 
     run_dir = run_dir.resolve()
-    cfg = VLLMConfig(_resolve_model(model), served_model_name, host, vllm_port, max_model_len, dtype,
-                     otlp_traces_endpoint=otlp_endpoint, startup_timeout_s=startup_timeout)
     cli = [sys.executable, "-m", "inferwatch"]
 
     def child(name: str, key: str, argv: list[str], port: int, health: str = "/health") -> ManagedProcess:
         return ManagedProcess(f"{name} (:{port})", cli + argv, log_path=run_dir / f"{key}.log",
                               health_url=f"http://{host}:{port}{health}", key=key)
 
-    gw_argv = ["gateway", "--host", host, "--port", str(gateway_port), "--upstream-url", cfg.base_url]
-    if otlp_endpoint:
-        gw_argv += ["--otlp-endpoint", otlp_endpoint]
-    children: list[tuple[ManagedProcess, float]] = [(vllm_process(cfg, run_dir / "vllm.log"), startup_timeout)]
-    if drift_port:
-        gw_argv += ["--drift-url", f"http://{host}:{drift_port}"]
-        children.append((child("drift service", "drift", ["drift", "serve", "--host", host, "--port", str(drift_port),
-                                                           "--db-path", str(run_dir / "drift.sqlite3")], drift_port),
-                         30.0))
-    children.append((child("gateway", "gateway", gw_argv, gateway_port), 30.0))
-    gw_url = f"http://{host}:{gateway_port}"
-    urls = {
-        "OpenAI endpoint (gateway)": f"{gw_url}/v1",
-        "gateway /metrics": f"{gw_url}/metrics",
-        "vLLM /metrics": f"{cfg.base_url}/metrics",
-    }
-    if drift_port:
-        urls["drift report"] = f"http://{host}:{drift_port}/report"
-        urls["drift /metrics"] = f"http://{host}:{drift_port}/metrics"
-    if exporter_port:
-        children.append((child("GPU exporter", "exporter", ["exporter", "--host", host, "--port", str(exporter_port)],
-                               exporter_port), 30.0))
-        urls["GPU exporter /metrics"] = f"http://{host}:{exporter_port}/metrics"
+    children: list[tuple[ManagedProcess, float]] = []
+    urls: dict = {}
+    if not monitoring_only:
+        cfg = VLLMConfig(_resolve_model(model), served_model_name, host, vllm_port, max_model_len, dtype,
+                         otlp_traces_endpoint=otlp_endpoint, startup_timeout_s=startup_timeout)
+        gw_argv = ["gateway", "--host", host, "--port", str(gateway_port), "--upstream-url", cfg.base_url]
+        if otlp_endpoint:
+            gw_argv += ["--otlp-endpoint", otlp_endpoint]
+        children.append((vllm_process(cfg, run_dir / "vllm.log"), startup_timeout))
+        if drift_port:
+            gw_argv += ["--drift-url", f"http://{host}:{drift_port}"]
+            children.append((child("drift service", "drift", ["drift", "serve", "--host", host, "--port",
+                                                               str(drift_port), "--db-path",
+                                                               str(run_dir / "drift.sqlite3")], drift_port), 30.0))
+        children.append((child("gateway", "gateway", gw_argv, gateway_port), 30.0))
+        gw_url = f"http://{host}:{gateway_port}"
+        urls.update({
+            "OpenAI endpoint (gateway)": f"{gw_url}/v1",
+            "gateway /metrics": f"{gw_url}/metrics",
+            "vLLM /metrics": f"{cfg.base_url}/metrics",
+        })
+        if drift_port:
+            urls["drift report"] = f"http://{host}:{drift_port}/report"
+            urls["drift /metrics"] = f"http://{host}:{drift_port}/metrics"
+        if exporter_port:
+            children.append((child("GPU exporter", "exporter", ["exporter", "--host", host, "--port",
+                                                                 str(exporter_port)], exporter_port), 30.0))
+            urls["GPU exporter /metrics"] = f"http://{host}:{exporter_port}/metrics"
     if prometheus_port:
         from inferwatch.deploy.monitoring import Targets
 
