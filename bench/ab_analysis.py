@@ -26,8 +26,7 @@ from inferwatch.drift.ab import stats  # noqa: E402
 from inferwatch.drift.ab.decision import Arm, Experiment, analyse, evaluate_metric  # noqa: E402
 from inferwatch.drift.ab.spec import BY_NAME  # noqa: E402
 from inferwatch.drift.calibration import holm  # noqa: E402
-from tests.drift.ab_sim import Effects, arm_at, stream  # noqa: E402
-from tests.drift.test_ab_sequential import _power_proportion, _ttft_probabilities  # noqa: E402
+from tests.support.ab_sim import Effects, arm_at, power_proportion, stream, ttft_bin_probabilities  # noqa: E402
 
 N = 1_000_000
 RESERVOIR = 2000  # the drift service's default INFERWATCH_DRIFT_RESERVOIR
@@ -116,9 +115,9 @@ def power(sims: int) -> None:
             hits = np.mean([evaluate_metric(BY_NAME["error_rate"], Arm("a", n, int(x), n, 0),
                                             Arm("b", n, int(y), n, 0), exp).p_value_sequential <= ALPHA
                             for x, y in zip(xc, xt)])
-            print(f"| error_rate | {label} | {n:,} | {hits:.3f} | {_power_proportion(pc, pt, n):.3f} |")
+            print(f"| error_rate | {label} | {n:,} | {hits:.3f} | {power_proportion(pc, pt, n, exp):.3f} |")
     for shift in (0.04, 0.07):
-        p0, p1 = _ttft_probabilities(0.0), _ttft_probabilities(shift)
+        p0, p1 = ttft_bin_probabilities(0.0), ttft_bin_probabilities(shift)
         theta = float(np.dot(p1, np.cumsum(p0) - p0 / 2)) - 0.5
         for n in (1000, 4000):
             se = math.sqrt((2 * n + 1) / (12 * n * n))

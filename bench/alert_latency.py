@@ -35,21 +35,12 @@ from inferwatch.alerts.generate import cap_for, rule_files, write  # noqa: E402
 from inferwatch.alerts.model import seconds  # noqa: E402
 from inferwatch.deploy.monitoring import FAST_INTERVALS, Intervals  # noqa: E402
 from inferwatch.serving.tiny_model import build_tiny_model  # noqa: E402
-from tests.drift.records import body, records  # noqa: E402
-from tests.support.servers import free_ports  # noqa: E402
+from tests.support.feature_records import body, records  # noqa: E402
+from tests.support.sockets import free_ports  # noqa: E402
+from tests.support.waiting import eventually  # noqa: E402
 
 FOR_CAP = "15s"
 NAMES = ("vllm", "gateway", "exporter", "drift", "prometheus", "alertmanager", "pager", "supervisor")
-
-
-def wait_for(probe, timeout_s: float, poll_s: float = 0.1):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(poll_s)
-    raise TimeoutError(f"not within {timeout_s}s")
 
 
 class Stack:
@@ -63,7 +54,7 @@ class Stack:
         self.log = open(run_dir / "up.out", "w")
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ,
                                                                                           "PYTHONUNBUFFERED": "1"})
-        wait_for(lambda: "Ctrl-C stops everything" in (run_dir / "up.out").read_text(), 400, 1)
+        eventually(lambda: "Ctrl-C stops everything" in (run_dir / "up.out").read_text(), 400, 1)
 
     def url(self, name: str) -> str:
         return f"http://127.0.0.1:{self.ports[name]}"
@@ -98,10 +89,10 @@ class Stack:
 
 def vllm_cycle(stack: Stack) -> tuple[float, float]:
     t_fault = stack.kill_vllm()
-    page = wait_for(lambda: stack.event("VLLMDown", "firing", t_fault), 120)
-    wait_for(stack.vllm_healthy, 300, 0.05)
+    page = eventually(lambda: stack.event("VLLMDown", "firing", t_fault), 120)
+    eventually(stack.vllm_healthy, 300, 0.05)
     t_back = time.time()
-    resolved = wait_for(lambda: stack.event("VLLMDown", "resolved", t_back - 0.5), 120)
+    resolved = eventually(lambda: stack.event("VLLMDown", "resolved", t_back - 0.5), 120)
     return page["received_at"] - t_fault, resolved["received_at"] - t_back
 
 
@@ -115,13 +106,13 @@ def drift_cycle(stack: Stack, run: int) -> tuple[float, float]:
     shifted = body(records(400, now - 60, now, seed=100 + run, model=model, prompt_mu=7.0))
     t_fault = time.time()
     requests.post(f"{drift}/v1/ingest", data=shifted, timeout=10).raise_for_status()
-    ticket = wait_for(lambda: stack.event("DriftDetected", "firing", t_fault, model=model,
+    ticket = eventually(lambda: stack.event("DriftDetected", "firing", t_fault, model=model,
                                           feature="prompt_tokens"), 120)
     # recovery: the shifted traffic becomes the accepted reference
     t_fix = time.time()
     requests.post(f"{drift}/v1/baselines", json={"model": model, "variant": "v1", "from": now - 61, "to": now + 1},
                   timeout=10).raise_for_status()
-    resolved = wait_for(lambda: stack.event("DriftDetected", "resolved", t_fix, model=model,
+    resolved = eventually(lambda: stack.event("DriftDetected", "resolved", t_fix, model=model,
                                             feature="prompt_tokens"), 120)
     return ticket["received_at"] - t_fault, resolved["received_at"] - t_fix
 

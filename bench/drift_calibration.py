@@ -36,7 +36,7 @@ from inferwatch.drift.service import DriftCollector  # noqa: E402
 from inferwatch.drift.state import DriftState, WindowConfig  # noqa: E402
 from inferwatch.drift.store import Store  # noqa: E402
 from inferwatch.drift.verdicts import CalibrationCache, Policy, method_results, score  # noqa: E402
-from tests.drift.records import body, records  # noqa: E402
+from tests.support.feature_records import body, records  # noqa: E402
 
 ALPHA = 0.01
 OLD_EDGES = log_edges(0.001, 64, 16)  # the ttft grid before: one bin per doubling

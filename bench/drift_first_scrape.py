@@ -26,7 +26,7 @@ import orjson  # noqa: E402
 import requests  # noqa: E402
 
 from inferwatch.drift.service import DriftSettings, create_app  # noqa: E402
-from tests.drift.records import records  # noqa: E402
+from tests.support.feature_records import records  # noqa: E402
 from tests.support.servers import AppServer  # noqa: E402
 
 HOUR = 3600.0

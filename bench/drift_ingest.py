@@ -24,13 +24,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.procs import running  # noqa: E402
 from inferwatch.drift.schema import parse_batch  # noqa: E402
 from inferwatch.drift.state import DriftState, WindowConfig  # noqa: E402
 from inferwatch.drift.store import Store  # noqa: E402
 from inferwatch.drift.windows import segments_of  # noqa: E402
-from bench.procs import running  # noqa: E402
-from tests.drift.records import body, records  # noqa: E402
-from tests.support.servers import free_port  # noqa: E402
+from tests.support.feature_records import body, records  # noqa: E402
+from tests.support.sockets import free_port  # noqa: E402
 
 
 SERVICE_CPUS = ""  # taskset CPU list for the service, set by --service-cpus

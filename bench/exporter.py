@@ -28,8 +28,8 @@ from prometheus_client.registry import Collector  # noqa: E402
 from bench.procs import running  # noqa: E402
 from inferwatch.exporters.collector import CachedExposition, NvmlCollector, SnapshotStore  # noqa: E402
 from inferwatch.exporters.sampler import Sampler  # noqa: E402
-from tests.exporters.fleet import fleet  # noqa: E402
 from tests.support.clock import Clock  # noqa: E402
+from tests.support.fleet import fleet  # noqa: E402
 from tests.support.sockets import free_port  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -144,7 +144,7 @@ def render_rows(gpus: int, repeats: int = 500) -> list[str]:
 RUNNER = """
 import sys; sys.path.insert(0, {root!r})
 from inferwatch.exporters.server import ExporterSettings, serve
-from tests.exporters.fleet import fleet
+from tests.support.fleet import fleet
 serve(ExporterSettings(port={port}, interval_s=1.0, gpm={gpm}), nvml=fleet({gpus}))
 """
 

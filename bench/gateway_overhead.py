@@ -35,7 +35,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.procs import running  # noqa: E402
-from tests.support.servers import free_port, metric_sum  # noqa: E402
+from tests.support.gateway_metrics import populated_registry  # noqa: E402
+from tests.support.servers import metric_sum  # noqa: E402
+from tests.support.sockets import free_port  # noqa: E402
 
 GATEWAY_CPU, LOAD_CPU = "0", "1"
 CHAT_BODY = '{"model":"bench-model","messages":[{"role":"user","content":"hi"}],"max_tokens":10}'
@@ -265,36 +267,6 @@ def stream_table(runs: int, seconds: float, tokens: int = 200) -> list[str]:
 
 def _relayed(url: str) -> float:
     return metric_sum(urllib.request.urlopen(f"{url}/metrics").read().decode(), "inferwatch_gateway_output_tokens_total")
-
-
-def populated_registry(models: int, variants: int):
-    """Metrics as a busy gateway has them: every route and status class seen per model/variant."""
-    from prometheus_client import CollectorRegistry
-
-    from inferwatch.serving.metrics import create_metrics
-
-    registry = CollectorRegistry()
-    m = create_metrics(registry)
-    for model in (f"model-{i}" for i in range(models)):
-        for variant in (f"v{i}" for i in range(variants)):
-            for route in ("/v1/chat/completions", "/v1/completions"):
-                tok = (model, variant, route)
-                for sc in ("2xx", "4xx", "5xx"):
-                    m.requests.labels(*tok, sc).inc(100)
-                    for i in range(50):
-                        m.request_duration.labels(*tok, sc).observe(0.01 * i, {"trace_id": f"{i:032x}"})
-                for i in range(200):
-                    m.time_to_first_token.labels(*tok).observe(0.005 * i, {"trace_id": f"{i:032x}"})
-                    m.inter_token_latency.labels(*tok).observe(0.001 * i)
-                    m.time_per_output_token.labels(*tok).observe(0.001 * i)
-                    m.prompt_tokens_per_request.labels(*tok).observe(i * 10)
-                    m.completion_tokens_per_request.labels(*tok).observe(i * 3)
-                m.input_tokens.labels(*tok).inc(1e6)
-                m.output_tokens.labels(*tok).inc(1e6)
-            m.in_flight.labels(model, variant).set(3)
-            for reason in ("connect", "timeout", "stream_interrupted"):
-                m.upstream_errors.labels(model, variant, reason).inc()
-    return registry
 
 
 def render_table(repeats: int = 50) -> list[str]:

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
 from inferwatch.drift.service import DriftSettings, create_app
-from tests.drift.records import records
+from tests.support.feature_records import records
 
 SPLIT = {"control": "v1", "treatment": "v2", "control_weight": 0.5, "treatment_weight": 0.5}
 

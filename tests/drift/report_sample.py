@@ -8,8 +8,8 @@ import sys
 from inferwatch.drift import report
 from inferwatch.drift.state import DriftState, WindowConfig
 from inferwatch.drift.store import Store
-from tests.drift.records import body, records
 from tests.support.clock import Clock
+from tests.support.feature_records import body, records
 
 T0 = 1_800_000_000.0  # a fixed clock: the same report every time
 

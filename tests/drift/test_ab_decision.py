@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from inferwatch.drift.ab.decision import Experiment, analyse
-from tests.drift.ab_sim import Effects, arm_at, stream
+from tests.support.ab_sim import Effects, arm_at, stream
 
 EXP = Experiment("v1", "v2", (0.5, 0.5), shared_tokenizer=True)
 

@@ -17,7 +17,7 @@ from inferwatch.drift.ab import sequential as seq
 from inferwatch.drift.ab.decision import Arm, Experiment, analyse, evaluate_metric
 from inferwatch.drift.ab.spec import BY_NAME
 from inferwatch.drift.schema import FEATURES
-from tests.drift.ab_sim import Effects, arm_at, stream
+from tests.support.ab_sim import Effects, arm_at, power_proportion, stream, ttft_bin_probabilities
 
 ALPHA = 0.05
 EXP = Experiment("a", "b", (0.5, 0.5), alpha=ALPHA)
@@ -72,17 +72,10 @@ def test_aa_error_rate_checked_20_times_keeps_false_alarms_under_alpha():
     assert fixed_alarm / sims > 2 * ALPHA
 
 
-def _ttft_probabilities(log_shift: float) -> np.ndarray:
-    edges = FEATURES["ttft_s"].edges.values  # type: ignore[attr-defined]
-    cdf = special.ndtr((np.log(edges) - (math.log(0.2) + log_shift)) / 0.5)
-    p = np.diff(np.concatenate([[0.0], cdf, [1.0]]))
-    return p[1:-1] + np.r_[p[0], np.zeros(p.size - 3)] + np.r_[np.zeros(p.size - 3), p[-1]]
-
-
 def test_aa_ttft_rank_test_checked_20_times_keeps_false_alarms_under_alpha():
     """1,500 A/A experiments of Mann-Whitney on the TTFT bins, 20 looks each."""
     rng = np.random.default_rng(1)
-    sims, probs = 1500, _ttft_probabilities(0.0)
+    sims, probs = 1500, ttft_bin_probabilities(0.0)
     spec = BY_NAME["ttft"]
     seq_alarm = fixed_alarm = 0
     for _ in range(sims):
@@ -118,16 +111,6 @@ def test_aa_full_decision_checked_at_8_looks_rarely_rolls_back():
     assert srm <= 2
 
 
-def _power_proportion(pc: float, pt: float, n: int) -> float:
-    """P(always-valid p <= alpha at a look with n per arm): the pooled z is about normal with
-    mean delta / se0 and standard deviation se1 / se0."""
-    pooled = (pc + pt) / 2
-    se0 = math.sqrt(pooled * (1 - pooled) * 2 / n)
-    se1 = math.sqrt((pc * (1 - pc) + pt * (1 - pt)) / n)
-    b = seq.boundary(seq.rho2(ALPHA, EXP.tune_n) * n / 2, ALPHA)
-    return float(special.ndtr(((pt - pc) - b * se0) / se1))
-
-
 @pytest.mark.parametrize("pt", [0.03, 0.04])
 def test_error_rate_power_matches_theory(pt):
     """Errors 2% -> pt at 2,000 requests per arm, 1,000 simulated experiments."""
@@ -137,7 +120,7 @@ def test_error_rate_power_matches_theory(pt):
     spec = BY_NAME["error_rate"]
     hits = sum(evaluate_metric(spec, _counts_arm("a", n, int(a)), _counts_arm("b", n, int(b)), EXP)
                .p_value_sequential <= ALPHA for a, b in zip(xc, xt))
-    predicted = _power_proportion(0.02, pt, n)
+    predicted = power_proportion(0.02, pt, n, EXP)
     assert abs(hits / sims - predicted) <= allowance(predicted, sims) + 0.03
 
 
@@ -148,7 +131,7 @@ def test_ttft_power_matches_theory(log_shift):
     probabilities, and U's null standard error."""
     rng = np.random.default_rng(4)
     sims, n = 800, 2000
-    pc, pt = _ttft_probabilities(0.0), _ttft_probabilities(log_shift)
+    pc, pt = ttft_bin_probabilities(0.0), ttft_bin_probabilities(log_shift)
     theta = float(np.dot(pt, np.cumsum(pc) - pc / 2)) - 0.5
     se = math.sqrt((2 * n + 1) / (12 * n * n))
     predicted = float(special.ndtr(theta / se - seq.boundary(seq.rho2(ALPHA, EXP.tune_n) * n / 2, ALPHA)))

@@ -17,8 +17,8 @@ from inferwatch.drift.service import DriftSettings, create_app
 from inferwatch.drift.state import DriftState, WindowConfig
 from inferwatch.drift.store import Store
 from inferwatch.drift.verdicts import CalibrationCache, calibrate, reference_of
-from tests.drift.records import body, records
 from tests.support.clock import Clock
+from tests.support.feature_records import body, records
 from tests.support.servers import AppServer, metric_sum
 
 HOUR = 3600.0

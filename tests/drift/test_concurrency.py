@@ -12,8 +12,8 @@ import requests
 from inferwatch.drift.service import DriftSettings, create_app
 from inferwatch.drift.state import DriftState, WindowConfig
 from inferwatch.drift.store import Store
-from tests.drift.records import body, records
 from tests.support.clock import Clock
+from tests.support.feature_records import body, records
 from tests.support.servers import AppServer
 
 

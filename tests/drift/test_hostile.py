@@ -13,8 +13,8 @@ from inferwatch.drift.schema import FEATURES
 from inferwatch.drift.service import DriftSettings, create_app
 from inferwatch.drift.state import OTHER_SEGMENT, DriftState, WindowConfig
 from inferwatch.drift.store import Store
-from tests.drift.records import body, records
 from tests.support.clock import Clock
+from tests.support.feature_records import body, records
 from tests.support.servers import AppServer, metric_sum
 
 

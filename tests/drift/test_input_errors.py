@@ -10,7 +10,7 @@ import pytest
 import requests
 
 from inferwatch.drift.service import DriftSettings, create_app
-from tests.drift.records import records
+from tests.support.feature_records import records
 from tests.support.servers import AppServer
 
 

@@ -17,7 +17,7 @@ from inferwatch.drift.ab.report import AbEntry
 from inferwatch.drift.service import DriftCollector
 from inferwatch.drift.state import DriftState, WindowConfig
 from inferwatch.drift.store import Store
-from tests.drift.records import body, records
+from tests.support.feature_records import body, records
 
 T0 = 1_800_000_000.0
 

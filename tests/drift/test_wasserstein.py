@@ -19,7 +19,7 @@ from scipy import stats
 
 from inferwatch.drift.state import DriftState, WindowConfig
 from inferwatch.drift.store import Store
-from tests.drift.records import body, records
+from tests.support.feature_records import body, records
 
 HOUR = 3600.0
 NOW = 1_700_000_000.0

@@ -20,8 +20,8 @@ from inferwatch.exporters.sampler import Sampler
 from inferwatch.exporters.server import Exporter, ExporterSettings, make_server
 from inferwatch.exporters.xid import XidWatcher
 from tests.exporters.driver import kernel_gpus
-from tests.exporters.fleet import FakeMig, FakeProcess, fleet, h100
 from tests.support.clock import Clock
+from tests.support.fleet import FakeMig, FakeProcess, fleet, h100
 
 
 def scrape(nvml, **sampler_kwargs) -> tuple[dict, str]:

@@ -7,9 +7,9 @@ import pynvml
 import pytest
 
 from inferwatch.exporters.sampler import Sampler
-from tests.exporters.fleet import fleet, h100
 from tests.exporters.test_partial_failures import families_of, rows, started
 from tests.support.clock import Clock
+from tests.support.fleet import fleet, h100
 
 
 GPM = {  # metric -> (NVML_GPM_METRIC_* id, factor from NVML's unit)

@@ -12,8 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from inferwatch.exporters.collector import CachedExposition, SnapshotStore
 from inferwatch.exporters.sampler import Sampler
 from inferwatch.exporters.server import Exporter, ExporterSettings
-from tests.exporters.fleet import fleet
 from tests.support.clock import Clock
+from tests.support.fleet import fleet
 
 
 def families_of(sampler: Sampler) -> dict:

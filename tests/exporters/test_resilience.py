@@ -20,7 +20,8 @@ from inferwatch.exporters.collector import CachedExposition, SnapshotStore
 from inferwatch.exporters.sampler import Sampler
 from inferwatch.exporters.server import Exporter, ExporterSettings, make_server
 from inferwatch.exporters.xid import XidWatcher
-from tests.exporters.fleet import FakeProcess, fleet
+from tests.support.fleet import FakeProcess, fleet
+from tests.support.waiting import eventually
 
 
 def families_of(exposition: CachedExposition) -> dict:
@@ -35,15 +36,6 @@ def of_gpu(families: dict, gpu: str) -> dict[str, list]:
     """Family name -> the samples that carry ``gpu``."""
     out = {name: [s for s in f.samples if s.labels.get("gpu") == gpu] for name, f in families.items()}
     return {name: rows for name, rows in out.items() if rows}
-
-
-def wait_for(condition, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 # -- discovery ------------------------------------------------------------------------------
@@ -104,9 +96,9 @@ def test_the_sampler_thread_survives_an_nvml_error_while_rediscovering_a_gpu():
     try:
         nvml.fail("nvmlGpmQueryDeviceSupport", 1, pynvml.NVML_ERROR_UNKNOWN, times=1)
         seq = exporter.store.latest.seq
-        assert wait_for(lambda: exporter.store.latest.seq > seq + 20)
+        eventually(lambda: exporter.store.latest.seq > seq + 20)
         assert exporter._thread.is_alive()
-        assert wait_for(lambda: [d.index for d in exporter.sampler.devices] == [0, 1])
+        eventually(lambda: [d.index for d in exporter.sampler.devices] == [0, 1])
         assert exporter.health()[0]
     finally:
         exporter.stop()
@@ -204,14 +196,14 @@ def test_the_exporter_reinitialises_nvml_after_losing_it_and_keeps_counting_xids
     exporter.start()
     try:
         nvml.emit_xid(0, 79)
-        assert wait_for(lambda: b'xid="79"' in exporter.exposition.render())
+        eventually(lambda: b'xid="79"' in exporter.exposition.render())
         nvml.fail("*", None, pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
-        assert wait_for(lambda: b"inferwatch_nvml_up 0.0" in exporter.exposition.render())
+        eventually(lambda: b"inferwatch_nvml_up 0.0" in exporter.exposition.render())
         nvml.clear("*", None)
-        assert wait_for(lambda: b"inferwatch_nvml_up 1.0" in exporter.exposition.render())
-        assert wait_for(lambda: exporter.xid is not None and 1 in exporter.xid._handles)
+        eventually(lambda: b"inferwatch_nvml_up 1.0" in exporter.exposition.render())
+        eventually(lambda: exporter.xid is not None and 1 in exporter.xid._handles)
         nvml.emit_xid(1, 48)
-        assert wait_for(lambda: b'xid="48"' in exporter.exposition.render())
+        eventually(lambda: b'xid="48"' in exporter.exposition.render())
         families = families_of(exporter.exposition)
         xids = {(s.labels["gpu"], s.labels["xid"]): s.value for s in families["inferwatch_gpu_xid_errors"].samples}
         assert xids == {("0", "79"): 1, ("1", "48"): 1}  # counted across the re-init, not reset
@@ -230,9 +222,9 @@ def test_the_xid_thread_warns_once_while_nvml_is_down(caplog):
     with caplog.at_level(logging.DEBUG, logger="inferwatch.exporters.xid"):
         xid.start()
         nvml.fail("nvmlEventSetWait_v2", None, pynvml.NVML_ERROR_UNKNOWN, times=30)
-        assert wait_for(lambda: ("nvmlEventSetWait_v2", None) not in nvml._faults)
+        eventually(lambda: ("nvmlEventSetWait_v2", None) not in nvml._faults)
         nvml.emit_xid(0, 13)
-        assert wait_for(lambda: xid.version == 1)
+        eventually(lambda: xid.version == 1)
         xid.stop()
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "waiting" in r.getMessage()]
     assert len(warnings) == 1
@@ -256,7 +248,7 @@ def test_an_unexpected_exception_in_a_cycle_is_logged_counted_and_sampling_conti
     try:
         with caplog.at_level(logging.ERROR, logger="inferwatch.exporters.server"):
             monkeypatch.setattr(exporter.sampler, "sample", flaky)
-            assert wait_for(lambda: calls[0] > 10)
+            eventually(lambda: calls[0] > 10)
         assert exporter._thread.is_alive() and exporter.health()[0]
         families = families_of(exporter.exposition)
         assert families["inferwatch_nvml_sampler_errors"].samples[0].value == 2
@@ -285,7 +277,7 @@ def test_health_fails_when_the_sampler_thread_is_dead_or_its_snapshot_stale(monk
     try:
         assert health() == (200, {"status": "ok"})
         monkeypatch.setattr(exporter.sampler, "sample", lambda: (_ for _ in ()).throw(SystemExit(1)))
-        assert wait_for(lambda: not exporter._thread.is_alive())
+        eventually(lambda: not exporter._thread.is_alive())
         status, body = health()
         assert status == 503 and body["status"] == "sampler thread dead"
     finally:

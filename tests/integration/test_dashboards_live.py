@@ -24,12 +24,14 @@ from inferwatch.dashboards.preview import render
 from inferwatch.dashboards.queries import TimeRange, panel_results, resolve_variables, substitute
 from inferwatch.drift.service import DriftSettings, create_app as drift_app
 from inferwatch.exporters.server import Exporter, ExporterSettings, make_server
-from inferwatch.supervise import ManagedProcess
 from inferwatch.serving.settings import GatewaySettings
+from inferwatch.supervise import ManagedProcess
 from tests.conftest import TINY_MODEL_NAME
-from tests.drift.records import body, records
-from tests.exporters.fleet import FakeProcess, fleet
-from tests.support.servers import AppServer, GatewayServer, eventually, free_port
+from tests.support.feature_records import body, records
+from tests.support.fleet import FakeProcess, fleet
+from tests.support.servers import AppServer, GatewayServer
+from tests.support.sockets import free_port
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.vllm
 DOCS = dashboards()
@@ -77,8 +79,7 @@ def prometheus(vllm_server, otlp_receiver, tmp_path_factory):
             _drive(gateway.url, drift.url, nvml)
             url = f"http://127.0.0.1:{port}"
             # the 5-second SLO groups and the drift verdicts have run a few times
-            assert eventually(lambda: _query(url, "inferwatch_slo:period_error_budget_remaining:ratio"),
-                              timeout_s=60)
+            eventually(lambda: _query(url, "inferwatch_slo:period_error_budget_remaining:ratio"), timeout_s=60)
             yield url
         finally:
             prom.stop()

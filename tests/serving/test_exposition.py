@@ -28,8 +28,8 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 from prometheus_client.samples import Exemplar, Timestamp
 
-from bench.gateway_overhead import populated_registry
 from inferwatch.serving.exposition import render
+from tests.support.gateway_metrics import populated_registry
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -299,7 +299,7 @@ def test_created_series_follow_prometheus_clients_switch() -> None:
 def test_created_series_follow_the_environment() -> None:
     """PROMETHEUS_DISABLE_CREATED_SERIES is read when prometheus_client is imported: a process of its own."""
     script = ("import sys; from prometheus_client.exposition import choose_encoder; "
-              "from bench.gateway_overhead import populated_registry; from inferwatch.serving.exposition import render\n"
+              "from tests.support.gateway_metrics import populated_registry; from inferwatch.serving.exposition import render\n"
               "r = populated_registry(1, 1)\n"
               "for accept in ('', 'application/openmetrics-text'):\n"
               "    body = render(r, accept)[0]\n"

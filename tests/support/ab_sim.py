@@ -1,14 +1,18 @@
 """Simulated A/B traffic: a stream of requests assigned to two arms, turned into the arms the
 verdict reads, at any prefix of the stream (a look), the way the drift window holds them:
-exact counts on each feature's bins, and a bottom-R uniform sample of raw values."""
+exact counts on each feature's bins, and a bottom-R uniform sample of raw values. And what
+theory predicts for it, which the tests and bench/ab_analysis.py compare the simulation with."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import special
 
-from inferwatch.drift.ab.decision import Arm
+from inferwatch.drift.ab import sequential as seq
+from inferwatch.drift.ab.decision import Arm, Experiment
 from inferwatch.drift.binning import histogram
 from inferwatch.drift.schema import FEATURES
 
@@ -68,3 +72,22 @@ def arm_at(name: str, s: Stream, n: int, reservoir: int, feedback_every: int = 0
         thumbs = s.thumbs[:n:feedback_every]
         feedback = (int(thumbs.sum()), int(thumbs.size))
     return Arm(name, n, int(s.error[:n].sum()), ok, int(s.truncated[:n].sum()), counts, samples, feedback)
+
+
+def ttft_bin_probabilities(log_shift: float) -> np.ndarray:
+    """Each TTFT bin's probability under ``stream``'s TTFT law (lognormal, median 0.2 s times
+    e^log_shift, sigma 0.5); what falls outside the edges counts in the outer bins."""
+    edges = FEATURES["ttft_s"].edges.values  # type: ignore[attr-defined]
+    cdf = special.ndtr((np.log(edges) - (math.log(0.2) + log_shift)) / 0.5)
+    p = np.diff(np.concatenate([[0.0], cdf, [1.0]]))
+    return p[1:-1] + np.r_[p[0], np.zeros(p.size - 3)] + np.r_[np.zeros(p.size - 3), p[-1]]
+
+
+def power_proportion(pc: float, pt: float, n: int, exp: Experiment) -> float:
+    """P(always-valid p <= alpha at a look with n per arm) for error rates pc -> pt: the pooled
+    z is about normal with mean delta / se0 and standard deviation se1 / se0."""
+    pooled = (pc + pt) / 2
+    se0 = math.sqrt(pooled * (1 - pooled) * 2 / n)
+    se1 = math.sqrt((pc * (1 - pc) + pt * (1 - pt)) / n)
+    b = seq.boundary(seq.rho2(exp.alpha, exp.tune_n) * n / 2, exp.alpha)
+    return float(special.ndtr(((pt - pc) - b * se0) / se1))
