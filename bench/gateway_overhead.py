@@ -11,7 +11,11 @@ bench/.venv-litellm exists: `make bench` makes it) and, for streams, bench/byte_
 (production)" has API-key auth, feature records to a drift sink and tracing sampled at
 10 % on; ratios are CPU per request against nginx's.
 
-    python bench/gateway_overhead.py [--runs 3] [--seconds 4]
+With ``--baseline DIR`` (a checkout of an earlier commit, e.g. ``git worktree add DIR
+<commit>``), that tree's gateway runs beside this one, in the same run, and the gateway rows
+get a ratio against it: a change to the request path shows its cost against what it changed.
+
+    python bench/gateway_overhead.py [--runs 3] [--seconds 4] [--baseline DIR]
 """
 
 from __future__ import annotations
@@ -62,8 +66,12 @@ API_KEY = "bench-key"
 LITELLM_VENV = ROOT / "bench" / ".venv-litellm"
 
 
+BASELINE: Path | None = None  # --baseline: another checkout whose gateway runs beside this one
+
+
 def gateway(port: int, upstream_port: int, otlp: str | None = None, sample_ratio: float = 1.0,
-            production_sink: str | None = None):
+            production_sink: str | None = None, tree: Path | None = None):
+    """This checkout's gateway, or with ``tree`` that checkout's (run from its own folder)."""
     env = {"INFERWATCH_GATEWAY_UPSTREAM_URL": f"http://127.0.0.1:{upstream_port}",
            "INFERWATCH_GATEWAY_MAX_TOKENS_LIMIT": "32768"}
     if otlp:
@@ -72,8 +80,17 @@ def gateway(port: int, upstream_port: int, otlp: str | None = None, sample_ratio
     if production_sink:
         env["INFERWATCH_GATEWAY_API_KEYS"] = API_KEY
         env["INFERWATCH_GATEWAY_DRIFT_URL"] = production_sink
-    return running("gateway", [sys.executable, "-m", "inferwatch", "gateway", "--port", str(port)],
-                   f"http://127.0.0.1:{port}/health", cpus=GATEWAY_CPU, env=env)
+    if tree is None:
+        argv = [sys.executable, "-m", "inferwatch", "gateway", "--port", str(port)]
+    else:
+        argv = [sys.executable, "-c", f"import os, runpy, sys; os.chdir({str(tree)!r}); sys.path.insert(0, "
+                f"{str(tree)!r}); runpy.run_module('inferwatch', run_name='__main__', alter_sys=True)",
+                "gateway", "--port", str(port)]
+    return running("gateway", argv, f"http://127.0.0.1:{port}/health", cpus=GATEWAY_CPU, env=env)
+
+
+def baseline_gateway(port: int, upstream_port: int, **kwargs):
+    return gateway(port, upstream_port, tree=BASELINE, **kwargs)
 
 
 NGINX_CONF = """
@@ -185,7 +202,8 @@ def med(runs: list[dict], key: str) -> float:
 
 
 def latency_table(runs: int, seconds: float) -> list[str]:
-    ports = {name: free_port() for name in ("mock", "nginx", "gateway", "production", "traced", "litellm")}
+    ports = {name: free_port() for name in ("mock", "nginx", "gateway", "production", "traced", "litellm",
+                                            "baseline", "baseline-production")}
     sink = OTLPSink()
     rows = ["| concurrency | path | p50 | p99 | added p50 | added p99 | req/s | proxy CPU/req (user + sys) "
             "| CPU/req vs nginx |", "|---|---|---|---|---|---|---|---|---|"]
@@ -200,6 +218,13 @@ def latency_table(runs: int, seconds: float) -> list[str]:
                                                 sample_ratio=0.1, production_sink=sink.base)).pid, True),
                    ("gateway + tracing (all)", ports["traced"],
                     stack.enter_context(gateway(ports["traced"], ports["mock"], otlp=sink.endpoint)).pid, False)]
+        if BASELINE is not None:
+            targets += [("gateway (baseline)", ports["baseline"],
+                         stack.enter_context(baseline_gateway(ports["baseline"], ports["mock"])).pid, False),
+                        ("gateway (production, baseline)", ports["baseline-production"],
+                         stack.enter_context(baseline_gateway(ports["baseline-production"], ports["mock"],
+                                                              otlp=sink.endpoint, sample_ratio=0.1,
+                                                              production_sink=sink.base)).pid, True)]
         if (LITELLM_VENV / "bin" / "litellm").exists():
             targets.append(("LiteLLM proxy", ports["litellm"],
                             stack.enter_context(litellm(ports["litellm"], ports["mock"])).pid, False))
@@ -222,6 +247,11 @@ def latency_table(runs: int, seconds: float) -> list[str]:
                 ratio = f"{med(r, 'cpu_per_req') / floor:.1f}×" if pid else "—"
                 rows.append(f"| {conns} | {name} | {p50 * 1e3:.3f} ms | {p99 * 1e3:.3f} ms | {added[0]} | "
                             f"{added[1]} | {med(r, 'rps'):,.0f} | {cpu} | {ratio} |")
+            if BASELINE is not None:
+                for name, base in (("gateway", "gateway (baseline)"),
+                                   ("gateway (production)", "gateway (production, baseline)")):
+                    change = med(results[name], "cpu_per_req") / med(results[base], "cpu_per_req") - 1
+                    rows.append(f"| {conns} | {name} vs baseline | | | | | | {change:+.1%} CPU/req | |")
     return rows
 
 
@@ -236,7 +266,10 @@ def stream_table(runs: int, seconds: float, tokens: int = 200) -> list[str]:
         stack.enter_context(mock(long_mock, tokens, 2.0))
         stack.enter_context(mock(short_mock, 1, 0.0))
         proxies = {}
-        for name, factory in (("nginx", nginx), ("python byte relay", byte_relay), ("gateway", gateway)):
+        factories = [("nginx", nginx), ("python byte relay", byte_relay), ("gateway", gateway)]
+        if BASELINE is not None:
+            factories.append(("gateway (baseline)", baseline_gateway))
+        for name, factory in factories:
             pl, ps = free_port(), free_port()
             proxies[name] = {tokens: (pl, stack.enter_context(factory(pl, long_mock)).pid),
                              1: (ps, stack.enter_context(factory(ps, short_mock)).pid)}
@@ -247,9 +280,9 @@ def stream_table(runs: int, seconds: float, tokens: int = 200) -> list[str]:
             for name, by_n in proxies.items():
                 for n, (port, pid) in by_n.items():
                     url = f"http://127.0.0.1:{port}"
-                    before = _relayed(url) if name == "gateway" else 0
+                    before = _relayed(url) if name.startswith("gateway") else 0
                     r = measure(f"{url}/v1/chat/completions", STREAM_BODY, 32, seconds, pid)
-                    if name == "gateway" and _relayed(url) - before < r["requests"] * n * 0.99:
+                    if name.startswith("gateway") and _relayed(url) - before < r["requests"] * n * 0.99:
                         raise RuntimeError(f"gateway relayed {_relayed(url) - before} tokens for {r['requests']} x {n}")
                     per_stream[name][n].append(r["cpu_per_req"])
                     user[name][n].append(r["user_per_req"])
@@ -262,6 +295,8 @@ def stream_table(runs: int, seconds: float, tokens: int = 200) -> list[str]:
             rows.append(f"| {name} | 32 × {tokens} tokens | {statistics.median(per_stream[name][tokens]) * 1e6:.0f} µs | "
                         f"{net[name] * 1e6:.2f} µs | {net_user * 1e6:.2f} µs | {(net[name] - net_user) * 1e6:.2f} µs | "
                         f"{net[name] / net['nginx']:.2f}× | {statistics.median(rps[name]):,.0f} |")
+        if BASELINE is not None:
+            rows.append(f"| gateway vs baseline | | | {net['gateway'] / net['gateway (baseline)'] - 1:+.1%} | | | | |")
     return rows
 
 
@@ -304,7 +339,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--seconds", type=int, default=4)
+    parser.add_argument("--baseline", type=Path, help="a checkout of an earlier commit whose gateway runs beside")
     args = parser.parse_args()
+    global BASELINE
+    if args.baseline is not None:
+        BASELINE = args.baseline.resolve()
     if not shutil.which("wrk"):
         sys.exit("wrk is needed: apt-get install wrk (make bench does this)")
     if os.cpu_count() < 2:
