@@ -42,7 +42,7 @@ from inferwatch.alerts.generate import (  # noqa: E402
     ERRORS_1H_SAMPLED, ERRORS_5M, ERRORS_5M_SAMPLED, EVENTS_1H_SAMPLED, EVENTS_5M, EVENTS_5M_SAMPLED, RULES_DIR)
 from bench.procs import running  # noqa: E402
 from inferwatch.serving.metrics import create_metrics  # noqa: E402
-from tests.support.servers import free_ports  # noqa: E402
+from tests.support.sockets import free_ports  # noqa: E402
 
 ROUTES = ("/v1/chat/completions", "/v1/completions")
 FEATURES = ("prompt_tokens", "completion_tokens", "ttft_s", "tpot_s", "e2e_s", "mean_logprob", "finish_reason",

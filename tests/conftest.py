@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from inferwatch.supervise import ManagedProcess
 from inferwatch.serving.tiny_model import build_tiny_model
 from inferwatch.serving.vllm_launcher import VLLMConfig, vllm_process
+from inferwatch.supervise import ManagedProcess
 from tests.support.otlp import OTLPReceiver
-from tests.support.servers import free_port
+from tests.support.sockets import free_port
 
 TINY_MODEL_NAME = "tiny-llama"
 VLLM_STARTUP_TIMEOUT_S = 300

@@ -15,7 +15,8 @@ from prometheus_client import CollectorRegistry, Histogram, start_http_server
 from inferwatch.drift.prometheus_source import PrometheusSource, SourceError, buckets_to_histogram
 from inferwatch.drift.service import DriftSettings, create_app
 from inferwatch.supervise import ManagedProcess
-from tests.support.servers import AppServer, free_port
+from tests.support.servers import AppServer
+from tests.support.sockets import free_port
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 METRIC = "fleet_prompt_tokens"

@@ -3,11 +3,12 @@ no NVML session opened for an exporter that cannot listen."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 
 import pytest
+
+from tests.support.sockets import busy_port
 
 
 def exporter(*args: str) -> subprocess.CompletedProcess:
@@ -34,10 +35,7 @@ def test_an_address_that_cannot_be_listened_on_is_refused(host):
 
 
 def test_a_port_in_use_is_refused_before_nvml_is_opened():
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
-        port = busy.getsockname()[1]
+    with busy_port() as port:
         result = exporter("--host", "127.0.0.1", "--port", str(port))
     assert_clean_refusal(result, f"Cannot listen on 127.0.0.1:{port}", "in use")
     assert "NVML" not in result.stderr

@@ -21,7 +21,9 @@ from inferwatch.drift.service import DriftSettings, create_app as create_drift_a
 from inferwatch.serving.settings import GatewaySettings
 from inferwatch.serving.vllm_launcher import VLLMConfig, vllm_process
 from tests.conftest import VLLM_STARTUP_TIMEOUT_S, RunningVLLM
-from tests.support.servers import AppServer, GatewayServer, eventually, free_ports, metric_sum
+from tests.support.servers import AppServer, GatewayServer, metric_sum
+from tests.support.sockets import free_ports
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.vllm
 PUBLIC = "assistant"

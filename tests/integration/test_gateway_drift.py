@@ -10,7 +10,9 @@ import requests
 from inferwatch.drift.service import DriftSettings, create_app as create_drift_app
 from inferwatch.serving.settings import GatewaySettings
 from tests.conftest import TINY_MODEL_NAME
-from tests.support.servers import AppServer, GatewayServer, eventually, free_port, metric_sum
+from tests.support.servers import AppServer, GatewayServer, metric_sum
+from tests.support.sockets import free_port
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.vllm
 MSG = [{"role": "user", "content": "drift"}]
@@ -37,7 +39,7 @@ def test_gateway_records_reach_drift_windows(vllm_server, tmp_path):
                 segs = requests.get(service.url + "/v1/drift", timeout=5).json()["segments"]
                 return segs if segs and segs[0]["window_records"] == 6 else None
 
-            segs = eventually(drift_segments) or requests.get(service.url + "/v1/drift", timeout=5).json()["segments"]
+            segs = eventually(drift_segments)
             assert [(s["model"], s["variant"], s["window_records"]) for s in segs] == [(TINY_MODEL_NAME, "v7", 6)]
             assert metric_sum(gw.metrics_text(), "inferwatch_gateway_feature_records_total", outcome="sent") == 6
             state = drift.state.drift

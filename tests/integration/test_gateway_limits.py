@@ -17,10 +17,13 @@ import requests
 from inferwatch.serving.settings import GatewaySettings
 from tests.conftest import TINY_MODEL_NAME
 from tests.integration.test_gateway_vllm import MSG, client, settled_vllm_metrics
-from tests.support.servers import GatewayServer, eventually, metric_sum
+from tests.support.servers import GatewayServer, metric_sum
+from tests.support.sockets import connect, post_request, read_until, reset
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.vllm
 
+CHAT = "/v1/chat/completions"
 LIMIT = 16
 LONG = 450  # tokens an abandoned request would generate if nobody aborted it (~0.5 s here)
 
@@ -64,19 +67,19 @@ def _generated(vllm_server) -> float:
     return metric_sum(settled_vllm_metrics(vllm_server, timeout_s=30), "vllm:generation_tokens_total")
 
 
-def _send_and_leave(url: str, body: dict, until: bytes, linger_s: float) -> bytes:
+def _send_and_leave(gateway, body: dict, until: bytes, linger_s: float) -> bytes:
     """A raw HTTP client that sends a request, reads the answer up to ``until`` and hangs up."""
-    host, port = url.removeprefix("http://").split(":")
-    raw = json.dumps(body).encode()
-    sock = socket.create_connection((host, int(port)), timeout=30)
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: %d\r\n\r\n%s" % (len(raw), raw))
-    got = b""
-    while until not in got:
-        got += sock.recv(65536)
+    sock = _send(gateway, body)
+    got = read_until(sock, until)
     time.sleep(linger_s)
-    _reset(sock)
+    reset(sock)
     return got
+
+
+def _send(gateway, body: dict) -> socket.socket:
+    sock = connect(gateway.port, timeout_s=30)
+    sock.sendall(post_request(CHAT, json.dumps(body).encode()))
+    return sock
 
 
 def test_a_non_streaming_client_that_leaves_aborts_the_upstream_request(gateway, vllm_server):
@@ -88,7 +91,7 @@ def test_a_non_streaming_client_that_leaves_aborts_the_upstream_request(gateway,
     g0, generated = gateway.metrics_text(), []
     for _ in range(3):
         before = _generated(vllm_server)
-        _send_and_leave(gateway.url, body, until=b"", linger_s=0.05)
+        _send_and_leave(gateway, body, until=b"", linger_s=0.05)
         eventually(lambda: metric_sum(gateway.metrics_text(), "inferwatch_gateway_requests_in_flight") == 0,
                    timeout_s=30)
         generated.append(_generated(vllm_server) - before)
@@ -97,12 +100,6 @@ def test_a_non_streaming_client_that_leaves_aborts_the_upstream_request(gateway,
     assert metric_sum(g1, "inferwatch_gateway_requests_total") - metric_sum(g0, "inferwatch_gateway_requests_total") == 3
     assert (metric_sum(g1, "inferwatch_gateway_requests_total", status_class="4xx")
             - metric_sum(g0, "inferwatch_gateway_requests_total", status_class="4xx")) == 3
-
-
-def _reset(sock: socket.socket) -> None:
-    """Hang up with a reset, like a killed browser tab."""
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-    sock.close()
 
 
 def _one_more_request_was_a_499(gateway, before: str) -> float:
@@ -118,12 +115,6 @@ def _one_more_request_was_a_499(gateway, before: str) -> float:
             - metric_sum(before, "inferwatch_gateway_output_tokens_total"))
 
 
-def _block_loop(gw, seconds: float) -> None:
-    """Starve the gateway of its event loop, as a saturated CPU would."""
-    loop = gw.gateway.upstream.session._loop  # noqa: SLF001
-    loop.call_soon_threadsafe(time.sleep, seconds)
-
-
 @pytest.mark.parametrize("attempt", range(3))
 def test_a_stream_whose_client_left_while_the_gateway_was_starved_is_a_499(gateway, vllm_server, attempt):
     """The end of the upstream stream and the client's disconnect arrive together once the
@@ -131,17 +122,11 @@ def test_a_stream_whose_client_left_while_the_gateway_was_starved_is_a_499(gatew
     g0 = gateway.metrics_text()
     body = {"model": TINY_MODEL_NAME, "messages": MSG, "max_tokens": 120, "temperature": 0.0, "ignore_eos": True,
             "stream": True}
-    host, port = gateway.url.removeprefix("http://").split(":")
-    raw = json.dumps(body).encode()
-    sock = socket.create_connection((host, int(port)), timeout=30)
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: %d\r\n\r\n%s" % (len(raw), raw))
-    got = b""
-    while got.count(b"data: ") < 3:
-        got += sock.recv(65536)
-    _block_loop(gateway, 4.0)  # vLLM finishes the 120 tokens into the gateway's socket meanwhile
+    sock = _send(gateway, body)
+    read_until(sock, b"data: ", times=3)
+    gateway.stall(4.0)  # vLLM finishes the 120 tokens into the gateway's socket meanwhile
     time.sleep(0.2)
-    _reset(sock)
+    reset(sock)
     assert 0 < _one_more_request_was_a_499(gateway, g0) <= 120
 
 
@@ -149,7 +134,7 @@ def test_a_stream_whose_client_left_aborts_vllm(gateway, vllm_server):
     before = _generated(vllm_server)
     body = {"model": TINY_MODEL_NAME, "messages": MSG, "max_tokens": LONG, "temperature": 0.0, "ignore_eos": True,
             "stream": True}
-    _send_and_leave(gateway.url, body, until=b'"content"', linger_s=0.0)
+    _send_and_leave(gateway, body, until=b'"content"', linger_s=0.0)
     eventually(lambda: metric_sum(gateway.metrics_text(), "inferwatch_gateway_requests_in_flight") == 0,
                timeout_s=30)
     generated = _generated(vllm_server) - before
@@ -253,15 +238,11 @@ def test_a_non_streaming_client_that_left_while_the_gateway_was_starved_is_a_499
     """vLLM's whole answer and the client's disconnect reach the gateway together once its
     loop runs again: the client never got the answer, so it is a 499, not a 200."""
     g0 = gateway.metrics_text()
-    body = json.dumps({"model": TINY_MODEL_NAME, "messages": MSG, "max_tokens": 120, "temperature": 0.0,
-                       "ignore_eos": True}).encode()
-    host, port = gateway.url.removeprefix("http://").split(":")
-    sock = socket.create_connection((host, int(port)), timeout=30)
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    sock = _send(gateway, {"model": TINY_MODEL_NAME, "messages": MSG, "max_tokens": 120, "temperature": 0.0,
+                           "ignore_eos": True})
     time.sleep(0.03)  # the gateway has sent it on to vLLM
-    _block_loop(gateway, 3.0)
+    gateway.stall(3.0)
     time.sleep(1.0)  # vLLM answers meanwhile, into the gateway's socket
-    _reset(sock)
+    reset(sock)
     # vLLM finished before the gateway saw the client go: its usage is known
     assert _one_more_request_was_a_499(gateway, g0) == 120

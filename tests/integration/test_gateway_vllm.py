@@ -18,7 +18,8 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from inferwatch.serving.features import MemorySink
 from inferwatch.serving.settings import GatewaySettings
 from tests.conftest import TINY_MODEL_NAME
-from tests.support.servers import GatewayServer, eventually, metric_sum
+from tests.support.servers import GatewayServer, metric_sum
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.vllm
 

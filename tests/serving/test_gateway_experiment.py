@@ -13,8 +13,9 @@ import requests
 
 from inferwatch.serving.features import MemorySink
 from inferwatch.serving.settings import GatewaySettings
-from tests.support.servers import GatewayServer, eventually, metric_sum
+from tests.support.servers import GatewayServer, metric_sum
 from tests.support.stub_upstream import StubUpstream
+from tests.support.waiting import eventually
 
 CHAT = "/v1/chat/completions"
 ADMIN = "adm1n"

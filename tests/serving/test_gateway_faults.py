@@ -5,7 +5,6 @@ real vLLM cannot be made to stall or send garbage on demand; killing real vLLM m
 is tested in tests/integration.
 """
 
-import socket
 import time
 
 import orjson
@@ -13,8 +12,10 @@ import pytest
 import requests
 
 from inferwatch.serving.settings import GatewaySettings
-from tests.support.servers import GatewayServer, eventually, free_port, metric_sum
+from tests.support.servers import AppServer, GatewayServer, metric_sum
+from tests.support.sockets import connect, free_port, post_request
 from tests.support.stub_upstream import StubUpstream
+from tests.support.waiting import eventually
 
 CHAT = "/v1/chat/completions"
 
@@ -213,7 +214,6 @@ def test_upstream_that_comes_back_is_seen_within_seconds_not_at_the_next_refresh
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
-    from tests.support.servers import AppServer, eventually
 
     port = free_port()
     settings = GatewaySettings(upstream_url=f"http://127.0.0.1:{port}", upstream_connect_timeout_s=0.5,
@@ -223,8 +223,7 @@ def test_upstream_that_comes_back_is_seen_within_seconds_not_at_the_next_refresh
     with GatewayServer(settings) as gw:
         assert metric_sum(gw.metrics_text(), "inferwatch_gateway_upstream_up") == 0
         with AppServer(models, port=port):
-            assert eventually(lambda: metric_sum(gw.metrics_text(), "inferwatch_gateway_upstream_up") == 1,
-                              timeout_s=5)
+            eventually(lambda: metric_sum(gw.metrics_text(), "inferwatch_gateway_upstream_up") == 1, timeout_s=5)
 
 
 @pytest.mark.parametrize("method, path, status, code", [
@@ -242,7 +241,7 @@ def test_routing_errors_are_openai_error_objects(gw, method, path, status, code)
 
 
 def test_a_request_the_http_parser_refuses_gets_an_openai_error_object(gw):
-    with socket.create_connection(("127.0.0.1", gw.port), timeout=5) as s:
+    with connect(gw.port, timeout_s=5) as s:
         s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n{}")
         head, _, body = s.recv(65536).partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400") and b"content-type: application/json" in head
@@ -285,8 +284,10 @@ def test_admission_answers_429_with_retry_after_per_key_and_per_model(stub, tmp_
         limits.write_text("default_key: {requests_per_minute: 1000}\n")
         eventually(lambda: chat(g, headers={"authorization": "Bearer key-a"}).status_code == 200, timeout_s=5)
         limits.write_text("default_key: {requests_per_minute: [}\n")
-        eventually(lambda: metric_sum(g.metrics_text(), "inferwatch_gateway_limits_reload_errors_total") == 1
-                   and chat(g, headers={"authorization": "Bearer key-a"}).status_code == 200, timeout_s=5)
+        # the file is looked at when a request comes: the request first, then the count
+        eventually(lambda: chat(g, headers={"authorization": "Bearer key-a"}).status_code == 200
+                   and metric_sum(g.metrics_text(), "inferwatch_gateway_limits_reload_errors_total") == 1,
+                   timeout_s=5)
 
 
 def test_a_missing_or_broken_limits_file_stops_the_start_with_a_clear_error(stub, tmp_path):
@@ -352,7 +353,7 @@ def test_upstream_up_drops_as_soon_as_a_request_cannot_connect():
 def test_a_request_head_is_bounded_in_size(gw, more):
     """httptools keeps whatever headers come; a client must not fill the gateway's memory."""
     answer = b""
-    with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as s:
+    with connect(gw.port) as s:
         s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Start: ")
         try:
             for _ in range(200):  # up to 1.6 MB, far past the bound
@@ -371,12 +372,12 @@ def test_a_request_head_is_bounded_in_size(gw, more):
 
 def test_half_sent_requests_are_timed_out(stub, monkeypatch):
     monkeypatch.setattr("inferwatch.serving.server.HEAD_TIMEOUT_S", 0.5)
-    monkeypatch.setattr("inferwatch.serving.exchange.BODY_TIMEOUT_S", 0.5)
+    monkeypatch.setattr("inferwatch.serving.body.BODY_TIMEOUT_S", 0.5)
     with GatewayServer(GatewaySettings(upstream_url=stub.url)) as g:
         for partial, code in ((b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n", "request_timeout"),
                               (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",
                                "request_timeout")):
-            with socket.create_connection(("127.0.0.1", g.port), timeout=10) as s:
+            with connect(g.port) as s:
                 s.sendall(partial)
                 answer = s.recv(65536)
             head, _, body = answer.partition(b"\r\n\r\n")
@@ -396,9 +397,8 @@ def test_leaving_early_is_no_way_around_tokens_per_minute(stub, tmp_path):
     with GatewayServer(GatewaySettings(upstream_url=stub.url, limits_file=limits)) as g:
         body = orjson.dumps({"model": "stall_headers", "messages": [{"role": "user", "content": "hi"}],
                              "max_tokens": 400, "n": 2})
-        with socket.create_connection(("127.0.0.1", g.port), timeout=10) as s:
-            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        with connect(g.port) as s:
+            s.sendall(post_request(CHAT, body))
             time.sleep(0.3)
         eventually(lambda: metric_sum(g.metrics_text(), "inferwatch_gateway_requests_in_flight") == 0)
         r = chat(g)

@@ -14,10 +14,12 @@ import requests
 
 from inferwatch.serving.gateway import create_app
 from inferwatch.serving.relay_client import UpstreamResponse
+from inferwatch.serving.server import uvicorn_options
 from inferwatch.serving.settings import GatewaySettings
-from inferwatch.serving.server import UVICORN_OPTIONS
-from tests.support.servers import AppServer, GatewayServer, eventually, metric_sum
+from tests.support.servers import AppServer, GatewayServer, metric_sum
+from tests.support.sockets import connect, post_request, read_to_close, read_until, reset
 from tests.support.stub_upstream import LONG_STREAM_CHUNKS
+from tests.support.waiting import eventually
 
 CHAT = "/v1/chat/completions"
 
@@ -35,28 +37,7 @@ def _body(model: str = "ok", stream: bool = False, content: str = "hi") -> bytes
 
 
 def _request(body: bytes, version: bytes = b"1.1", extra: bytes = b"") -> bytes:
-    return (b"POST %s HTTP/%s\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n%s"
-            % (CHAT.encode(), version, len(body), extra, body))
-
-
-def _connect(gw) -> socket.socket:
-    return socket.create_connection(("127.0.0.1", gw.port), timeout=10)
-
-
-def _read_until(sock: socket.socket, marker: bytes, got: bytes = b"") -> bytes:
-    while marker not in got:
-        data = sock.recv(65536)
-        if not data:
-            raise AssertionError(f"connection closed before {marker!r}; got {got[-300:]!r}")
-        got += data
-    return got
-
-
-def _read_to_close(sock: socket.socket) -> bytes:
-    got = b""
-    while data := sock.recv(65536):
-        got += data
-    return got
+    return post_request(CHAT, body, version, extra)
 
 
 def _dechunk(body: bytes) -> tuple[bytes, bytes]:
@@ -72,18 +53,18 @@ def _dechunk(body: bytes) -> tuple[bytes, bytes]:
 
 
 def test_pipelined_requests_are_answered_in_order_on_one_connection(gw):
-    with _connect(gw) as sock:
+    with connect(gw.port) as sock:
         sock.sendall(_request(_body()) + _request(_body(stream=True)) + _request(_body(content="third")))
-        got = _read_until(sock, b"0\r\n\r\n")
+        got = read_until(sock, b"0\r\n\r\n")
         first, _, rest = got.partition(b"\r\n\r\n")
         assert first.startswith(b"HTTP/1.1 200") and b"content-length" in first
         length = int(first.split(b"content-length: ")[1].split(b"\r\n")[0])
         assert json.loads(rest[:length])["choices"][0]["message"]["content"] == "hi"
         second_head, _, chunked = rest[length:].partition(b"\r\n\r\n")
         assert second_head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in second_head
-        events, after = _dechunk(_read_until(sock, b"0\r\n\r\n", chunked) if b"0\r\n\r\n" not in chunked else chunked)
+        events, after = _dechunk(read_until(sock, b"0\r\n\r\n", chunked) if b"0\r\n\r\n" not in chunked else chunked)
         assert events.endswith(b"data: [DONE]\n\n") and b'"content":"a"' in events
-        third = _read_until(sock, b'"finish_reason"', after)
+        third = read_until(sock, b'"finish_reason"', after)
         assert third.startswith(b"HTTP/1.1 200")
     eventually(lambda: metric_sum(gw.metrics_text(), "inferwatch_gateway_requests_total", status_class="2xx") == 3)
 
@@ -102,9 +83,9 @@ def test_a_keep_alive_client_sends_many_requests_on_one_connection(gw):
 
 
 def test_an_http_10_stream_is_sent_whole_and_the_connection_closed(gw):
-    with _connect(gw) as sock:
+    with connect(gw.port) as sock:
         sock.sendall(_request(_body(stream=True), version=b"1.0"))
-        got = _read_to_close(sock)
+        got = read_to_close(sock)
     head, _, body = got.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding" not in head and b"connection: close" in head
     assert body.startswith(b"data: {") and body.endswith(b"data: [DONE]\n\n")
@@ -112,29 +93,29 @@ def test_an_http_10_stream_is_sent_whole_and_the_connection_closed(gw):
 
 def test_expect_100_continue_is_answered_before_the_body_is_sent(gw):
     body = _body()
-    with _connect(gw) as sock:
+    with connect(gw.port) as sock:
         head = _request(body, extra=b"Expect: 100-continue\r\n")
         sock.sendall(head[:-len(body)])
-        assert _read_until(sock, b"\r\n\r\n").startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        assert read_until(sock, b"\r\n\r\n").startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
         sock.sendall(body)
-        answer = _read_until(sock, b'"total_tokens"')
+        answer = read_until(sock, b'"total_tokens"')
     assert answer.startswith(b"HTTP/1.1 200 OK") and b'"content": "hi"' in answer
 
 
 def test_a_body_that_arrives_in_pieces_past_64_kib_is_read_whole(gw, stub):
     body = _body(content="y" * 300_000)
-    with _connect(gw) as sock:
+    with connect(gw.port) as sock:
         message = _request(body)
         for i in range(0, len(message), 16384):
             sock.sendall(message[i:i + 16384])
             time.sleep(0.002)
-        assert _read_until(sock, b'"finish_reason"').startswith(b"HTTP/1.1 200")
+        assert read_until(sock, b'"finish_reason"').startswith(b"HTTP/1.1 200")
     assert stub.seen[-1]["messages"][0]["content"] == "y" * 300_000
 
 
 def test_a_chunked_body_over_the_limit_is_a_413_and_the_connection_closes(gw, stub):
     seen = len(stub.seen)
-    with _connect(gw) as sock:
+    with connect(gw.port) as sock:
         sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Transfer-Encoding: chunked\r\n\r\n" % CHAT.encode())
         piece = b"x" * 65536
@@ -143,7 +124,7 @@ def test_a_chunked_body_over_the_limit_is_a_413_and_the_connection_closes(gw, st
                 sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
         except (BrokenPipeError, ConnectionResetError):
             pass  # the gateway answered and closed while we were still sending
-        got = _read_to_close(sock)
+        got = read_to_close(sock)
     assert got.startswith(b"HTTP/1.1 413") and b'"code":"body_too_large"' in got and b"connection: close" in got
     assert len(stub.seen) == seen
 
@@ -155,12 +136,12 @@ def test_a_slow_reader_gets_the_whole_stream_and_is_not_taken_for_an_idle_upstre
     pauses = []
     pause = UpstreamResponse.pause_reading
     monkeypatch.setattr(UpstreamResponse, "pause_reading", lambda self: (pauses.append(1), pause(self)))
-    with _connect(gw) as sock:
+    with connect(gw.port) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
         sock.sendall(_request(_body("long_stream", stream=True)))
-        got = _read_until(sock, b"data: ")
+        got = read_until(sock, b"data: ")
         time.sleep(2.5)
-        got = _read_until(sock, b"0\r\n\r\n", got)
+        got = read_until(sock, b"0\r\n\r\n", got)
     events, _ = _dechunk(got.partition(b"\r\n\r\n")[2])
     contents = [json.loads(e[6:])["choices"][0]["delta"]["content"] for e in events.split(b"\n\n")
                 if e.startswith(b'data: {"id"') and b'"delta"' in e]
@@ -173,24 +154,15 @@ def test_a_slow_reader_gets_the_whole_stream_and_is_not_taken_for_an_idle_upstre
     assert metric_sum(text, "inferwatch_gateway_output_tokens_total") == LONG_STREAM_CHUNKS
 
 
-def _block_loop(gw, seconds: float) -> None:
-    gw.gateway.upstream.session._loop.call_soon_threadsafe(time.sleep, seconds)  # noqa: SLF001
-
-
-def _reset(sock: socket.socket) -> None:
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-    sock.close()
-
-
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_client_gone_before_its_request_ran_never_reaches_upstream(gw, stub, stream):
     seen = len(stub.seen)
-    _block_loop(gw, 1.0)
+    gw.stall(1.0)
     time.sleep(0.1)
-    sock = _connect(gw)
+    sock = connect(gw.port)
     sock.sendall(_request(_body(stream=stream)))
     time.sleep(0.1)
-    _reset(sock)
+    reset(sock)
     eventually(lambda: metric_sum(gw.metrics_text(), "inferwatch_gateway_requests_total", status_class="4xx") == 1)
     time.sleep(0.2)
     assert len(stub.seen) == seen
@@ -217,12 +189,12 @@ def test_an_idle_keep_alive_connection_is_closed_after_the_timeout_counted_from_
     """One keep-alive timer per connection, moved on lazily: the timeout runs from the last
     answer, not from the first one that set the timer."""
     app = create_app(GatewaySettings(upstream_url=stub.url))
-    with AppServer(app, **{**UVICORN_OPTIONS, "timeout_keep_alive": 1}) as server, \
-            socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+    with AppServer(app, **uvicorn_options(app.state.gateway.proxy), timeout_keep_alive=1) as server, \
+            connect(server.port) as sock:
         for pause in (0.0, 0.7, 0.7):  # 1.4 s after the first answer, 0.7 s after the last
             time.sleep(pause)
             sock.sendall(_request(_body()))
-            assert _read_until(sock, b'"total_tokens"').startswith(b"HTTP/1.1 200")
+            assert read_until(sock, b'"total_tokens"').startswith(b"HTTP/1.1 200")
         started = time.monotonic()
         assert sock.recv(1) == b""  # the server closes the idle connection
         assert 0.7 < time.monotonic() - started < 3.0
@@ -234,10 +206,10 @@ def test_a_client_that_leaves_with_a_request_pipelined_behind_the_one_in_flight_
                                                                                           wait_for):
     """uvicorn tells only the newest (pipelined) request that the client left, and stops
     reading while it waits, so the one in flight would run on: to vLLM's end, or its timeout."""
-    with _connect(gw) as sock:
+    with connect(gw.port) as sock:
         sock.sendall(_request(_body(model, stream=stream)) + _request(_body()))
         if wait_for:
-            _read_until(sock, wait_for)
+            read_until(sock, wait_for)
         else:
             time.sleep(0.3)
     eventually(lambda: metric_sum(gw.metrics_text(), "inferwatch_gateway_requests_total") == 1, timeout_s=3)
@@ -251,10 +223,10 @@ def test_a_client_that_leaves_with_a_request_pipelined_behind_the_one_in_flight_
                                      b"Content-Length: 300000\r\nAuthorization: Bearer nope\r\n"])
 def test_an_answer_given_before_the_body_came_closes_the_connection_after_reading_it_away(stub, headers):
     settings = GatewaySettings(upstream_url=stub.url, max_body_bytes=512 * 1024, api_keys=["k"])
-    with GatewayServer(settings) as g, socket.create_connection(("127.0.0.1", g.port), timeout=10) as sock:
+    with GatewayServer(settings) as g, connect(g.port) as sock:
         declared = int(headers.split(b"Content-Length: ")[1].split(b"\r\n")[0])
         sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\n%s\r\n" % (CHAT.encode(), headers))
-        answer = _read_until(sock, b"\r\n\r\n")
+        answer = read_until(sock, b"\r\n\r\n")
         assert answer.startswith((b"HTTP/1.1 413", b"HTTP/1.1 401")) and b"connection: close" in answer
         sent = 0
         while sent < declared:  # the client sends its whole body anyway, then waits
@@ -269,32 +241,32 @@ def test_an_answer_given_before_the_body_came_closes_the_connection_after_readin
                                    b"Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
                                    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"])
 def test_an_upgrade_request_is_answered_over_http_11_and_the_connection_closed(gw, extra):
-    with _connect(gw) as sock:
+    with connect(gw.port) as sock:
         sock.sendall(_request(_body(), extra=extra))
-        got = _read_to_close(sock)
+        got = read_to_close(sock)
     assert got.startswith(b"HTTP/1.1 200") and b"connection: close" in got and b'"content": "hi"' in got
 
 
 @pytest.mark.parametrize("path", [b"/v1%2Fchat%2Fcompletions", b"/v1/chat/%63ompletions"])
 def test_a_percent_encoded_proxy_path_is_served_as_uvicorn_would_route_it(gw, path):
-    with _connect(gw) as sock:
+    with connect(gw.port) as sock:
         sock.sendall(_request(_body()).replace(CHAT.encode(), path, 1))
-        assert _read_until(sock, b'"total_tokens"').startswith(b"HTTP/1.1 200")
+        assert read_until(sock, b'"total_tokens"').startswith(b"HTTP/1.1 200")
 
 
 def test_errors_answered_before_any_route_are_counted(gw, monkeypatch):
     monkeypatch.setattr("inferwatch.serving.server.HEAD_TIMEOUT_S", 0.3)
     requests.get(gw.url + "/nowhere", timeout=5)
     requests.get(gw.url + CHAT, timeout=5)
-    with _connect(gw) as sock:
+    with connect(gw.port) as sock:
         sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n" % CHAT.encode())
-        assert _read_to_close(sock).startswith(b"HTTP/1.1 400")
-    with _connect(gw) as sock:
+        assert read_to_close(sock).startswith(b"HTTP/1.1 400")
+    with connect(gw.port) as sock:
         sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nX-Big: %s\r\n\r\n" % (CHAT.encode(), b"a" * 70_000))
-        assert _read_to_close(sock).startswith(b"HTTP/1.1 431")
-    with _connect(gw) as sock:
+        assert read_to_close(sock).startswith(b"HTTP/1.1 431")
+    with connect(gw.port) as sock:
         sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\n" % CHAT.encode())
-        assert _read_to_close(sock).startswith(b"HTTP/1.1 408")
+        assert read_to_close(sock).startswith(b"HTTP/1.1 408")
     text = gw.metrics_text()
     counted = {code: metric_sum(text, "inferwatch_gateway_rejected_requests_total", route="none", code=code)
                for code in ("not_found", "method_not_allowed", "invalid_http_request", "header_too_large",

@@ -6,9 +6,10 @@ import sys
 
 import pytest
 
-from inferwatch.supervise import ManagedProcess, StartupError
 from inferwatch.serving.vllm_launcher import VLLMConfig, command, environment
-from tests.support.servers import eventually, free_port
+from inferwatch.supervise import ManagedProcess, StartupError
+from tests.support.sockets import free_port
+from tests.support.waiting import eventually
 
 
 def gone(pid: int) -> bool:
@@ -78,7 +79,7 @@ def test_healthy_child_and_stop_takes_the_whole_group(tmp_path):
     grandchild = int(pidfile.read_text())
     proc.stop(grace_s=5)
     assert not proc.alive()
-    assert eventually(lambda: gone(grandchild), timeout_s=5), "the child's own child survived stop()"
+    eventually(lambda: gone(grandchild), timeout_s=5)  # the child's own child does not survive stop()
 
 
 def test_children_die_with_their_supervisor(tmp_path):
@@ -94,11 +95,13 @@ def test_children_die_with_their_supervisor(tmp_path):
         "time.sleep(300)\n"
     )
     parent = subprocess.Popen([sys.executable, "-c", supervisor])
-    assert eventually(pidfile.exists, timeout_s=20)
+    eventually(pidfile.exists, timeout_s=20)
     child = int(pidfile.read_text())
     parent.kill()
     parent.wait()
-    if not eventually(lambda: gone(child), timeout_s=10):
+    try:
+        eventually(lambda: gone(child), timeout_s=10)
+    except AssertionError:
         os.kill(child, 9)
         pytest.fail("the child outlived its SIGKILLed supervisor")
 

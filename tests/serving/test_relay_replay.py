@@ -20,7 +20,8 @@ import pytest
 import requests
 
 from inferwatch.serving.settings import GatewaySettings
-from tests.support.servers import GatewayServer, free_port
+from tests.support.servers import GatewayServer
+from tests.support.sockets import free_port
 
 SSE = (Path(__file__).parent / "data" / "vllm-0.32-chat-stream.sse").read_bytes()
 EVENTS = [e for e in SSE.split(b"\n\n") if e]

@@ -2,45 +2,22 @@
 
 from __future__ import annotations
 
-import socket
+import asyncio
 import threading
 import time
 
 import requests
 import uvicorn
+import uvloop
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from inferwatch.serving.gateway import create_app
-from inferwatch.serving.server import UVICORN_OPTIONS
+from inferwatch.serving.server import uvicorn_options
 from inferwatch.serving.settings import GatewaySettings
+from tests.support.sockets import free_port
 
-
-def eventually(probe, timeout_s: float = 10.0, interval_s: float = 0.05):
-    """Call ``probe`` until it returns something truthy; return that, or the last value after
-    ``timeout_s`` (the caller's assertion then shows what was seen)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(interval_s)
-
-
-def free_port() -> int:
-    return free_ports(1)[0]
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct free ports (all bound at once, so the OS cannot hand one out twice)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+LOOPS = {"uvloop": uvloop.new_event_loop, "asyncio": asyncio.new_event_loop}
 
 
 class AppServer:
@@ -53,7 +30,15 @@ class AppServer:
         options = {"access_log": False, "loop": "uvloop", "http": "httptools", **options}
         config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", **options)
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        self._new_loop = LOOPS[config.loop]
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        """uvicorn's ``Server.run`` without hiding the loop: it is ours, so ``stall`` can reach it."""
+        with asyncio.Runner(loop_factory=self._new_loop) as runner:
+            self.loop = runner.get_loop()
+            runner.run(self._server.serve())
 
     def __enter__(self):
         self._thread.start()
@@ -68,6 +53,11 @@ class AppServer:
         self._server.should_exit = True
         self._thread.join(timeout=15)
 
+    def stall(self, seconds: float) -> None:
+        """Keep the server's event loop busy for ``seconds``, as a saturated CPU would: what
+        arrives meanwhile (a client's bytes or hang-up, upstream's answer) is seen at once after."""
+        self.loop.call_soon_threadsafe(time.sleep, seconds)
+
     def metrics_text(self) -> str:
         return requests.get(f"{self.url}/metrics", timeout=5).text
 
@@ -80,7 +70,8 @@ class GatewayServer(AppServer):
         base = {"port": port, "host": "127.0.0.1"}
         self.settings = settings.model_copy(update=base) if settings else GatewaySettings(**base)
         self.registry = CollectorRegistry()
-        super().__init__(create_app(self.settings, self.registry, **app_kwargs), port, **UVICORN_OPTIONS)
+        app = create_app(self.settings, self.registry, **app_kwargs)
+        super().__init__(app, port, **uvicorn_options(app.state.gateway.proxy, self.settings.limit_concurrency))
 
     @property
     def gateway(self):
