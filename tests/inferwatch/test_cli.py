@@ -5,6 +5,8 @@ import sys
 
 import pytest
 
+from tests.support.sockets import busy_port
+
 
 def run(*args, timeout=60):
     return subprocess.run([sys.executable, "-m", "inferwatch", *args], capture_output=True, text=True,
@@ -51,12 +53,7 @@ def test_gateway_reads_environment_errors_too():
 
 
 def test_up_refuses_ports_in_use_before_starting_anything(tmp_path):
-    import socket
-
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
-        port = busy.getsockname()[1]
+    with busy_port() as port:
         result = subprocess.run([sys.executable, "-m", "inferwatch", "up", "--model", str(tmp_path / "none"),
                                  "--vllm-port", str(port), "--run-dir", str(tmp_path)],
                                 capture_output=True, text=True, timeout=60)

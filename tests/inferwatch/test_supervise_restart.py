@@ -97,7 +97,7 @@ def test_a_child_without_a_log_file_writes_to_our_own_output():
               "p.start()\n"
               "try:\n    p.wait_healthy(30)\nexcept StartupError as e:\n    print('ERROR', e)\n")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
-                            cwd=Path(__file__).resolve().parent.parent)
+                            cwd=Path(__file__).resolve().parents[2])
     assert "out-marker" in result.stdout and "err-marker" in result.stderr
     assert "exited with code 3 before it became healthy" in result.stdout
     assert "Its output is above." in result.stdout
