@@ -34,8 +34,11 @@ class RunningVLLM:
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cache = Path(os.environ.get("INFERWATCH_CACHE_DIR", Path.home() / ".cache" / "inferwatch"))
-    return build_tiny_model(cache)
+    return build_tiny_model(model_cache())
+
+
+def model_cache() -> Path:
+    return Path(os.environ.get("INFERWATCH_CACHE_DIR", Path.home() / ".cache" / "inferwatch"))
 
 
 @pytest.fixture(scope="session")
@@ -45,9 +48,9 @@ def otlp_receiver():
     receiver.close()
 
 
-def start_vllm(model: Path, log_dir: Path, otlp_endpoint: str | None = None) -> RunningVLLM:
+def start_vllm(model: Path, log_dir: Path, otlp_endpoint: str | None = None, max_model_len: int = 512) -> RunningVLLM:
     cfg = VLLMConfig(str(model), TINY_MODEL_NAME, port=free_port(), dtype="bfloat16",
-                     otlp_traces_endpoint=otlp_endpoint)
+                     otlp_traces_endpoint=otlp_endpoint, max_model_len=max_model_len)
     env = dict(os.environ, OTEL_BSP_SCHEDULE_DELAY="200", OMP_NUM_THREADS="1")
     proc = vllm_process(cfg, log_dir / f"vllm-{cfg.port}.log", env)
     proc.start()
