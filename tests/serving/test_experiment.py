@@ -7,8 +7,8 @@ import math
 import orjson
 import pytest
 
-from inferwatch.serving.experiment import BUCKETS, ExperimentError, Split, bucket_bounds, parse_experiments, resolve_weights
-from inferwatch.serving.experiment_state import load_splits, save_weights, state_path
+from inferwatch.serving.split import BUCKETS, ExperimentError, Split, bucket_bounds, parse_experiments, resolve_weights
+from inferwatch.serving.weights_store import load_splits, save_weights, state_path
 
 FILE = """
 experiments:
