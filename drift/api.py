@@ -1,49 +1,98 @@
 """The drift service's HTTP shapes, declared once so /openapi.json lists every path with its
-request and response schemas. Request bodies are still parsed by hand (columnar
-validation of ingest is what keeps it fast; bodies are size-checked before parsing), so
-the request models document the contract; the service enforces the same ranges."""
+request and response schemas, and says exactly what each request may hold.
+
+Bodies are size-checked before parsing. Ingest is checked by hand (drift/schema.py, column
+by column: that is what keeps it fast) against the feature record's declaration
+(drift/feature_record.py), from which ``FeatureRecord`` below is built; the other bodies
+are validated with these models in strict mode, so a number is a JSON number, never a
+string or a boolean. Rules that span fields are stated in the models' descriptions."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model
 
-from inferwatch.drift.schema import RANGES, SEGMENT_TEXT_MAX
+from inferwatch.drift.feature_record import CROSS_FIELD_RULES, FIELDS, MAX_BATCH, TEXT_MAX, UNIX_S, FieldRule
+from inferwatch.drift.methods import METHODS
+from inferwatch.drift.schema import FEATURES
+from inferwatch.drift.state import MAX_COUNT
 
-Text = Field(min_length=1, max_length=SEGMENT_TEXT_MAX)
-
-
-def _range(name: str, description: str, nullable: bool = True):
-    low, high = RANGES[name]
-    return Field(None if nullable else ..., ge=low, le=high, description=description)
+Text = Field(min_length=1, max_length=TEXT_MAX)
 
 
-class FeatureRecord(BaseModel):
-    """One finished request, as the gateway sends it: numbers and small categoricals, never text."""
+def _integral(value: object) -> object:
+    """JSON has one kind of number: 2.0 is the integer 2, as JSON Schema's ``integer`` says."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
-    model: str = Text
-    variant: str = Text
-    route: str | None = Field(None, min_length=1, max_length=SEGMENT_TEXT_MAX)
-    stream: bool | None = None
-    started_at: float = _range("started_at", "unix seconds", nullable=False)
-    finished_at: float = _range("finished_at", "unix seconds; at most 300 s in the future", nullable=False)
-    status: int = _range("status", "HTTP status code", nullable=False)
-    prompt_tokens: int | None = _range("prompt_tokens", "tokens")
-    completion_tokens: int | None = _range("completion_tokens", "tokens")
-    ttft_s: float | None = _range("ttft_s", "seconds")
-    tpot_s: float | None = _range("tpot_s", "seconds")
-    e2e_s: float = _range("e2e_s", "seconds", nullable=False)
-    finish_reason: str | None = Field(None, min_length=1, max_length=SEGMENT_TEXT_MAX)
-    mean_logprob: float | None = _range("mean_logprob", "mean token logprob")
-    experiment: str | None = Field(None, min_length=1, max_length=SEGMENT_TEXT_MAX,
-                                   description="the gateway experiment that assigned the request (not stored)")
-    unit: str | None = Field(None, min_length=1, max_length=SEGMENT_TEXT_MAX,
-                             description="hashed unit key of the assignment (not stored)")
+
+def json_int(**constraints: Any) -> Any:
+    """An integer of a strict model, 2.0 included, never ``true``. The constraints go inside,
+    before the conversion, or the JSON schema would not show them as minimum and maximum."""
+    return Annotated[int, Field(**constraints), BeforeValidator(_integral)]
+
+
+def optional_not_null(schema: dict[str, Any]) -> None:
+    """A field that may be left out but not be null: its schema keeps no ``default: null``."""
+    for prop in schema.get("properties", {}).values():
+        if prop.get("default", ...) is None and "anyOf" not in prop:
+            del prop["default"]
+
+
+def _record_field(rule: FieldRule) -> tuple[Any, Any]:
+    constraints: dict[str, Any] = {"min_length": 1, "max_length": TEXT_MAX} if rule.kind is str else {}
+    if rule.bounds is not None:
+        constraints.update(ge=rule.bounds[0], le=rule.bounds[1])
+    kind = json_int(**constraints) if rule.kind is int else Annotated[rule.kind, Field(**constraints)]
+    return kind | None if rule.nullable else kind, Field(None if rule.nullable else ..., description=rule.description)
+
+
+FeatureRecord = create_model(
+    "FeatureRecord", __config__=ConfigDict(extra="forbid", strict=True),
+    __doc__="One finished request, as the gateway sends it: numbers and small categoricals, never text. "
+            f"Across fields: {'; '.join(CROSS_FIELD_RULES)}.",
+    **{name: _record_field(rule) for name, rule in FIELDS.items()})
 
 
 class IngestRequest(BaseModel):
-    records: list[FeatureRecord] = Field(min_length=1, max_length=10_000)
+    """A batch is taken whole or refused whole: the first bad record's position and field are named."""
+
+    records: list[FeatureRecord] = Field(min_length=1, max_length=MAX_BATCH)  # type: ignore[valid-type]
+
+
+def bins(name: str) -> int:
+    """How many counts a feature's histogram holds: its bins, or its categories and 'other'."""
+    feature = FEATURES[name]
+    return feature.edges.bins if hasattr(feature, "edges") else len(feature.categories) + 1
+
+
+Count = json_int(ge=0, le=MAX_COUNT)
+Histograms = create_model(
+    "Histograms", __config__=ConfigDict(extra="forbid", strict=True),
+    __doc__="Counts per bin of GET /v1/features, per feature; a feature left out or null counts nothing. At "
+            "least one count must be positive.",
+    **{name: (list[Count] | None, Field(None, min_length=bins(name), max_length=bins(name)))  # type: ignore[misc]
+       for name in FEATURES})
+
+
+class BaselineRequest(BaseModel):
+    """Freeze the segment's records of a time range (``from`` before ``to``; there must be
+    records in it), or upload counts on the bins of GET /v1/features (``histograms``): one
+    of the two."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=lambda schema, _: _one_source(schema))
+
+    model: str = Text
+    variant: str = Text
+    from_: float = Field(None, alias="from", ge=UNIX_S[0], le=UNIX_S[1], description="unix seconds")
+    to: float = Field(None, ge=UNIX_S[0], le=UNIX_S[1], description="unix seconds")
+    histograms: Histograms = None  # type: ignore[valid-type]
+
+
+def _one_source(schema: dict[str, Any]) -> None:
+    optional_not_null(schema)
+    schema["oneOf"] = [{"required": ["from", "to"], "not": {"required": ["histograms"]}},
+                       {"required": ["histograms"], "not": {"anyOf": [{"required": ["from"]}, {"required": ["to"]}]}}]
 
 
 class FeedbackResponse(BaseModel):
@@ -65,16 +114,6 @@ class ErrorDetail(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorDetail
-
-
-class BaselineRequest(BaseModel):
-    """Freeze a time range (``from``, ``to``), or upload counts on the bins of GET /v1/features."""
-
-    model: str = Text
-    variant: str = Text
-    from_: float | None = Field(None, alias="from", description="unix seconds")
-    to: float | None = Field(None, description="unix seconds")
-    histograms: dict[str, list[int]] | None = None
 
 
 class BaselineInfo(BaseModel):
@@ -99,16 +138,28 @@ class Thresholds(BaseModel):
     methods: dict[str, ThresholdMode]
 
 
-class ThresholdsRequest(BaseModel):
-    """``alpha`` (0 < alpha <= 0.5) and, per method name, a fixed threshold or null (calibrate)."""
+def _at_least_one(schema: dict[str, Any]) -> None:
+    optional_not_null(schema)
+    schema["minProperties"] = 1
 
-    alpha: float | None = Field(None, gt=0, le=0.5)
-    kl: float | None = Field(None, gt=0)
-    js: float | None = Field(None, gt=0)
-    psi: float | None = Field(None, gt=0)
-    wasserstein: float | None = Field(None, gt=0)
-    ks: float | None = Field(None, gt=0, lt=1)
-    chi2: float | None = Field(None, gt=0, lt=1)
+
+def thresholds_request(smallest_alpha: float) -> type[BaseModel]:
+    """The body of PUT /v1/thresholds for a service whose calibration resolves p-values down
+    to ``smallest_alpha`` (1 / (resamples + 1)): below it every calibrated threshold would be
+    infinite, a verdict that never fires."""
+    methods: dict[str, Any] = {
+        name: (float | None, Field(None, gt=0, **({"lt": 1} if spec.kind == "p_value" else {}),
+                                   description=f"{spec.description}: a fixed threshold, or null to "
+                                               f"{'use alpha' if spec.kind == 'p_value' else 'calibrate it'}"))
+        for name, spec in METHODS.items()}
+    return create_model(
+        "ThresholdsRequest", __config__=ConfigDict(extra="forbid", strict=True,
+                                                   json_schema_extra=lambda schema, _: _at_least_one(schema)),
+        __doc__="Change alpha, or per method a fixed threshold (null: back to the default). At least one field; "
+                "all applied or none.",
+        alpha=(float, Field(None, ge=smallest_alpha, le=0.5, description="false-alarm rate per evaluation, per "
+                                                                          "method and segment")),
+        **methods)
 
 
 class MethodResult(BaseModel):

@@ -17,25 +17,27 @@ from typing import Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from inferwatch.drift.schema import RANGES, SEGMENT_TEXT_MAX
+from inferwatch.drift.feature_record import TEXT_MAX, UNIX_S
 
 POSITIVE = 0.5
 MAX_RECORDS = 10_000
 
 
 class FeedbackRecord(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """One rating, joined by the gateway to the variant that gave the answer. Strict: a
+    number is a JSON number (``"at": false`` or ``"score": "1"`` is refused, as the schema says)."""
 
-    model: str = Field(min_length=1, max_length=SEGMENT_TEXT_MAX)
-    variant: str = Field(min_length=1, max_length=SEGMENT_TEXT_MAX)
-    experiment: str | None = Field(None, min_length=1, max_length=SEGMENT_TEXT_MAX)
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str = Field(min_length=1, max_length=TEXT_MAX)
+    variant: str = Field(min_length=1, max_length=TEXT_MAX)
+    experiment: str | None = Field(None, min_length=1, max_length=TEXT_MAX)
     score: float = Field(ge=0, le=1, allow_inf_nan=False, description="0..1; 0.5 or more is positive")
-    at: float = Field(ge=RANGES["finished_at"][0], le=RANGES["finished_at"][1], allow_inf_nan=False,
-                      description="unix seconds")
+    at: float = Field(ge=UNIX_S[0], le=UNIX_S[1], allow_inf_nan=False, description="unix seconds")
 
 
 class FeedbackBatch(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     records: list[FeedbackRecord] = Field(min_length=1, max_length=MAX_RECORDS)
 

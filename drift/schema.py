@@ -1,8 +1,11 @@
-"""Feature records (the gateway → drift contract) and the features drift is computed on.
+"""The features drift is computed on, and the check of ingested feature records.
 
-A batch is validated as a whole before anything is stored: the first bad record rejects
-the batch with an error that names the record's position and the field, so a client can
-fix its producer instead of losing part of a batch silently.
+The record itself (fields, types, ranges, cross-field rules) is declared in
+drift/feature_record.py, which the gateway builds its records from; this module checks a
+batch against that declaration. A batch is validated as a whole before anything is
+stored: the first bad record rejects the batch with an error that names the record's
+position and the field, so a client can fix its producer instead of losing part of a
+batch silently.
 """
 
 from __future__ import annotations
@@ -14,9 +17,7 @@ import numpy as np
 import orjson
 
 from inferwatch.drift.binning import Edges, linear_edges, log_edges
-
-MAX_BATCH = 10_000
-SEGMENT_TEXT_MAX = 128
+from inferwatch.drift.feature_record import FIELDS, MAX_BATCH, MAX_FUTURE_S, REQUIRED, TEXT_FIELDS, TEXT_MAX
 
 
 @dataclass(frozen=True)
@@ -51,44 +52,15 @@ NUMERIC_FEATURES: tuple[NumericFeature, ...] = (
 UNITS = {"prompt_tokens": "tokens", "completion_tokens": "tokens", "ttft_s": "s", "tpot_s": "s", "e2e_s": "s",
          "mean_logprob": "nats/token", "finish_reason": "", "status_class": ""}
 
-# What a real record can hold; anything outside is refused at the edge, so nothing accepted
-# can overflow or poison a later read (a mean_logprob of -1e308 made exact tests fail).
-RANGES: dict[str, tuple[float, float]] = {
-    "started_at": (0.0, 1e11), "finished_at": (0.0, 1e11),  # unix seconds, until year 5138
-    "status": (100, 599),
-    "prompt_tokens": (0, 2**31 - 1), "completion_tokens": (0, 2**31 - 1),
-    "ttft_s": (0.0, 7 * 86400.0), "tpot_s": (0.0, 7 * 86400.0), "e2e_s": (0.0, 7 * 86400.0),
-    "mean_logprob": (-1e6, 0.0),
-}
+# The record's numeric ranges, from its declaration: anything outside is refused at the edge,
+# so nothing accepted can overflow or poison a later read.
+RANGES: dict[str, tuple[float, float]] = {name: rule.bounds for name, rule in FIELDS.items() if rule.bounds}
 CATEGORICAL_FEATURES: tuple[CategoricalFeature, ...] = (
     CategoricalFeature("finish_reason", ("stop", "length", "tool_calls", "content_filter", "abort"),
                        "why generation ended"),
     CategoricalFeature("status_class", ("2xx", "4xx", "5xx"), "HTTP outcome"),
 )
 FEATURES = {f.name: f for f in (*NUMERIC_FEATURES, *CATEGORICAL_FEATURES)}
-
-# field -> (types accepted, may be null)
-_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
-    "model": ((str,), False),
-    "variant": ((str,), False),
-    "route": ((str,), True),
-    "stream": ((bool,), True),
-    "started_at": ((int, float), False),
-    "finished_at": ((int, float), False),
-    "status": ((int,), False),
-    "prompt_tokens": ((int,), True),
-    "completion_tokens": ((int,), True),
-    "ttft_s": ((int, float), True),
-    "tpot_s": ((int, float), True),
-    "e2e_s": ((int, float), False),
-    "finish_reason": ((str,), True),
-    "mean_logprob": ((int, float), True),
-    # the gateway's experiment and hashed unit id: accepted, checked, not counted on
-    "experiment": ((str,), True),
-    "unit": ((str,), True),
-}
-REQUIRED = tuple(k for k, (_, nullable) in _FIELDS.items() if not nullable)
-
 
 class BatchError(ValueError):
     def __init__(self, message: str, record: int | None = None, field: str | None = None) -> None:
@@ -110,7 +82,7 @@ class Batch:
     finish_reason: list[str | None]
 
 
-def parse_batch(body: bytes, now: float, max_future_s: float = 300.0) -> Batch:
+def parse_batch(body: bytes, now: float, max_future_s: float = MAX_FUTURE_S) -> Batch:
     """Validate column by column (set and array operations, no per-field Python work per
     record); only when something is wrong does a per-record scan find the first offending
     record and field for the error message."""
@@ -133,22 +105,27 @@ def parse_batch(body: bytes, now: float, max_future_s: float = 300.0) -> Batch:
     return batch
 
 
-_FIELD_SET = frozenset(_FIELDS)
+_FIELD_SET = frozenset(FIELDS)
 _NONE = type(None)
-_ALLOWED = {name: set(types) | ({_NONE} if nullable else set()) for name, (types, nullable) in _FIELDS.items()}
+_KIND = {str: "a string", bool: "true or false", int: "an integer", float: "a number"}
+_ALLOWED = {name: set(rule.accepts) | ({_NONE} if rule.nullable else set()) for name, rule in FIELDS.items()}
 
 
 def _columns(records: list, now: float, max_future_s: float) -> Batch | None:
     """The batch as columns, or None if any record breaks a rule."""
     if not set(map(type, records)) <= {dict} or not all(map(_FIELD_SET.issuperset, records)):
         return None
-    cols = {name: [r.get(name) for r in records] for name in _FIELDS}
+    cols = {name: [r.get(name) for r in records] for name in FIELDS}
     for name, allowed in _ALLOWED.items():
-        if not set(map(type, cols[name])) <= allowed:
+        types = set(map(type, cols[name]))
+        if not types <= allowed:
             return None
-    for name in ("model", "variant", "route", "finish_reason", "experiment", "unit"):
+        if float in types and FIELDS[name].kind is int and not all(
+                v.is_integer() for v in cols[name] if type(v) is float):
+            return None
+    for name in TEXT_FIELDS:
         lengths = [len(v) for v in cols[name] if v is not None]
-        if lengths and (min(lengths) == 0 or max(lengths) > SEGMENT_TEXT_MAX):
+        if lengths and (min(lengths) == 0 or max(lengths) > TEXT_MAX):
             return None
     low, high = RANGES["status"]
     if min(cols["status"]) < low or max(cols["status"]) > high:  # Python ints: no int64 overflow
@@ -178,27 +155,25 @@ def _check(i: int, rec: object, now: float, max_future_s: float) -> None:
         if name not in rec or rec[name] is None:
             raise BatchError(f"record {i}: field '{name}' is required", i, name)
     for name, value in rec.items():
-        spec = _FIELDS.get(name)
-        if spec is None:
-            raise BatchError(f"record {i}: unknown field '{name}' (fields: {', '.join(_FIELDS)})", i, name)
+        rule = FIELDS.get(name)
+        if rule is None:
+            raise BatchError(f"record {i}: unknown field '{name}' (fields: {', '.join(FIELDS)})", i, name)
         if value is None:
             continue
-        types, _ = spec
-        if isinstance(value, bool) and bool not in types or not isinstance(value, types):
-            raise BatchError(f"record {i}: field '{name}' must be {' or '.join(t.__name__ for t in types)}", i, name)
+        if isinstance(value, bool) and rule.kind is not bool or not isinstance(value, rule.accepts):
+            raise BatchError(f"record {i}: field '{name}' must be {_KIND[rule.kind]}", i, name)
         if isinstance(value, float) and not math.isfinite(value):
             raise BatchError(f"record {i}: field '{name}' must be finite", i, name)
-        if isinstance(value, str) and not 0 < len(value) <= SEGMENT_TEXT_MAX:
-            raise BatchError(f"record {i}: field '{name}' must be 1..{SEGMENT_TEXT_MAX} characters", i, name)
-    if not 100 <= rec["status"] <= 599:
-        raise BatchError(f"record {i}: field 'status' must be an HTTP status code (100..599)", i, "status")
-    for name, (low, high) in RANGES.items():
-        value = rec.get(name)
-        if value is not None and not low <= value <= high:
-            raise BatchError(f"record {i}: field '{name}' must be between {low:g} and {high:g}", i, name)
+        if isinstance(value, float) and rule.kind is int and not value.is_integer():
+            raise BatchError(f"record {i}: field '{name}' must be an integer", i, name)
+        if isinstance(value, str) and not 0 < len(value) <= TEXT_MAX:
+            raise BatchError(f"record {i}: field '{name}' must be 1..{TEXT_MAX} characters", i, name)
+        if rule.bounds is not None and not rule.bounds[0] <= value <= rule.bounds[1]:
+            raise BatchError(f"record {i}: field '{name}' must be between {rule.bounds[0]:g} and {rule.bounds[1]:g}",
+                             i, name)
     if rec["finished_at"] > now + max_future_s:
-        raise BatchError(f"record {i}: field 'finished_at' lies in the future; check the producer's clock", i,
-                         "finished_at")
+        raise BatchError(f"record {i}: field 'finished_at' lies more than {max_future_s:g} s in the future; check "
+                         "the producer's clock", i, "finished_at")
     if rec["started_at"] > rec["finished_at"]:
         raise BatchError(f"record {i}: field 'started_at' is after 'finished_at'", i, "started_at")
     if rec.get("ttft_s") is not None and rec["ttft_s"] > rec["e2e_s"]:

@@ -28,11 +28,12 @@ from inferwatch.drift.ab import report as ab_report
 from inferwatch.drift.ab.exposition import AbCollector, Watchlist
 from inferwatch.drift import metrics as drift_metrics
 from inferwatch.drift.errors import CatchAll, http_error
-from inferwatch.drift.feedback import FeedbackBatch, FeedbackLog
 from inferwatch.drift.errors import error_response as _error
+from inferwatch.drift.feature_record import TEXT_MAX, UNIX_S
+from inferwatch.drift.feedback import FeedbackBatch, FeedbackLog
 from inferwatch.drift.methods import DriftResult
-from inferwatch.drift.prometheus_source import PrometheusSource, SourceError
-from inferwatch.drift.schema import FEATURES, NUMERIC_FEATURES, RANGES, SEGMENT_TEXT_MAX, UNITS, BatchError
+from inferwatch.drift.prometheus_source import METRIC_NAME, SELECTOR, PrometheusSource, SourceError
+from inferwatch.drift.schema import FEATURES, NUMERIC_FEATURES, UNITS, BatchError
 from inferwatch.drift.state import Baseline, DriftState, SegmentLimit, WindowConfig, headline, smallest_alpha
 from inferwatch.drift.store import Store
 from inferwatch.drift.verdicts import SegmentVerdict, analysis_edges, feature_status
@@ -191,6 +192,12 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
         yield
         store.close()
 
+    request_schemas: dict[str, dict] = {}  # of the hand-parsed bodies, published with the app's document
+    thresholds_request = api.thresholds_request(smallest_alpha(state.config.resamples))
+
+    def body(model: type[BaseModel]) -> dict:
+        return _body(model, request_schemas)
+
     app = FastAPI(title="inferwatch drift", version=__version__, lifespan=lifespan,
                   description="Drift of LLM request features against baselines, with calibrated thresholds.")
     app.state.drift = state
@@ -241,8 +248,14 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
             return _error(422, "body must be a non-empty JSON object", "invalid_body", field="body")
         return doc
 
+    def invalid_body(exc: ValidationError, code: str) -> Response:
+        """A 422 naming the first wrong field by its path in the body (``records.0.at``)."""
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "body"
+        return _error(422, f"'{where}': {first.get('msg', 'invalid')}", code, field=where)
+
     @app.post("/v1/ingest", responses=_responses(api.IngestResponse, 401, 413, 422),
-              openapi_extra=_body(api.IngestRequest), summary="Feature records from the gateway")
+              openapi_extra=body(api.IngestRequest), summary="Feature records from the gateway")
     async def ingest(request: Request) -> Response:
         body = await read_body(request)
         if isinstance(body, Response):
@@ -256,7 +269,7 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
         return JSONResponse({"accepted": accepted, "in_window": in_window})
 
     @app.post("/v1/feedback", responses=_responses(api.FeedbackResponse, 401, 413, 422),
-              openapi_extra=_body(FeedbackBatch), summary="User ratings joined to their variant, from the gateway")
+              openapi_extra=body(FeedbackBatch), summary="User ratings joined to their variant, from the gateway")
     async def feedback_post(request: Request) -> Response:
         doc = await read_object(request)
         if isinstance(doc, Response):
@@ -264,40 +277,33 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
         try:
             batch = FeedbackBatch.model_validate(doc)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first.get("loc", ())) or "body"
-            return _error(422, f"'{where}': {first.get('msg', 'invalid')}", "invalid_feedback", field=where)
+            return invalid_body(exc, "invalid_feedback")
         return JSONResponse({"accepted": feedback.add(batch)})
 
     @app.post("/v1/baselines", status_code=201, responses={201: {"model": api.BaselineInfo},
                                                            **_responses(None, 401, 409, 413, 422)},
-              openapi_extra=_body(api.BaselineRequest), summary="Freeze or upload a baseline")
+              openapi_extra=body(api.BaselineRequest), summary="Freeze or upload a baseline")
     async def baselines_post(request: Request) -> Response:
         doc = await read_object(request)
         if isinstance(doc, Response):
             return doc
         try:
-            model, variant = doc.get("model"), doc.get("variant")
-            if (not isinstance(model, str) or not isinstance(variant, str) or not 0 < len(model) <= SEGMENT_TEXT_MAX
-                    or not 0 < len(variant) <= SEGMENT_TEXT_MAX):
-                raise BatchError(f"'model' and 'variant' are required strings of 1..{SEGMENT_TEXT_MAX} characters",
-                                 field="model")
-            unknown = sorted(set(doc) - BASELINE_FIELDS)
-            if unknown:
-                raise BatchError(f"unknown field '{unknown[0]}'; a baseline takes {', '.join(sorted(BASELINE_FIELDS))}",
-                                 field=unknown[0])
-            if "histograms" in doc:
-                baseline = state.upload_baseline((model, variant), doc["histograms"])
+            req = api.BaselineRequest.model_validate(doc)
+        except ValidationError as exc:
+            return invalid_body(exc, "invalid_baseline")
+        model, variant = req.model, req.variant
+        try:
+            if req.histograms is not None:
+                if req.from_ is not None or req.to is not None:
+                    raise BatchError("give 'from' and 'to', or 'histograms': not both", field="histograms")
+                baseline = state.upload_baseline((model, variant), req.histograms.model_dump())  # 2.0 read as 2
+            elif req.from_ is None or req.to is None:
+                raise BatchError(f"give 'from' and 'to' (unix seconds, {UNIX_S[0]:g}..{UNIX_S[1]:g}) or 'histograms'",
+                                 field="to" if req.from_ is not None else "from")
+            elif req.from_ >= req.to:
+                raise BatchError("'from' must be before 'to'", field="from")
             else:
-                since, until = doc.get("from"), doc.get("to")
-                low, high = RANGES["finished_at"]
-                if not all(isinstance(t, (int, float)) and not isinstance(t, bool) and low <= t <= high
-                           for t in (since, until)):
-                    raise BatchError(f"give 'from' and 'to' (unix seconds, {low:g}..{high:g}) or 'histograms'",
-                                     field="from")
-                if since >= until:
-                    raise BatchError("'from' must be before 'to'", field="from")
-                baseline = state.freeze_baseline((model, variant), float(since), float(until))
+                baseline = state.freeze_baseline((model, variant), req.from_, req.to)
         except SegmentLimit as exc:
             return _error(409, str(exc), "too_many_segments")
         except BatchError as exc:
@@ -309,11 +315,15 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
         return JSONResponse([baseline_json(m, v, b) for (m, v), b in sorted(state.baselines.items())])
 
     @app.put("/v1/thresholds", responses=_responses(api.Thresholds, 401, 413, 422),
-             openapi_extra=_body(api.ThresholdsRequest), summary="Change alpha or fix a method's threshold")
+             openapi_extra=body(thresholds_request), summary="Change alpha or fix a method's threshold")
     async def thresholds_put(request: Request) -> Response:
         doc = await read_object(request, empty=True)
         if isinstance(doc, Response):
             return doc
+        try:
+            thresholds_request.model_validate(doc)
+        except ValidationError as exc:
+            return invalid_body(exc, "invalid_threshold")
         try:
             return JSONResponse(state.set_thresholds(doc))
         except BatchError as exc:
@@ -343,9 +353,10 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
 
     @app.get("/v1/compare", responses=_responses(api.CompareResponse, 400, 404),
              summary="A/B: variant b's window against variant a's")
-    def compare(model: Annotated[str, Query(min_length=1, max_length=SEGMENT_TEXT_MAX)],
-                      a: Annotated[str, Query(min_length=1, max_length=SEGMENT_TEXT_MAX)],
-                      b: Annotated[str, Query(min_length=1, max_length=SEGMENT_TEXT_MAX)]) -> Response:
+    def compare(model: Annotated[str, Query(min_length=1, max_length=TEXT_MAX)],
+                a: Annotated[str, Query(min_length=1, max_length=TEXT_MAX, description="the reference variant")],
+                b: Annotated[str, Query(min_length=1, max_length=TEXT_MAX,
+                                        description="the variant compared with a; not a")]) -> Response:
         if a == b:
             return _error(400, "give two different variants 'a' (reference) and 'b'", "invalid_query", field="b")
         verdict = state.compare(model, a, b)
@@ -357,8 +368,8 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
 
     @app.get("/v1/drift/exact", responses=_responses(api.ExactResponse, 400, 404),
              summary="KS and Wasserstein on raw samples (audit)")
-    async def drift_exact(model: Annotated[str, Query(min_length=1, max_length=SEGMENT_TEXT_MAX)],
-                          variant: Annotated[str, Query(min_length=1, max_length=SEGMENT_TEXT_MAX)],
+    async def drift_exact(model: Annotated[str, Query(min_length=1, max_length=TEXT_MAX)],
+                          variant: Annotated[str, Query(min_length=1, max_length=TEXT_MAX)],
                           feature: Annotated[NumericName, Query()]) -> Response:
         if (model, variant) not in state.segments():
             return _error(404, f"no segment model '{model}' variant '{variant}'", "no_data")
@@ -366,11 +377,16 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
 
     @app.get("/v1/fleet-drift", responses=_responses(None, 400, 422, 502, 503),
              summary="Drift from Prometheus histogram buckets over the fleet")
-    def fleet(metric: Annotated[str, Query(min_length=1, max_length=200)],
-                    reference_end: Annotated[float, Query(ge=0, le=1e11, allow_inf_nan=False)],
-                    selector: Annotated[str, Query(max_length=1000)] = "",
-                    current_end: Annotated[float | None, Query(ge=0, le=1e11, allow_inf_nan=False)] = None,
-                    window: Annotated[float, Query(gt=0, le=366 * 86400, allow_inf_nan=False)] = 3600.0) -> Response:
+    def fleet(metric: Annotated[str, Query(min_length=1, max_length=200, description="a histogram's base name",
+                                           json_schema_extra={"pattern": METRIC_NAME.pattern})],
+              reference_end: Annotated[float, Query(ge=UNIX_S[0], le=UNIX_S[1], allow_inf_nan=False,
+                                                    description="unix seconds; before current_end")],
+              selector: Annotated[str, Query(max_length=1000, description='label matchers: model="x",variant="y"',
+                                             json_schema_extra={"pattern": SELECTOR.pattern})] = "",
+              current_end: Annotated[float | None, Query(ge=UNIX_S[0], le=UNIX_S[1], allow_inf_nan=False,
+                                                         description="unix seconds; now if left out")] = None,
+              window: Annotated[float, Query(gt=0, le=366 * 86400, allow_inf_nan=False,
+                                             description="seconds of increase before each end")] = 3600.0) -> Response:
         try:
             result = source.drift(metric, selector, reference_end, time.time() if current_end is None else current_end,
                                   window, state.policy)
@@ -402,27 +418,25 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
         return JSONResponse({"status": "ok", **state.snapshot._asdict()})  # no lock: never waits for an ingest
 
     ab_http.install(app, state, watchlist, feedback)
-    _publish_request_schemas(app)
+    _publish_request_schemas(app, request_schemas)
     return app
 
 
-BASELINE_FIELDS = frozenset({"model", "variant", "from", "to", "histograms"})
-SegmentParam = Annotated[str | None, Query(min_length=1, max_length=SEGMENT_TEXT_MAX)]
+SegmentParam = Annotated[str | None, Query(min_length=1, max_length=TEXT_MAX)]
 FeatureParam = Annotated[Literal[tuple(FEATURES)] | None, Query()]  # type: ignore[valid-type]
 NumericName = Literal[tuple(f.name for f in NUMERIC_FEATURES)]  # type: ignore[valid-type]
-_REQUEST_SCHEMAS: dict[str, dict] = {}
 
 
-def _body(model: type[BaseModel]) -> dict:
+def _body(model: type[BaseModel], schemas: dict[str, dict]) -> dict:
     """Document a hand-parsed JSON body with ``model``'s schema (published by _publish_request_schemas)."""
     schema = model.model_json_schema(ref_template="#/components/schemas/{model}", by_alias=True)
-    _REQUEST_SCHEMAS.update(schema.pop("$defs", {}))
-    _REQUEST_SCHEMAS[model.__name__] = schema
+    schemas.update(schema.pop("$defs", {}))
+    schemas[model.__name__] = schema
     return {"requestBody": {"required": True, "content": {"application/json": {
         "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}}
 
 
-def _publish_request_schemas(app: FastAPI) -> None:
+def _publish_request_schemas(app: FastAPI, request_schemas: dict[str, dict]) -> None:
     """Add the hand-parsed bodies' schemas, and drop FastAPI's automatic 422: query errors are
     a 400 in the service's error shape (routes that answer 422 declare it themselves)."""
     build = app.openapi
@@ -431,7 +445,7 @@ def _publish_request_schemas(app: FastAPI) -> None:
         if app.openapi_schema is None:
             doc = build()
             schemas = doc.setdefault("components", {}).setdefault("schemas", {})
-            schemas.update(_REQUEST_SCHEMAS)
+            schemas.update(request_schemas)
             for operation in (op for path in doc["paths"].values() for op in path.values()):
                 automatic = operation["responses"].get("422", {}).get("content", {}).get("application/json", {})
                 if automatic.get("schema", {}).get("$ref", "").endswith("/HTTPValidationError"):

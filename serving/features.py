@@ -1,8 +1,9 @@
 """Per-request feature records for the drift service, behind a bounded queue.
 
-A slow or dead drift service must never slow or fail a request: ``FeatureQueue.submit``
-never waits, records beyond the buffer's size are dropped and counted, and sending happens
-in batches on a background task.
+The record is the drift service's contract (drift/feature_record.py): the gateway fills
+its fields, the drift service checks them. A slow or dead drift service must never slow
+or fail a request: ``FeatureQueue.submit`` never waits, records beyond the buffer's size
+are dropped and counted, and sending happens in batches on a background task.
 """
 
 from __future__ import annotations
@@ -10,40 +11,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from dataclasses import dataclass
 from typing import Protocol
 
 import aiohttp
-import orjson
 
+from inferwatch.drift.feature_record import FeatureRecord, ingest_body
 from inferwatch.serving.metrics import GatewayMetrics
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class FeatureRecord:
-    """One finished request: numbers and small categoricals only, never prompt text.
-
-    Not frozen: a frozen dataclass sets each field through ``object.__setattr__``, a
-    microsecond more per request for a record nothing changes after it is made."""
-
-    model: str
-    variant: str
-    route: str
-    stream: bool
-    started_at: float  # unix seconds
-    finished_at: float
-    status: int
-    prompt_tokens: int | None
-    completion_tokens: int | None
-    ttft_s: float | None
-    tpot_s: float | None
-    e2e_s: float
-    finish_reason: str | None
-    mean_logprob: float | None
-    experiment: str | None = None  # the experiment that assigned the request (forced requests have no record)
-    unit: str | None = None  # the hashed unit key of the assignment, never the key itself
 
 
 class FeatureSink(Protocol):
@@ -80,8 +55,7 @@ class HttpSink:
     async def send(self, batch: list[FeatureRecord]) -> None:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
-        body = orjson.dumps({"records": batch})  # orjson writes dataclasses itself, a field at a time
-        async with self._session.post(self.url, data=body, headers=self._headers) as resp:
+        async with self._session.post(self.url, data=ingest_body(batch), headers=self._headers) as resp:
             if resp.status >= 300:
                 text = (await resp.text())[:300]
                 raise RuntimeError(f"drift ingest answered {resp.status}: {text}")

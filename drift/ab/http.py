@@ -22,12 +22,14 @@ gateway's routing-time counter; without them the sample-ratio check counts recor
 from __future__ import annotations
 
 import math
+from copy import copy
 from dataclasses import replace
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import orjson
 from fastapi import FastAPI, Path, Query
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic.fields import FieldInfo
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -35,41 +37,90 @@ from starlette.responses import JSONResponse, Response
 from inferwatch.drift.ab.decision import DECISIONS, AbResult, Experiment, MetricResult, analyse
 from inferwatch.drift.ab.exposition import Watchlist
 from inferwatch.drift.ab.source import read_arms
-from inferwatch.drift.api import ErrorResponse
+from inferwatch.drift.api import ErrorResponse, json_int, optional_not_null
 from inferwatch.drift.errors import error_response
 from inferwatch.drift.feedback import FeedbackLog
-from inferwatch.drift.schema import RANGES, SEGMENT_TEXT_MAX
+from inferwatch.drift.feature_record import TEXT_MAX, UNIX_S
 from inferwatch.drift.state import DriftState
 
 Decision = Literal["rollback", "hold", "continue", "promote"]
-Variant = Field(min_length=1, max_length=SEGMENT_TEXT_MAX, pattern=r"^\S+$")
+Variant = Field(min_length=1, max_length=TEXT_MAX, pattern=r"^\S+$")
 COUNT_MAX = 10**15
+Count = json_int(ge=0, le=COUNT_MAX)
+
+
+CROSS_FIELD_RULES = (
+    "control and treatment differ",
+    "control_weight + treatment_weight = 1 (the configured split)",
+    "control_assignments and treatment_assignments: both or neither",
+    "the four *_feedback_* counts: all or none, and each arm's positive at most its total",
+    "promote_requests at least min_requests",
+)
+REQUIRED_FIELDS = ("control", "treatment", "control_weight", "treatment_weight")
 
 
 class AbRequest(BaseModel):
     """The experiment to judge: two variants of the model, the configured split, and what the
-    gateway counted. Weights are the configured shares and must add up to 1."""
+    gateway counted."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "description": "The experiment to judge: two variants of the model, the configured split, and what the "
+                       f"gateway counted. Across fields: {'; '.join(CROSS_FIELD_RULES)}."})
 
     control: str = Variant
     treatment: str = Variant
     control_weight: float = Field(gt=0, lt=1, allow_inf_nan=False)
     treatment_weight: float = Field(gt=0, lt=1, allow_inf_nan=False)
-    control_assignments: int | None = Field(None, ge=0, le=COUNT_MAX, description="gateway routing count")
-    treatment_assignments: int | None = Field(None, ge=0, le=COUNT_MAX, description="gateway routing count")
-    control_feedback_positive: int | None = Field(None, ge=0, le=COUNT_MAX)
-    control_feedback_total: int | None = Field(None, ge=0, le=COUNT_MAX)
-    treatment_feedback_positive: int | None = Field(None, ge=0, le=COUNT_MAX)
-    treatment_feedback_total: int | None = Field(None, ge=0, le=COUNT_MAX)
+    control_assignments: Count | None = Field(None, description="gateway routing count")
+    treatment_assignments: Count | None = Field(None, description="gateway routing count")
+    control_feedback_positive: Count | None = None
+    control_feedback_total: Count | None = None
+    treatment_feedback_positive: Count | None = None
+    treatment_feedback_total: Count | None = None
     shared_tokenizer: bool = Field(False, description="compare mean token logprob only when true")
-    since: float | None = Field(None, ge=RANGES["finished_at"][0], le=RANGES["finished_at"][1], allow_inf_nan=False,
+    since: float | None = Field(None, ge=UNIX_S[0], le=UNIX_S[1], allow_inf_nan=False,
                                 description="experiment or ramp-step start, unix seconds (rounded up to the next "
                                 "window bucket: no earlier record counts)")
     alpha: float = Field(0.05, gt=0, le=0.2, allow_inf_nan=False, description="false-rollback rate over all looks")
-    min_requests: int = Field(100, ge=10, le=COUNT_MAX)
-    promote_requests: int = Field(1000, ge=10, le=COUNT_MAX)
+    min_requests: json_int(ge=10, le=COUNT_MAX) = 100  # type: ignore[valid-type]
+    promote_requests: json_int(ge=10, le=COUNT_MAX) = 1000  # type: ignore[valid-type]
     pass_on: list[Decision] = Field(list(DECISIONS), description="decisions answered 200; others 412 (Flagger)")
+
+
+def _omittable(f: FieldInfo) -> FieldInfo:
+    """``f`` with its constraints, left out when not given."""
+    omittable = copy(f)
+    omittable.default = None
+    return omittable
+
+
+# A JSON body of the experiment's fields: typed as JSON (strict: a number is a number, not
+# a string), each optional since the query string may give it; null is not a value.
+AbBody = create_model(
+    "AbBody", __config__=ConfigDict(extra="forbid", strict=True,
+                                    json_schema_extra=lambda schema, _: optional_not_null(schema)),
+    **{name: (f.annotation, _omittable(f)) for name, f in AbRequest.model_fields.items()})
+
+
+class FlaggerWebhook(BaseModel):
+    """Flagger's webhook payload (its own fields besides these are taken and ignored): the
+    experiment's fields come from ``metadata``, as strings as Flagger sends them (``pass_on``
+    comma-separated), or as typed values."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    name: str
+    namespace: str
+    phase: str
+    metadata: dict[str, Any] | None = Field(None, json_schema_extra=lambda schema: _metadata_schema(schema))
+
+
+def _metadata_schema(schema: dict[str, Any]) -> None:
+    """AbBody's fields, each also as text."""
+    fields = {name: {"anyOf": [{"type": "string"}, field]}
+              for name, field in AbBody.model_json_schema()["properties"].items()}
+    schema.clear()
+    schema["anyOf"] = [{"type": "object", "additionalProperties": False, "properties": fields}, {"type": "null"}]
 
 
 class Interval(BaseModel):
@@ -230,16 +281,16 @@ def verdict(state: DriftState, watchlist: Watchlist, model: str, req: AbRequest,
     return JSONResponse(result_json(model, result, req.since), status_code=status)
 
 
-def _flagger_or_body(doc: object) -> dict:
-    """Our fields, from a JSON object of them or from a Flagger webhook's ``metadata``."""
+def _fields_of_body(doc: object) -> dict:
+    """Our fields, from a JSON object of them or from a Flagger webhook's ``metadata``; a
+    plain body's values must have their JSON types."""
     if not isinstance(doc, dict):
         raise InputError("body must be a JSON object", "body")
     if {"name", "namespace", "phase"} <= doc.keys():
-        metadata = doc.get("metadata") or {}
-        if not isinstance(metadata, dict):
-            raise InputError("Flagger payload's metadata must be an object", "metadata")
+        metadata = FlaggerWebhook.model_validate(doc).metadata or {}
         return {k: ([p.strip() for p in v.split(",")] if k == "pass_on" and isinstance(v, str) else v)
                 for k, v in metadata.items()}
+    AbBody.model_validate(doc)
     return doc
 
 
@@ -249,7 +300,11 @@ def _validation_error(exc: ValidationError, status: int) -> Response:
     return error_response(status, f"'{where}': {first.get('msg', 'invalid')}", "invalid_experiment", field=where)
 
 
-ModelPath = Annotated[str, Path(min_length=1, max_length=SEGMENT_TEXT_MAX)]
+ModelPath = Annotated[str, Path(min_length=1, max_length=TEXT_MAX)]
+POST_DESCRIPTION = (
+    "The experiment's fields come from the query string (as for GET), then the JSON body or a Flagger webhook's "
+    f"metadata, a later source overriding an earlier one; {', '.join(REQUIRED_FIELDS)} must come from one of them. "
+    f"Across fields: {'; '.join(CROSS_FIELD_RULES)}.")
 RESPONSES: dict = {200: {"model": AbResponse}, 412: {"model": AbResponse, "description": "decision not in pass_on"},
                    **{code: {"model": ErrorResponse} for code in (400, 404, 422)}}
 
@@ -267,8 +322,9 @@ def install(app: FastAPI, state: DriftState, watchlist: Watchlist, feedback: Fee
                                   field=exc.field)
 
     @app.post("/v1/ab/{model}", responses=RESPONSES, summary="A/B verdict for a JSON body or a Flagger webhook",
-              openapi_extra={"requestBody": {"required": False, "content": {"application/json": {
-                  "schema": AbRequest.model_json_schema()}}}})
+              description=POST_DESCRIPTION, openapi_extra={"requestBody": {"required": False, "content": {
+                  "application/json": {"schema": {"anyOf": [AbBody.model_json_schema(),
+                                                            FlaggerWebhook.model_json_schema()]}}}}})
     async def ab_post(model: ModelPath, request: Request) -> Response:
         raw = await request.body()
         try:
@@ -280,7 +336,7 @@ def install(app: FastAPI, state: DriftState, watchlist: Watchlist, feedback: Fee
                     doc = orjson.loads(raw)
                 except orjson.JSONDecodeError as exc:
                     raise InputError(f"body is not valid JSON: {exc}", "body") from None
-                fields.update(_flagger_or_body(doc))
+                fields.update(_fields_of_body(doc))
             req = AbRequest.model_validate(fields)
         except InputError as exc:
             return error_response(exc.status, str(exc), "invalid_experiment", field=exc.field)

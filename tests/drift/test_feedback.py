@@ -52,6 +52,8 @@ def test_ratings_become_the_feedback_guardrail(client):
     ({"variant": "v1", "score": 1, "at": 1e9}, "records.0.model"),
     ({"model": "m", "variant": "v1", "score": 1.5, "at": 1e9}, "records.0.score"),
     ({"model": "m", "variant": "v1", "score": 1, "at": 1e9, "text": "great"}, "records.0.text"),
+    ({"model": "m", "variant": "v1", "score": 1, "at": False}, "records.0.at"),  # the schema asks for a number
+    ({"model": "m", "variant": "v1", "score": "1", "at": 1e9}, "records.0.score"),
 ])
 def test_bad_ratings_are_a_422_naming_the_field(client, record, field):
     r = client.post("/v1/feedback", json={"records": [record]})

@@ -46,7 +46,7 @@ def test_baseline_count_that_overflows_is_a_422(service):
     counts[3] = 2**63
     r = requests.post(service.url + "/v1/baselines", json={"model": "m", "variant": "v", "histograms":
                                                            {"prompt_tokens": counts}}, timeout=10)
-    assert r.status_code == 422 and r.json()["error"]["field"] == "prompt_tokens"
+    assert r.status_code == 422 and r.json()["error"]["field"] == "histograms.prompt_tokens.3"
 
 
 @pytest.mark.parametrize("params, field", [

@@ -207,8 +207,10 @@ def test_baseline_errors(service):
     bad = [({"model": "m", "variant": "v1", "from": now, "to": now - 1}, "from"),
            ({"model": "m", "variant": "v1", "from": now - 10, "to": now}, "from"),  # no records in range
            ({"variant": "v1", "from": 0, "to": 1}, "model"),
-           ({"model": "m", "variant": "v1", "histograms": {"prompt_tokens": [1, 2]}}, "prompt_tokens"),
-           ({"model": "m", "variant": "v1", "histograms": {"colour": [1]}}, "colour")]
+           ({"model": "m", "variant": "v1", "histograms": {"prompt_tokens": [1, 2]}}, "histograms.prompt_tokens"),
+           ({"model": "m", "variant": "v1", "histograms": {"colour": [1]}}, "histograms.colour"),
+           ({"model": "m", "variant": "v1", "from": 0, "to": 1, "histograms": {"prompt_tokens": None}}, "histograms"),
+           ({"model": "m", "variant": "v1", "from": 0}, "to")]
     for doc, field in bad:
         r = requests.post(service.url + "/v1/baselines", json=doc, headers=service.auth, timeout=10)
         assert r.status_code == 422, doc
@@ -216,13 +218,45 @@ def test_baseline_errors(service):
 
 
 @pytest.mark.parametrize("doc, field", [({"hellinger": 0.1}, "hellinger"), ({"ks": 1.5}, "ks"),
-                                        ({"psi": -1}, "psi"), ({"psi": "high"}, "psi"),
+                                        ({"psi": -1}, "psi"), ({"psi": "high"}, "psi"), ({"psi": True}, "psi"),
+                                        ({"alpha": None}, "alpha"), ({"alpha": "0.05"}, "alpha"),
                                         ({"alpha": 1e-4}, "alpha")])  # below 1/(1,999 + 1): thresholds infinite
 def test_threshold_changes_are_validated(service, doc, field):
     r = requests.put(service.url + "/v1/thresholds", json=doc, headers=service.auth, timeout=10)
     assert r.status_code == 422 and r.json()["error"]["field"] == field
     got = requests.get(service.url + "/v1/thresholds", timeout=10).json()  # nothing applied
     assert got["methods"]["psi"] == {"mode": "calibrated"} and got["alpha"] == 0.01
+
+
+def test_the_published_request_schemas_say_what_is_taken(service):
+    """Where the OpenAPI and the service disagreed: alpha may be left out but not be null;
+    a histogram's keys are the features, each with its number of bins; an integer written
+    2.0 is the integer JSON Schema says it is."""
+    from inferwatch.drift.api import bins
+    from inferwatch.drift.schema import FEATURES
+
+    schemas = requests.get(service.url + "/openapi.json", timeout=10).json()["components"]["schemas"]
+    alpha = schemas["ThresholdsRequest"]["properties"]["alpha"]
+    assert alpha["type"] == "number" and alpha["minimum"] == 1 / 2000 and "anyOf" not in alpha
+    assert schemas["ThresholdsRequest"]["additionalProperties"] is False
+    histograms = schemas["Histograms"]
+    assert list(histograms["properties"]) == list(FEATURES) and histograms["additionalProperties"] is False
+    for name, prop in histograms["properties"].items():
+        (counts,) = (option for option in prop["anyOf"] if option.get("type") == "array")
+        assert counts["minItems"] == counts["maxItems"] == bins(name) and counts["items"]["minimum"] == 0
+    assert schemas["FeedbackRecord"]["properties"]["at"]["type"] == "number"
+
+    r = requests.post(service.url + "/v1/baselines", headers=service.auth, timeout=10, json={
+        "model": "m", "variant": "v1", "histograms": {"status_class": [5.0, 0, 0, 0]}})
+    assert r.status_code == 201 and r.json()["records"] == 5, r.text
+    now = time.time()
+    batch = records(3, now - 60, now, seed=7)
+    batch[0]["status"], batch[1]["prompt_tokens"] = 200.0, 12.0
+    assert post(service, "/v1/ingest", body(batch)).json() == {"accepted": 3, "in_window": 3}
+    batch[2]["completion_tokens"] = 12.5
+    r = post(service, "/v1/ingest", body(batch))
+    error = r.json()["error"]
+    assert r.status_code == 422 and (error["record"], error["field"]) == (2, "completion_tokens")
 
 
 def test_uploaded_baseline(service):
