@@ -97,7 +97,7 @@ def parse_rating(body: bytes) -> Rating:
 def unknown_answer(response_id: str, memory: AnswerMemory) -> GatewayError:
     return GatewayError(404, "response_not_found",
                         f"No answer with id '{response_id[:80]}' went through this gateway recently (it remembers "
-                        f"the last {memory.maxsize} answers for {memory.ttl_s:g} s); rate answers by the 'id' of "
+                        f"the last {memory.maxsize} answers for {memory.ttl_s:g} s); 'response_id' is the 'id' of "
                         "the response.", param="response_id", error_type=NOT_FOUND)
 
 

@@ -1,7 +1,8 @@
 """Schemathesis fuzzes the gateway's own endpoints (tests/serving/gateway_openapi.py) in
-front of a stub upstream: valid and invalid bodies alike, no 5xx, answers as documented, and
-every 4xx an OpenAI error object whose message says what was wrong. Bounded: a fixed number
-of examples per operation, derandomised, so a run is reproducible and takes seconds."""
+front of a stub upstream and holds the gateway to that document: no 5xx, answers as
+documented, every request it allows accepted and every one it forbids refused, and every 4xx
+an OpenAI error object whose message says what was wrong. Bounded: a fixed number of
+examples per operation, derandomised, so a run is reproducible and takes seconds."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import schemathesis
 from aiohttp import web
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
+from schemathesis.config._checks import NegativeDataRejectionConfig, PositiveDataAcceptanceConfig
 from schemathesis.generation import GenerationMode
-from schemathesis.specs.openapi.checks import (content_type_conformance, response_schema_conformance,
+from schemathesis.specs.openapi.checks import (content_type_conformance, negative_data_rejection,
+                                               positive_data_acceptance, response_schema_conformance,
                                                status_code_conformance)
 
 from inferwatch.serving.settings import GatewaySettings
@@ -25,6 +28,21 @@ EXAMPLES = 100
 MAX_TOKENS = 256
 schema = schemathesis.openapi.from_dict(gateway_openapi(["ok"], MAX_TOKENS))
 schema.config.generation.update(modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
+# A valid rating of an answer this gateway never gave is a 404; a body over the configured
+# size is a 413 whatever it holds. Invalid requests are a 400 (a 404 for an unknown model).
+schema.config.checks.positive_data_acceptance = PositiveDataAcceptanceConfig(expected_statuses=["2xx", "404", "413"])
+schema.config.checks.negative_data_rejection = NegativeDataRejectionConfig(expected_statuses=["400", "404", "413"])
+
+
+@schema.hook("map_case")
+def integers_without_a_fraction(context, case):
+    """The gateway counts choices and tokens in JSON integers written as such and refuses a
+    2.0 (the operations' descriptions say so; JSON Schema's ``integer`` cannot): a valid
+    case writes its integral numbers as integers."""
+    if case.meta is not None and case.meta.generation.mode.is_positive and isinstance(case.body, dict):
+        case.body = {k: int(v) if k in ("n", "max_tokens", "max_completion_tokens") and isinstance(v, float) else v
+                     for k, v in case.body.items()}
+    return case
 
 
 async def _completions(request: web.Request) -> web.StreamResponse:
@@ -58,4 +76,5 @@ def gateway():
 def test_every_endpoint_answers_as_documented(case, gateway):
     response = case.call(base_url=gateway.url, timeout=30)
     case.validate_response(response, checks=[not_a_server_error, status_code_conformance, content_type_conformance,
-                                             response_schema_conformance, error_names_what_was_wrong])
+                                             response_schema_conformance, positive_data_acceptance,
+                                             negative_data_rejection, error_names_what_was_wrong])
