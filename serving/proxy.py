@@ -32,7 +32,7 @@ from inferwatch.serving.relay import StreamRelay
 from inferwatch.serving.request import RequestState
 from inferwatch.serving.routing import Experiments
 from inferwatch.serving.settings import GatewaySettings
-from inferwatch.serving.sse import StreamAccount, chunk_logprobs, strip_logprobs
+from inferwatch.serving.sse import StreamAccount, chunk_logprobs, finish_reason_of, strip_logprobs
 from inferwatch.serving.tracing import (OPERATION, PROPAGATOR, ServerSpans, end_span, inject_context,
                                         request_attributes)
 from inferwatch.serving.upstream import Upstream
@@ -190,8 +190,8 @@ class Proxy:
             account.on_usage(usage)
             if self.recorder.answers is not None and isinstance(rid := data.get("id"), str):
                 state.response_id = rid
-            account.finish_reasons = [c.get("finish_reason") for c in choices
-                                      if isinstance(c, dict) and isinstance(c.get("finish_reason"), str)]
+            account.finish_reasons = [reason for c in choices
+                                      if isinstance(c, dict) and (reason := finish_reason_of(c.get("finish_reason")))]
             if self.settings.capture_logprobs or req.client_wants_logprobs:
                 account.add_logprobs(chunk_logprobs(choices, req.route))
                 if not req.client_wants_logprobs:

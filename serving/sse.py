@@ -15,10 +15,13 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from inferwatch.drift.feature_record import LOGPROB, TOKENS
+
 DONE = b"data: [DONE]"
 _USAGE = b'"usage":{'
 _FINISH = b'"finish_reason":"'
 _FINISH_RE = re.compile(rb'"finish_reason":"([a-z_]{1,32})"')
+_FINISH_REASON = re.compile(r"[a-z_]{1,32}")
 _CHOICE = b'"choices":[{'
 _ROLE = b'"role":"'
 _EMPTY_DELTA = b'"delta":{}'
@@ -115,11 +118,24 @@ class StreamAccount:
 
     @property
     def mean_logprob(self) -> float | None:
-        return self.logprob_sum / self.logprob_count if self.logprob_count else None
+        """The mean token logprob; ``None`` when none came, or when a broken upstream's values
+        put it outside what a logprob can be (the feature record's range)."""
+        if not self.logprob_count:
+            return None
+        mean = self.logprob_sum / self.logprob_count
+        return mean if LOGPROB[0] <= mean <= LOGPROB[1] else None
 
 
 def _int_or_none(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    """A token count as the feature record allows it; anything else from a broken upstream is
+    unknown (one out-of-range record would cost the drift service the whole batch)."""
+    low, high = TOKENS
+    return value if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high else None
+
+
+def finish_reason_of(value: object) -> str | None:
+    """A non-streamed choice's finish reason, held to what the stream path reads (``_FINISH_RE``)."""
+    return value if isinstance(value, str) and _FINISH_REASON.fullmatch(value) else None
 
 
 def finish_reasons_in(event: bytes) -> list[str]:
