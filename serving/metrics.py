@@ -1,6 +1,7 @@
 """Every metric the gateway exports, declared once.
 
-Dashboards and alert rules refer to these names (see ``GATEWAY_METRIC_NAMES``); a test
+Dashboards and alert rules refer to these names through the metric catalog
+(inferwatch/catalog.py), which fails generation on a name no component declares; a test
 checks that nothing downstream uses a name that no component exports.
 
 Buckets are chosen for LLM serving: time to first token spans ~20 ms (short prompt on a

@@ -6,7 +6,7 @@ protocol level, plus what that server lacks in front of untrusted clients.
   binds; everything else goes to the ASGI app. uvicorn's ``limit_concurrency`` holds for
   both (a 503 once that many connections or requests are open).
 - The subclass relies on members of uvicorn's ``HttpToolsProtocol`` that uvicorn does not
-  document as an API: ``UVICORN_MEMBERS`` lists them, ``check_uvicorn`` fails at import
+  document as an API: ``UVICORN_METHODS`` and ``UVICORN_ATTRIBUTES`` list them, ``check_uvicorn`` fails at import
   with the missing one named, pyproject.toml bounds uvicorn to the versions tested, and
   tests/serving/test_uvicorn_contract.py fails when an overridden method changes upstream.
 

@@ -256,7 +256,7 @@ def test_pods_sharing_a_gpu_count_one_xid_once(tmp_path):
 
 
 def test_a_dcgm_cluster_with_the_exporter_job_given_no_targets_raises_no_absent_guard(tmp_path):
-    """What the README tells a dcgm-exporter cluster: keep the inferwatch-exporter job with an
+    """What docs/exporter.md tells a dcgm-exporter cluster: keep the inferwatch-exporter job with an
     empty target list. Its absent() guards stay quiet then; with the job removed altogether
     Prometheus cannot tell an intended absence from a lost job, and they fire."""
     guards = [r for f in RULE_FILES for g in yaml.safe_load(f.read_text())["groups"] for r in g["rules"]

@@ -1,5 +1,5 @@
 """An A/B report sample: a canary with a slower first token and more truncated answers,
-through the real service (ingest, GET /v1/ab, /report). Writes the HTML the README's
+through the real service (ingest, GET /v1/ab, /report). Writes the HTML docs/ab.md's
 screenshot is taken from: ``python -m tests.drift.ab_report_sample out.html``."""
 
 from __future__ import annotations

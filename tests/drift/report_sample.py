@@ -1,4 +1,4 @@
-"""A report with a drifting and a quiet segment and an hour of history: what the README's
+"""A report with a drifting and a quiet segment and an hour of history: what docs/drift.md's
 screenshot shows (python -m tests.drift.report_sample OUT.html)."""
 
 from __future__ import annotations
