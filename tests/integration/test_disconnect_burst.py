@@ -1,0 +1,182 @@
+"""Non-streaming clients that leave together, mixed with clients that stay, against real
+vLLM (issue 27).
+
+Every leaving client is a 499, and its request is cut in vLLM at once; every staying client
+gets its whole answer; nothing stays in flight. The order of events is driven, not timed:
+clients leave once every request of the burst is generating in vLLM (its count of first
+tokens), or at the moment the gateway's connection to vLLM for their request is made. A
+loaded machine changes how long each step takes, not what happens.
+
+Independent truth: vLLM's own counters. ``vllm:request_success_total`` with
+``finished_reason="length"`` counts the requests it generated to their end (the staying
+ones, and any abandoned one nobody cut), ``vllm:generation_tokens_total`` what it generated.
+A cut request stops within milliseconds; one that is not cut runs its ``LONG`` tokens, which
+takes this batch seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+from collections import deque
+
+import pytest
+import requests
+
+from inferwatch.serving import relay_client
+from inferwatch.serving.features import MemorySink
+from inferwatch.serving.settings import GatewaySettings
+from tests.conftest import TINY_MODEL_NAME
+from tests.integration.test_gateway_vllm import settled_vllm_metrics
+from tests.support.servers import GatewayServer, metric_sum
+from tests.support.sockets import connect, post_request, read_until, reset
+from tests.support.waiting import eventually
+
+pytestmark = pytest.mark.vllm
+
+CHAT = "/v1/chat/completions"
+LEAVING, STAYING = 12, 4
+LONG = 450  # max_tokens: the context is 512, the prompt ~20 tokens
+LONG_BODY = 80_000  # bytes: past the 64 KiB the HTTP server reads before the gateway asks for a body
+SLOW_S = 120.0  # the longest wait for anything here (a staying answer on a loaded two-core machine)
+TTFT_COUNT = "vllm:time_to_first_token_seconds_count"
+GENERATED = "vllm:generation_tokens_total"
+
+
+def _body(tag: str, pad: int) -> bytes:
+    """A chat request for ``LONG`` tokens; ``pad`` bytes of JSON whitespace make it as large
+    as a long prompt without making the prompt longer than the tiny model's context."""
+    return json.dumps({"model": TINY_MODEL_NAME, "max_tokens": LONG, "ignore_eos": True, "temperature": 0.0,
+                       "messages": [{"role": "user", "content": f"{tag}: tell me about time to first token"}]},
+                      ).encode() + b" " * pad
+
+
+def _open(gw: GatewayServer, n: int) -> list[socket.socket]:
+    return [connect(gw.port, timeout_s=SLOW_S) for _ in range(n)]
+
+
+def _send(socks: list[socket.socket], tag: str, pad: int = 0) -> None:
+    for i, sock in enumerate(socks):
+        sock.sendall(post_request(CHAT, _body(f"{tag}-{i}", pad)))
+
+
+def _hang_up(sock: socket.socket, index: int) -> None:
+    """Every other client resets (SO_LINGER 0), the others close normally (FIN)."""
+    if index % 2:
+        reset(sock)
+    else:
+        sock.close()
+
+
+def _answer(sock: socket.socket) -> tuple[int, dict]:
+    head, _, body = read_until(sock, b"\r\n\r\n").partition(b"\r\n\r\n")
+    length = int(re.search(rb"(?i)\r\ncontent-length: *(\d+)", head).group(1))
+    while len(body) < length:
+        data = sock.recv(65536)
+        assert data, f"the connection closed {length - len(body)} bytes before the end of the answer"
+        body += data
+    sock.close()
+    return int(head.split(b" ", 2)[1]), json.loads(body)
+
+
+def _all_generating(vllm_server, before: str, n: int) -> str | None:
+    """vLLM's exposition once ``n`` more requests than in ``before`` have their first token
+    (a counter, so a fast engine cannot finish them unseen between two looks), else None."""
+    text = requests.get(f"{vllm_server.url}/metrics", timeout=10).text
+    started = metric_sum(text, TTFT_COUNT) - metric_sum(before, TTFT_COUNT)
+    return text if started >= n else None
+
+
+def _in_flight(gw: GatewayServer) -> float:
+    return metric_sum(gw.metrics_text(), "inferwatch_gateway_requests_in_flight")
+
+
+class Burst:
+    """A gateway in front of the session's vLLM, and the counters of both before the burst."""
+
+    def __init__(self, vllm_server) -> None:
+        self.vllm_server = vllm_server
+        self.sink = MemorySink()
+        settings = GatewaySettings(upstream_url=vllm_server.url, feature_flush_s=0.05)
+        self.gw = GatewayServer(settings, feature_sink=self.sink)
+
+    def __enter__(self) -> Burst:
+        self.gw.__enter__()
+        self.v0, self.g0 = settled_vllm_metrics(self.vllm_server, timeout_s=SLOW_S), self.gw.metrics_text()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.gw.__exit__(*exc)
+
+    def check(self, staying: list[socket.socket], generated_before: float) -> None:
+        """Staying clients got their whole answers, leaving ones are 499s, and vLLM generated
+        for the leaving ones little more than what it had made, for all, when they left
+        (``generated_before``)."""
+        answers = [_answer(sock) for sock in staying]
+        eventually(lambda: _in_flight(self.gw) == 0, timeout_s=SLOW_S)
+        g1 = self.gw.metrics_text()
+        v1 = settled_vllm_metrics(self.vllm_server, timeout_s=SLOW_S)
+        eventually(lambda: len(self.sink.records) == LEAVING + STAYING)
+
+        assert [(status, a["usage"]["completion_tokens"], a["choices"][0]["finish_reason"]) for status, a in answers] \
+            == [(200, LONG, "length")] * STAYING
+        assert all(a["choices"][0]["message"]["content"] for _, a in answers)
+        recorded = {cls: metric_sum(g1, "inferwatch_gateway_requests_total", status_class=cls)
+                    - metric_sum(self.g0, "inferwatch_gateway_requests_total", status_class=cls)
+                    for cls in ("2xx", "4xx", "5xx")}
+        assert recorded == {"2xx": STAYING, "4xx": LEAVING, "5xx": 0}
+        assert sorted(r.status for r in self.sink.records) == [200] * STAYING + [499] * LEAVING
+
+        def delta(name: str, **labels: str) -> float:
+            return metric_sum(v1, name, **labels) - metric_sum(self.v0, name, **labels)
+
+        ran_to_the_end = delta("vllm:request_success_total", finished_reason="length") - STAYING
+        leaving_tokens = delta(GENERATED) - STAYING * LONG
+        assert ran_to_the_end == 0, f"vLLM generated {ran_to_the_end:.0f} abandoned requests to their end"
+        # cut at once, each makes a few more tokens while vLLM aborts it: 5 to 40 here on an
+        # idle machine, ~170 with a second vLLM on the two cores; uncut, the rest of its LONG
+        after = leaving_tokens - generated_before
+        assert after <= LEAVING * LONG / 2, f"vLLM generated {after:.0f} tokens for clients after they left"
+
+
+@pytest.mark.parametrize("pad", [0, LONG_BODY], ids=["short-body", "body-past-64KiB"])
+def test_clients_that_leave_together_while_vllm_generates_are_499s_and_cut(vllm_server, pad):
+    """A long body is read whole before the gateway asks for it; the HTTP server stops
+    reading past 64 KiB, and the gateway must read on to see its client leave."""
+    with Burst(vllm_server) as burst:
+        staying, leaving = _open(burst.gw, STAYING), _open(burst.gw, LEAVING)
+        _send(staying, "stay")
+        _send(leaving, "leave", pad)
+        text = eventually(lambda: _all_generating(vllm_server, burst.v0, STAYING + LEAVING), timeout_s=SLOW_S)
+        for i, sock in enumerate(leaving):
+            _hang_up(sock, i)
+        burst.check(staying, generated_before=metric_sum(text, GENERATED) - metric_sum(burst.v0, GENERATED))
+
+
+def test_clients_that_leave_as_the_gateway_connects_to_vllm_are_499s_and_cut(vllm_server, monkeypatch):
+    """Each leaving client hangs up the moment the gateway's new connection to vLLM for the
+    burst is made: the request's cancel and the finished connect meet in one loop turn, and
+    the cancel must not be lost there (the request would go to vLLM with nobody left to cut
+    it). The staying requests hold their own connections first, so every leaving one opens
+    its own."""
+    made = relay_client._Connection.connection_made  # noqa: SLF001
+    connections, to_leave = [0], deque()
+
+    def hang_up_as_connected(conn, transport):  # runs on the gateway's event loop
+        made(conn, transport)
+        connections[0] += 1
+        if to_leave:
+            index, sock = to_leave.popleft()
+            _hang_up(sock, index)
+
+    monkeypatch.setattr(relay_client._Connection, "connection_made", hang_up_as_connected)  # noqa: SLF001
+    with Burst(vllm_server) as burst:
+        staying = _open(burst.gw, STAYING)
+        _send(staying, "stay")
+        eventually(lambda: connections[0] == STAYING, timeout_s=SLOW_S)
+        leaving = _open(burst.gw, LEAVING)
+        to_leave.extend(enumerate(leaving))
+        _send(leaving, "leave")
+        eventually(lambda: not to_leave, timeout_s=SLOW_S)
+        burst.check(staying, generated_before=0)
