@@ -173,11 +173,16 @@ class Exchange:
             raise GatewayError(400, "upgrade_with_chunked_body", "A request with an Upgrade header needs a "
                                "Content-Length body here: the gateway answers it over HTTP/1.1.")
         try:
-            return await body.read_body(self, self.headers.get("content-length"), limit)
+            data = await body.read_body(self, self.headers.get("content-length"), limit)
         except GatewayError as exc:
             if exc.status in (408, 413):
                 self.keep_alive = False
             raise
+        # past 64 KiB of body the protocol stops reading until the body is asked for; one that
+        # came whole before that would leave it stopped, and a client that leaves unseen while
+        # vLLM works (its FIN or reset is read only when reading goes on)
+        self.protocol.flow.resume_reading()
+        return data
 
     async def arrival(self, limit: int) -> None:
         """``BodyBuffer``: wait for the protocol's signal (``set``) that the body ended, passed

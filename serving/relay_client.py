@@ -350,11 +350,12 @@ class UpstreamPool:
                 self._drop(handed)
         self._open += 1
         try:
-            loop = asyncio.get_running_loop()
-            _, conn = await asyncio.wait_for(
-                loop.create_connection(_Connection, self.host, self.port, ssl=self.ssl,
-                                       server_hostname=self.host if self.ssl else None),
-                self.connect_timeout_s)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns the connection when
+            # the request's cancel (its client left) comes in the loop turn the connect completes
+            # in, and the request then goes to vLLM with nobody left to cut it
+            async with asyncio.timeout(self.connect_timeout_s):
+                _, conn = await asyncio.get_running_loop().create_connection(
+                    _Connection, self.host, self.port, ssl=self.ssl, server_hostname=self.host if self.ssl else None)
         except BaseException as exc:
             self._open -= 1
             self._hand_over(None)
