@@ -5,11 +5,15 @@ Hundreds of concurrent clients send chat requests through the gateway to the moc
 ``--unary-delay-ms``), half of them streamed. A third of the clients leave before their
 answer is complete, alternately with a FIN and a reset: a streaming one after a random number
 of chunks, a non-streaming one at a random moment while the upstream still works on its
-answer (never within ``MARGIN_S`` of the answer being due, so that which side won is not a
-matter of luck). Then the accounting, which must be exact: answers completed = the gateway's
-2xx, clients that left = its 4xx (499) = requests the upstream saw cut, nothing in flight;
-and how soon after a client's close the upstream connection closed (the mock's clock and the
-client's are the same ``time.monotonic()``).
+answer (never within ``MARGIN_S`` of the answer being due). Then the accounting: answers
+completed = the gateway's 2xx, clients that left = its 4xx (499) = requests the upstream saw
+cut, nothing in flight; and how soon after a client's close the upstream connection closed
+(the mock's clock and the client's are the same ``time.monotonic()``).
+
+One race no proxy can decide: a client that closes after the upstream finished its answer
+(a saturated CPU delays the gateway past ``MARGIN_S``) may find its answer relayed and
+counted a 2xx, or cut and counted a 499, by which event the gateway reads first. Such
+requests are counted apart ("left as the upstream finished"); the rest must be exact.
 
     python bench/disconnect_soak.py [--clients 200] [--seconds 120]
 """
@@ -161,22 +165,27 @@ def main() -> None:
     cuts = sorted((stats["aborted_at"][tag] - at) * 1e3 for tag, at in tally.closed_at.items()
                   if tag in stats["aborted_at"])
     completed, left = sum(tally.completed.values()), sum(tally.left.values())
-    received = set(stats["received"])
-    left_upstream = sum(1 for tag in tally.closed_at if tag in received)  # the rest left before it was sent
+    received, done_at = set(stats["received"]), stats["answered_at"]
+    racing = {tag for tag, at in tally.closed_at.items() if tag in done_at and done_at[tag] <= at}
+    left_upstream = sum(1 for tag in tally.closed_at if tag in received and tag not in racing)
     print(f"## {args.clients} concurrent clients for {elapsed:.0f} s (cores: {os.cpu_count()})\n")
     print("| requests | streamed | not streamed | total |\n|---|---:|---:|---:|")
     print(f"| completed by the client | {tally.completed['stream']:,} | {tally.completed['unary']:,} | {completed:,} |")
     print(f"| left before the end | {tally.left['stream']:,} | {tally.left['unary']:,} | {left:,} |")
     print(f"| cut at the upstream | {stats['aborted']['stream']:,} | {stats['aborted']['unary']:,} | "
           f"{sum(stats['aborted'].values()):,} |")
+    print(f"| left as the upstream finished (2xx or 499 both right) | | | {len(racing):,} |")
     print(f"| client errors (must be 0) | | | {tally.errors} |\n")
-    print("| the gateway recorded | count | expected | exact? |\n|---|---:|---:|---|")
-    print(f"| 2xx | {ok:,.0f} | {completed:,} | {'yes' if ok == completed else 'NO'} |")
-    print(f"| 4xx (499) | {gone:,.0f} | {left:,} | {'yes' if gone == left else 'NO'} |")
+    print("| the gateway recorded | count | expected | right? |\n|---|---:|---:|---|")
+    print(f"| 2xx | {ok:,.0f} | {completed:,} + up to {len(racing):,} | "
+          f"{'yes' if completed <= ok <= completed + len(racing) else 'NO'} |")
+    print(f"| 4xx (499) | {gone:,.0f} | {left - len(racing):,} + up to {len(racing):,} | "
+          f"{'yes' if left - len(racing) <= gone <= left and ok + gone == completed + left else 'NO'} |")
     print(f"| other | {other:,.0f} | 0 | {'yes' if other == 0 else 'NO'} |")
     print(f"| in flight after | {in_flight:,.0f} | 0 | {'yes' if in_flight == 0 else 'NO'} |")
-    print(f"| cut at the upstream | {sum(stats['aborted'].values()):,} | {left_upstream:,} (of those left, the "
-          f"ones sent upstream) | {'yes' if sum(stats['aborted'].values()) == left_upstream else 'NO'} |\n")
+    cut = sum(stats["aborted"].values())
+    print(f"| cut at the upstream | {cut:,} | {left_upstream:,} (of those left, the ones sent upstream while it "
+          f"worked) | {'yes' if cut == left_upstream else 'NO'} |\n")
     if cuts:
         q = statistics.quantiles(cuts, n=100)
         print("| client's close → upstream connection closed | median | p99 | max |\n|---|---:|---:|---:|")

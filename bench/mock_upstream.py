@@ -6,7 +6,7 @@ vLLM does, so the gateway really sees one event per read. ``--unary-delay-ms`` h
 whole answer that long, as generation would; ``GET /stats`` says how many answers were
 given and how many requests lost their connection before their answer ended (what vLLM
 aborts), with the ``"user"`` tags of the requests received and when (``time.monotonic()``,
-the same clock in every process) each tagged one was cut.
+the same clock in every process) each tagged one was answered in full or cut.
 
     python bench/mock_upstream.py --port 8100 --tokens 200 --token-interval-ms 2
 """
@@ -50,7 +50,7 @@ def usage_event(n: int) -> bytes:
 
 _USER = re.compile(rb'"user":"([^"]{1,64})"')
 STATS: dict = {"answered": {"stream": 0, "unary": 0}, "aborted": {"stream": 0, "unary": 0}, "aborted_at": {},
-         "received": []}
+         "answered_at": {}, "received": []}
 
 
 class MockProtocol(asyncio.Protocol):
@@ -79,6 +79,8 @@ class MockProtocol(asyncio.Protocol):
             STATS["received"].append(found.group(1).decode())
 
     def _end(self, kind: str) -> None:
+        if self.pending is not None and self.pending[1] is not None:
+            STATS["answered_at"][self.pending[1].decode()] = time.monotonic()
         self.pending = None
         STATS["answered"][kind] += 1
 
