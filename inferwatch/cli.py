@@ -332,7 +332,7 @@ def up(
     otlp_endpoint: Annotated[Optional[str], typer.Option(help="OTLP endpoint for gateway and vLLM spans.")] = None,
     pagerduty_routing_key_file: Annotated[Optional[Path], typer.Option(
         envvar="INFERWATCH_PAGERDUTY_ROUTING_KEY_FILE", help="Also page PagerDuty (Events v2) with this key.")] = None,
-    rules_dir: Annotated[Optional[Path], typer.Option(help="Alert rule files (default: alerts/rules).")] = None,
+    rules_dir: Annotated[Optional[Path], typer.Option(help="Alert rule files (default: the packaged rules, written to <run-dir>/rules).")] = None,
     fast_alerting: Annotated[bool, typer.Option(help="For tests and demos: 1s scrape and evaluation, "
                                                      "short Alertmanager waits.")] = False,
     startup_timeout: float = 300.0,

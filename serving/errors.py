@@ -10,6 +10,7 @@ RATE_LIMIT = "rate_limit_error"
 AUTHENTICATION = "authentication_error"
 NOT_FOUND = "not_found_error"
 UPSTREAM = "upstream_error"
+SERVER = "server_error"  # the gateway itself cannot take the request now (overloaded)
 
 CLIENT_CLOSED = 499  # nginx's convention for "client went away before the answer was complete"
 

@@ -51,22 +51,34 @@ class Proxy:
         """A request the HTTP protocol refused before any route (serving/server.py)."""
         self.recorder.rejected(UNROUTED, code)
 
-    async def serve(self, exchange: Exchange) -> None:
-        """A request on a proxy route, from its head to the last byte of its answer."""
-        route = exchange.route
-        path = ROUTE_PATHS[route]
+    async def over_limit(self, exchange: Exchange) -> None:
+        """A request past the server's ``limit_concurrency``: a 503 that counts against
+        availability like any other failed request, not only as a refusal."""
+        self._refuse(exchange, self._begin(exchange), GatewayError(
+            503, "concurrency_limit", "The gateway is at its concurrency limit; retry later.",
+            error_type=errors.SERVER, headers={"retry-after": "1"}))
+
+    def _begin(self, exchange: Exchange) -> RequestState:
+        path = ROUTE_PATHS[exchange.route]
         parent = PROPAGATOR.extract(exchange.headers)
         span = self.server_spans.start(f"POST {path}", parent,
                                        {"http.request.method": "POST", "http.route": path, "url.path": path})
-        state = RequestState(route, path, time.perf_counter(), time.time(), span,
-                             trace.set_span_in_context(span, parent) if span.is_recording() else parent,
-                             self.settings.variant, self.upstream)
+        return RequestState(exchange.route, path, time.perf_counter(), time.time(), span,
+                            trace.set_span_in_context(span, parent) if span.is_recording() else parent,
+                            self.settings.variant, self.upstream)
+
+    def _refuse(self, exchange: Exchange, state: RequestState, exc: GatewayError) -> None:
+        self.recorder.rejected(state.path, exc.code)
+        self.recorder.finish(state, exc.status, None, error=exc.message)
+        exchange.answer(exc.status, exc.body(), exc.headers)
+
+    async def serve(self, exchange: Exchange) -> None:
+        """A request on a proxy route, from its head to the last byte of its answer."""
+        state = self._begin(exchange)
         try:
             req, body = await self.preprocess(exchange, state)
         except GatewayError as exc:
-            self.recorder.rejected(path, exc.code)
-            self.recorder.finish(state, exc.status, None, error=exc.message)
-            exchange.answer(exc.status, exc.body(), exc.headers)
+            self._refuse(exchange, state, exc)
             return
         self.recorder.started(state)
         if exchange.gone:  # left with its body sent: vLLM never sees the request
@@ -190,8 +202,8 @@ class Proxy:
             account.on_usage(usage)
             if self.recorder.answers is not None and isinstance(rid := data.get("id"), str):
                 state.response_id = rid
-            account.finish_reasons = [reason for c in choices
-                                      if isinstance(c, dict) and (reason := finish_reason_of(c.get("finish_reason")))]
+            account.finish_reasons = [kept for c in choices
+                                      if isinstance(c, dict) and (kept := finish_reason_of(c.get("finish_reason")))]
             if self.settings.capture_logprobs or req.client_wants_logprobs:
                 account.add_logprobs(chunk_logprobs(choices, req.route))
                 if not req.client_wants_logprobs:

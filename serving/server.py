@@ -30,8 +30,7 @@ from urllib.parse import unquote_to_bytes
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from inferwatch.serving import errors
-from inferwatch.serving.errors import error_body
+from inferwatch.serving.errors import INVALID_REQUEST, error_body
 from inferwatch.serving.exchange import Exchange
 from inferwatch.serving.lazy_timer import LazyTimer, reached
 from inferwatch.serving.validation import ROUTE_PATHS
@@ -68,10 +67,12 @@ check_uvicorn()
 
 
 class ProxyHandler(Protocol):
-    """What the protocol needs of the gateway: the proxy routes' handler, and a count of the
-    requests refused before any route."""
+    """What the protocol needs of the gateway: the proxy routes' handler, its answer past
+    ``limit_concurrency``, and a count of the requests refused before any route."""
 
     async def serve(self, exchange: Exchange) -> None: ...
+
+    async def over_limit(self, exchange: Exchange) -> None: ...
 
     def refused(self, code: str) -> None: ...
 
@@ -172,7 +173,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             previous = self.cycle
             limit = self.limit_concurrency
             handler = self.proxy.serve if limit is None or (len(self.connections) < limit and len(self.tasks) < limit) \
-                else self._over_limit
+                else self.proxy.over_limit
             exchange = Exchange(self, handler, route, self.headers, keep_alive=keep_alive, chunked=http_11)
             self.cycle = exchange  # type: ignore[assignment]
             if parser.should_upgrade():
@@ -196,13 +197,6 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         task = self.loop.create_task(cycle.run_asgi(app))
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
-
-    async def _over_limit(self, exchange: Exchange) -> None:
-        """uvicorn's ``limit_concurrency`` on the proxy routes: an OpenAI error instead of its
-        plain-text 503."""
-        self.proxy.refused("concurrency_limit")
-        exchange.answer(503, error_body("The gateway is at its concurrency limit; retry later.", errors.UPSTREAM,
-                                        "concurrency_limit"), {"retry-after": "1"})
 
     def on_response_complete(self) -> None:
         """uvicorn's, with the connection's lazy keep-alive timer."""
@@ -275,7 +269,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self.proxy.refused(code)
         if self.transport.is_closing():
             return
-        body = error_body(message, "invalid_request_error", code)
+        body = error_body(message, INVALID_REQUEST, code)
         head = [STATUS_LINE[status]]
         for name, value in self.server_state.default_headers:
             head.extend([name, b": ", value, b"\r\n"])

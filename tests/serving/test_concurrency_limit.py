@@ -30,8 +30,12 @@ def test_a_request_past_the_concurrency_limit_gets_an_openai_503_and_the_limit_f
         assert error["code"] == "concurrency_limit" and "retry later" in error["message"]
         held.close()  # served again once the gateway has seen the client leave
         eventually(lambda: chat(gw).status_code == 200)
-        # refusals are counted (the one above, and any while the close was on its way)
-        assert metric_sum(gw.metrics_text(), "inferwatch_gateway_rejected_requests_total", code="concurrency_limit") >= 1
+        # refusals are counted (the one above, and any while the close was on its way), and count
+        # against availability as failed requests
+        text = gw.metrics_text()
+        refused = metric_sum(text, "inferwatch_gateway_rejected_requests_total", code="concurrency_limit")
+        assert refused >= 1 and metric_sum(text, "inferwatch_gateway_requests_total", status_class="5xx") == refused
+        assert error["type"] == "server_error"
 
 
 def test_without_a_limit_concurrent_requests_are_all_served(stub):

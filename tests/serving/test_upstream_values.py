@@ -31,3 +31,20 @@ def test_a_mean_logprob_no_logprob_can_have_is_unknown(values, mean):
     account = StreamAccount(0.0)
     account.add_logprobs(values)
     assert account.mean_logprob == mean
+
+
+def test_an_answer_that_ends_normally_is_no_upstream_error(stub):
+    """A whole answer's finish reason is read; it is not a failure to count."""
+    import requests
+
+    from inferwatch.serving.settings import GatewaySettings
+    from tests.support.servers import GatewayServer, metric_sum
+
+    with GatewayServer(GatewaySettings(upstream_url=stub.url)) as gw:
+        for stream in (False, True):
+            r = requests.post(gw.url + "/v1/chat/completions", timeout=10, json={
+                "model": "ok", "messages": [{"role": "user", "content": "hi"}], "stream": stream})
+            assert r.status_code == 200
+        text = gw.metrics_text()
+        assert metric_sum(text, "inferwatch_gateway_requests_total", status_class="2xx") == 2
+        assert metric_sum(text, "inferwatch_gateway_upstream_errors_total") == 0
