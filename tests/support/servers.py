@@ -53,10 +53,13 @@ class AppServer:
         self._server.should_exit = True
         self._thread.join(timeout=15)
 
-    def stall(self, seconds: float) -> None:
+    def stall(self, seconds: float) -> threading.Event:
         """Keep the server's event loop busy for ``seconds``, as a saturated CPU would: what
-        arrives meanwhile (a client's bytes or hang-up, upstream's answer) is seen at once after."""
-        self.loop.call_soon_threadsafe(time.sleep, seconds)
+        arrives meanwhile (a client's bytes or hang-up, upstream's answer) is seen at once after.
+        Setting the event returned ends the stall early (once what it waits for happened)."""
+        release = threading.Event()
+        self.loop.call_soon_threadsafe(release.wait, seconds)
+        return release
 
     def metrics_text(self) -> str:
         return requests.get(f"{self.url}/metrics", timeout=5).text
