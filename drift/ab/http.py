@@ -44,7 +44,10 @@ from inferwatch.drift.feature_record import TEXT_MAX, UNIX_S
 from inferwatch.drift.state import DriftState
 
 Decision = Literal["rollback", "hold", "continue", "promote"]
-Variant = Field(min_length=1, max_length=TEXT_MAX, pattern=r"^\S+$")
+# printable ASCII without spaces: "\S" is read differently by JSON Schema (ECMA), Python and the
+# Rust regex pydantic validates with (U+0085 is a space to Rust only), so a schema-valid name
+# could be refused; the gateway's variant names (serving/split.py) fit this class
+Variant = Field(min_length=1, max_length=TEXT_MAX, pattern=r"^[!-~]+$")
 COUNT_MAX = 10**15
 Count = json_int(ge=0, le=COUNT_MAX)
 

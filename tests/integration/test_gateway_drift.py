@@ -21,10 +21,13 @@ MSG = [{"role": "user", "content": "drift"}]
 def ask(gw, n: int) -> None:
     client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
     for i in range(n):
+        # ignore_eos: the tiny random model may end early with "stop"; every answer ends at its length
         if i % 2:
-            list(client.chat.completions.create(model=TINY_MODEL_NAME, messages=MSG, max_tokens=4 + i, stream=True))
+            list(client.chat.completions.create(model=TINY_MODEL_NAME, messages=MSG, max_tokens=4 + i, stream=True,
+                                                extra_body={"ignore_eos": True}))
         else:
-            client.completions.create(model=TINY_MODEL_NAME, prompt="x " * (i + 1), max_tokens=3)
+            client.completions.create(model=TINY_MODEL_NAME, prompt="x " * (i + 1), max_tokens=3,
+                                      extra_body={"ignore_eos": True})
 
 
 def test_gateway_records_reach_drift_windows(vllm_server, tmp_path):

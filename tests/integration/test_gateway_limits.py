@@ -15,7 +15,7 @@ import openai
 import pytest
 import requests
 
-from inferwatch.serving import relay_client
+from inferwatch.serving import relay, relay_client
 from inferwatch.serving.settings import GatewaySettings
 from tests.conftest import TINY_MODEL_NAME
 from tests.integration.test_gateway_vllm import MSG, client, settled_vllm_metrics, vllm_metrics
@@ -119,17 +119,35 @@ def _one_more_request_was_a_499(gateway, before: str) -> float:
 
 
 @pytest.mark.parametrize("attempt", range(3))
-def test_a_stream_whose_client_left_while_the_gateway_was_starved_is_a_499(gateway, vllm_server, attempt):
+def test_a_stream_whose_client_left_while_the_gateway_was_starved_is_a_499(gateway, vllm_server, attempt,
+                                                                           monkeypatch):
     """The end of the upstream stream and the client's disconnect arrive together once the
-    loop runs again: the request must be a 499 with the tokens relayed, not a success."""
+    loop runs again: the request must be a 499 with the tokens relayed, not a success. Built,
+    not timed: the gateway's loop is held once it has relayed three tokens, until vLLM's own
+    counter says the stream is done and the client has left."""
+    release, held = threading.Event(), threading.Event()
+    relay_chunk = relay.StreamRelay.on_data
+
+    def starved(self, chunk):  # the upstream connection's callback, on the gateway's loop
+        relay_chunk(self, chunk)
+        if self.account.token_events >= 3 and not held.is_set():
+            held.set()
+            release.wait(SLOW_S)
+
+    done = "vllm:request_success_total"
+    v0 = metric_sum(settled_vllm_metrics(vllm_server, timeout_s=30), done)
     g0 = gateway.metrics_text()
+    monkeypatch.setattr(relay.StreamRelay, "on_data", starved)
     body = {"model": TINY_MODEL_NAME, "messages": MSG, "max_tokens": 120, "temperature": 0.0, "ignore_eos": True,
             "stream": True}
     sock = _send(gateway, body)
-    read_until(sock, b"data: ", times=3)
-    gateway.stall(4.0)  # vLLM finishes the 120 tokens into the gateway's socket meanwhile
-    time.sleep(0.2)
-    reset(sock)
+    try:
+        read_until(sock, b"data: ", times=3)
+        assert held.wait(SLOW_S)
+        eventually(lambda: metric_sum(vllm_metrics(vllm_server), done) > v0, timeout_s=SLOW_S)  # into our socket
+        reset(sock)
+    finally:
+        release.set()
     assert 0 < _one_more_request_was_a_499(gateway, g0) <= 120
 
 
