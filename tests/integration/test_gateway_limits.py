@@ -152,14 +152,19 @@ def test_a_stream_whose_client_left_while_the_gateway_was_starved_is_a_499(gatew
 
 
 def test_a_stream_whose_client_left_aborts_vllm(gateway, vllm_server):
-    before = _generated(vllm_server)
+    """As for whole answers above: a warm tiny engine makes the 450 tokens in about a quarter
+    second, so on a loaded machine one abort can land after the last token; of three clients
+    that leave at their first token, at least one must see vLLM stop short."""
     body = {"model": TINY_MODEL_NAME, "messages": MSG, "max_tokens": LONG, "temperature": 0.0, "ignore_eos": True,
             "stream": True}
-    _send_and_leave(gateway, body, until=b'"content"', linger_s=0.0)
-    eventually(lambda: metric_sum(gateway.metrics_text(), "inferwatch_gateway_requests_in_flight") == 0,
-               timeout_s=30)
-    generated = _generated(vllm_server) - before
-    assert 0 < generated < LONG, generated
+    generated = []
+    for _ in range(3):
+        before = _generated(vllm_server)
+        _send_and_leave(gateway, body, until=b'"content"', linger_s=0.0)
+        eventually(lambda: metric_sum(gateway.metrics_text(), "inferwatch_gateway_requests_in_flight") == 0,
+                   timeout_s=30)
+        generated.append(_generated(vllm_server) - before)
+    assert all(g > 0 for g in generated) and min(generated) < LONG, generated
 
 
 def test_input_token_counters_equal_vllms_with_several_choices(gateway, vllm_server):
