@@ -79,6 +79,18 @@ def _send_and_leave(gateway, body: dict, until: bytes, linger_s: float) -> bytes
     return got
 
 
+def _three_leave(gateway, vllm_server, body: dict, until: bytes, linger_s: float) -> list[float]:
+    """Tokens vLLM generated for each of three clients that leave one after another."""
+    generated = []
+    for _ in range(3):
+        before = _generated(vllm_server)
+        _send_and_leave(gateway, body, until=until, linger_s=linger_s)
+        eventually(lambda: metric_sum(gateway.metrics_text(), "inferwatch_gateway_requests_in_flight") == 0,
+                   timeout_s=30)
+        generated.append(_generated(vllm_server) - before)
+    return generated
+
+
 def _send(gateway, body: dict) -> socket.socket:
     sock = connect(gateway.port, timeout_s=30)
     sock.sendall(post_request(CHAT, json.dumps(body).encode()))
@@ -91,13 +103,8 @@ def test_a_non_streaming_client_that_leaves_aborts_the_upstream_request(gateway,
     least one must see vLLM stop well short. Each is a 499: the client left before any answer."""
     body = {"model": TINY_MODEL_NAME, "messages": MSG, "max_tokens": LONG, "temperature": 0.0,
             "ignore_eos": True}
-    g0, generated = gateway.metrics_text(), []
-    for _ in range(3):
-        before = _generated(vllm_server)
-        _send_and_leave(gateway, body, until=b"", linger_s=0.05)
-        eventually(lambda: metric_sum(gateway.metrics_text(), "inferwatch_gateway_requests_in_flight") == 0,
-                   timeout_s=30)
-        generated.append(_generated(vllm_server) - before)
+    g0 = gateway.metrics_text()
+    generated = _three_leave(gateway, vllm_server, body, until=b"", linger_s=0.05)
     assert min(generated) < LONG * 0.75, f"vLLM generated {generated} of {LONG} tokens for clients gone after 50 ms"
     g1 = gateway.metrics_text()
     assert metric_sum(g1, "inferwatch_gateway_requests_total") - metric_sum(g0, "inferwatch_gateway_requests_total") == 3
@@ -157,13 +164,7 @@ def test_a_stream_whose_client_left_aborts_vllm(gateway, vllm_server):
     that leave at their first token, at least one must see vLLM stop short."""
     body = {"model": TINY_MODEL_NAME, "messages": MSG, "max_tokens": LONG, "temperature": 0.0, "ignore_eos": True,
             "stream": True}
-    generated = []
-    for _ in range(3):
-        before = _generated(vllm_server)
-        _send_and_leave(gateway, body, until=b'"content"', linger_s=0.0)
-        eventually(lambda: metric_sum(gateway.metrics_text(), "inferwatch_gateway_requests_in_flight") == 0,
-                   timeout_s=30)
-        generated.append(_generated(vllm_server) - before)
+    generated = _three_leave(gateway, vllm_server, body, until=b'"content"', linger_s=0.0)
     assert all(g > 0 for g in generated) and min(generated) < LONG, generated
 
 
