@@ -155,11 +155,12 @@ def test_clients_that_leave_together_while_vllm_generates_are_499s_and_cut(vllm_
 
 
 def test_clients_that_leave_as_the_gateway_connects_to_vllm_are_499s_and_cut(vllm_server, monkeypatch):
-    """Each leaving client hangs up the moment the gateway's new connection to vLLM for the
-    burst is made: the request's cancel and the finished connect meet in one loop turn, and
+    """Each leaving client hangs up the moment the gateway's new connection to vLLM for its
+    request is made: the request's cancel and the finished connect meet in one loop turn, and
     the cancel must not be lost there (the request would go to vLLM with nobody left to cut
-    it). The staying requests hold their own connections first, so every leaving one opens
-    its own."""
+    it). Leaving clients send one at a time, so the connection made is their own; the pool
+    keeps no idle connection (a staying request the tiny engine finished would hand its own
+    over), so every leaving request opens one."""
     made = relay_client._Connection.connection_made  # noqa: SLF001
     connections, to_leave = [0], deque()
 
@@ -171,12 +172,14 @@ def test_clients_that_leave_as_the_gateway_connects_to_vllm_are_499s_and_cut(vll
             _hang_up(sock, index)
 
     monkeypatch.setattr(relay_client._Connection, "connection_made", hang_up_as_connected)  # noqa: SLF001
+    monkeypatch.setattr(relay_client.UpstreamPool, "put", relay_client.UpstreamPool.discard)
     with Burst(vllm_server) as burst:
         staying = _open(burst.gw, STAYING)
         _send(staying, "stay")
         eventually(lambda: connections[0] == STAYING, timeout_s=SLOW_S)
-        leaving = _open(burst.gw, LEAVING)
-        to_leave.extend(enumerate(leaving))
-        _send(leaving, "leave")
-        eventually(lambda: not to_leave, timeout_s=SLOW_S)
+        for i, sock in enumerate(_open(burst.gw, LEAVING)):
+            to_leave.append((i, sock))
+            _send([sock], f"leave{i}")
+            eventually(lambda: not to_leave, timeout_s=SLOW_S)
+        assert connections[0] == STAYING + LEAVING
         burst.check(staying, generated_before=0)
