@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import re
 import socket
-from collections import deque
+from contextvars import ContextVar
 
 import pytest
 import requests
@@ -158,28 +158,41 @@ def test_clients_that_leave_as_the_gateway_connects_to_vllm_are_499s_and_cut(vll
     """Each leaving client hangs up the moment the gateway's new connection to vLLM for its
     request is made: the request's cancel and the finished connect meet in one loop turn, and
     the cancel must not be lost there (the request would go to vLLM with nobody left to cut
-    it). Leaving clients send one at a time, so the connection made is their own; the pool
-    keeps no idle connection (a staying request the tiny engine finished would hand its own
-    over), so every leaving request opens one."""
-    made = relay_client._Connection.connection_made  # noqa: SLF001
-    connections, to_leave = [0], deque()
+    it). The connection knows its request's client: it is built in the request's own task,
+    where the client was named from the body's tag. The pool keeps no idle connection (a
+    staying request the tiny engine finished would hand its own over), so every leaving
+    request opens one."""
+    client: ContextVar[tuple[int, socket.socket] | None] = ContextVar("client", default=None)
+    hung_up: list[int] = []
+    leaving: list[socket.socket] = []
 
-    def hang_up_as_connected(conn, transport):  # runs on the gateway's event loop
-        made(conn, transport)
-        connections[0] += 1
-        if to_leave:
-            index, sock = to_leave.popleft()
-            _hang_up(sock, index)
+    class HangingUp(relay_client._Connection):  # noqa: SLF001
+        def __init__(self) -> None:
+            super().__init__()
+            self.client = client.get()  # the protocol factory runs in the request's task
 
-    monkeypatch.setattr(relay_client._Connection, "connection_made", hang_up_as_connected)  # noqa: SLF001
+        def connection_made(self, transport) -> None:  # on the gateway's event loop
+            super().connection_made(transport)
+            if self.client is not None:
+                index, sock = self.client
+                _hang_up(sock, index)
+                hung_up.append(index)
+
+    post = relay_client.UpstreamPool.post
+
+    async def post_naming_the_client(pool, path, body, headers, timeout_s):
+        tag = re.search(rb"leave-(\d+)", body)
+        client.set((int(tag[1]), leaving[int(tag[1])]) if tag else None)
+        return await post(pool, path, body, headers, timeout_s)
+
+    monkeypatch.setattr(relay_client, "_Connection", HangingUp)
+    monkeypatch.setattr(relay_client.UpstreamPool, "post", post_naming_the_client)
     monkeypatch.setattr(relay_client.UpstreamPool, "put", relay_client.UpstreamPool.discard)
     with Burst(vllm_server) as burst:
         staying = _open(burst.gw, STAYING)
+        leaving.extend(_open(burst.gw, LEAVING))
         _send(staying, "stay")
-        eventually(lambda: connections[0] == STAYING, timeout_s=SLOW_S)
-        for i, sock in enumerate(_open(burst.gw, LEAVING)):
-            to_leave.append((i, sock))
-            _send([sock], f"leave{i}")
-            eventually(lambda: not to_leave, timeout_s=SLOW_S)
-        assert connections[0] == STAYING + LEAVING
+        _send(leaving, "leave")
+        eventually(lambda: len(hung_up) == LEAVING, timeout_s=SLOW_S)
+        assert sorted(hung_up) == list(range(LEAVING))
         burst.check(staying, generated_before=0)
