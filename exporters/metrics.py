@@ -157,3 +157,21 @@ SPECS: tuple[MetricSpec, ...] = (
                "Unix time of the snapshot being served; time() minus this is its age.", per_gpu=False),
 )
 
+
+# Host series, read fresh at every scrape (exporters/host.py): the stack ships no
+# node_exporter, and the meta-monitoring alerts (alerts/meta.py) need the disks that hold
+# Prometheus' TSDB, the drift database and the model caches, and the host's memory.
+HOST_SPECS: tuple[MetricSpec, ...] = (
+    MetricSpec("inferwatch_host_filesystem_avail_bytes", "gauge",
+               "Bytes an unprivileged process can still write on the filesystem holding the watched path "
+               "(statvfs f_bavail, df's Avail).", ("path",), per_gpu=False),
+    MetricSpec("inferwatch_host_filesystem_size_bytes", "gauge",
+               "Size of the filesystem holding the watched path (statvfs f_blocks).", ("path",), per_gpu=False),
+    MetricSpec("inferwatch_host_filesystem_up", "gauge",
+               "1 if the watched path could be statvfs'd at this scrape; 0 (and no size or avail series) if it is "
+               "missing or unreadable.", ("path",), per_gpu=False),
+    MetricSpec("inferwatch_host_memory_available_bytes", "gauge",
+               "Memory available for new work without swapping (/proc/meminfo MemAvailable).", per_gpu=False),
+    MetricSpec("inferwatch_host_memory_total_bytes", "gauge", "Usable memory (/proc/meminfo MemTotal).",
+               per_gpu=False),
+)

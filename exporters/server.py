@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from prometheus_client import CollectorRegistry, generate_latest
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from inferwatch.exporters.collector import CachedExposition, SnapshotStore
+from inferwatch.exporters.host import HostCollector
 from inferwatch.exporters.sampler import Sampler
 from inferwatch.exporters.xid import XidWatcher
 
@@ -35,6 +38,26 @@ class ExporterSettings(BaseSettings):
     gpm: bool = Field(True, description="GPM profiling metrics (SM, tensor, DRAM activity) where the GPU has them")
     xid_events: bool = True
     retry_s: float = Field(30.0, gt=0, description="how often to retry NVML while it is unavailable")
+    watch_paths: Annotated[tuple[str, ...], NoDecode] = Field(
+        (), description="comma-separated absolute paths whose filesystem's free and total bytes are exported "
+                        "(Prometheus' TSDB, the drift database, model caches); '~' is expanded")
+
+    @field_validator("watch_paths", mode="before")
+    @classmethod
+    def _split_paths(cls, value: object) -> object:
+        """One environment variable holds the list: INFERWATCH_EXPORTER_WATCH_PATHS=/a,/b."""
+        return tuple(p.strip() for p in value.split(",") if p.strip()) if isinstance(value, str) else value
+
+    @field_validator("watch_paths")
+    @classmethod
+    def _absolute_paths(cls, paths: tuple[str, ...]) -> tuple[str, ...]:
+        """Absolute, since the path is the series' label and a relative one would depend on the
+        exporter's working directory; each once, since a repeated label set breaks the scrape."""
+        expanded = [os.path.expanduser(p) for p in paths]
+        relative = [p for p in expanded if not os.path.isabs(p)]
+        if relative:
+            raise ValueError(f"watch paths must be absolute: {', '.join(relative)}")
+        return tuple(dict.fromkeys(expanded))
 
 
 def load_nvml() -> Any:
@@ -63,6 +86,8 @@ class Exporter:
         self.xid: XidWatcher | None = None
         self.store: SnapshotStore | None = None
         self.exposition: CachedExposition | None = None
+        self.host_registry = CollectorRegistry(auto_describe=False)  # not cached: read at every scrape
+        self.host_registry.register(HostCollector(settings.watch_paths))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_error = ""  # the last unexpected error of a cycle: logged once, counted always
@@ -127,6 +152,10 @@ class Exporter:
                 self.xid.add(dev.index, dev.handle, dev.labels)
         self.exposition.warm()
 
+    def render(self) -> bytes:
+        """The exposition: the cached NVML part, then the host part read now."""
+        return self.exposition.render() + generate_latest(self.host_registry)
+
     def health(self) -> tuple[bool, str]:
         """False (and why) when the sampler thread is dead or its snapshot stale: a
         supervisor or a liveness probe should restart the exporter then."""
@@ -158,7 +187,7 @@ def make_server(exporter: Exporter) -> ThreadingHTTPServer:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802
             if self.path.split("?")[0] == "/metrics":
-                self._send(200, exporter.exposition.render(), CONTENT_TYPE)
+                self._send(200, exporter.render(), CONTENT_TYPE)
             elif self.path == "/health":
                 ok, why = exporter.health()
                 self._send(200 if ok else 503, json.dumps({"status": why}).encode(), "application/json")

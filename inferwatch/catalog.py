@@ -12,8 +12,16 @@ from functools import cache
 from prometheus_client import CollectorRegistry
 
 # Series Prometheus itself makes: one per target, the alert state of its rules, and (from
-# its self-scrape) how many targets each scrape job's discovery found.
-PROMETHEUS_SERIES = ("up", "ALERTS", "ALERTS_FOR_STATE", "prometheus_sd_discovered_targets")
+# its self-scrape) how many targets each scrape job's discovery found, how many Alertmanagers
+# it found and how full its queue of alerts to them is.
+PROMETHEUS_SERIES = ("up", "ALERTS", "ALERTS_FOR_STATE", "prometheus_sd_discovered_targets",
+                     "prometheus_notifications_alertmanagers_discovered", "prometheus_notifications_queue_length",
+                     "prometheus_notifications_queue_capacity")
+# Counters of Prometheus and Alertmanager themselves (their self-scrapes), which the
+# meta-monitoring alerts (alerts/meta.py) read.
+PROMETHEUS_COUNTERS = ("prometheus_rule_evaluation_failures_total", "prometheus_rule_group_iterations_missed_total",
+                       "prometheus_notifications_errors_total", "prometheus_notifications_sent_total")
+ALERTMANAGER_COUNTERS = ("alertmanager_notifications_total", "alertmanager_notifications_failed_total")
 
 
 def series_of(name: str, kind: str) -> tuple[str, ...]:
@@ -33,19 +41,21 @@ def _registry_series(registry: CollectorRegistry) -> list[tuple[str, str]]:
 def _exposed() -> dict[str, tuple[str, str]]:
     """Series name -> (component that exports it, family kind)."""
     from inferwatch.drift.metrics import DRIFT_METRICS
-    from inferwatch.exporters.metrics import SPECS
+    from inferwatch.exporters.metrics import HOST_SPECS, SPECS
     from inferwatch.supervise import Supervisor
     from inferwatch.serving.metrics import create_metrics
     from inferwatch.serving.vllm_metrics import VLLM_METRICS
 
     out = {name: ("prometheus", "gauge") for name in PROMETHEUS_SERIES}
+    out |= {name: ("prometheus", "counter") for name in PROMETHEUS_COUNTERS}
+    out |= {name: ("alertmanager", "counter") for name in ALERTMANAGER_COUNTERS}
     gateway = CollectorRegistry()
     create_metrics(gateway)
     out |= {s: ("gateway", kind) for s, kind in _registry_series(gateway)}
     supervisor = CollectorRegistry()
     Supervisor(supervisor)
     out |= {s: ("supervisor", kind) for s, kind in _registry_series(supervisor)}
-    out |= {s: ("exporter", spec.kind) for spec in SPECS for s in series_of(spec.name, spec.kind)}
+    out |= {s: ("exporter", spec.kind) for spec in (*SPECS, *HOST_SPECS) for s in series_of(spec.name, spec.kind)}
     out |= {s: ("drift", d.kind) for d in DRIFT_METRICS for s in series_of(d.name, d.kind)}
     out |= {s: ("vllm", kind) for name, kind in VLLM_METRICS.items() for s in series_of(name, kind)}
     return out
