@@ -32,8 +32,12 @@ TICKET = Timing("1m", "5m", "24h")
 DEADMAN = Timing("0s", "1m", "50s")
 MAX_ALERTS_PER_WEBHOOK = 1000  # Alertmanager truncates bigger groups (and says how many)
 
-# Alerts that a dead vLLM (or gateway) causes: paging for them too is noise.
-CAUSED_BY_VLLM_DOWN = ["SLOErrorBudgetBurn", "VLLMKVCacheSaturated", "VLLMPreempting"]
+# A model with no vLLM replica up (spec.VLLMModelUnavailable) fails all its requests:
+# VLLMDown pages for that, and the SLO alerts the outage causes would page for it again.
+CAUSED_BY_MODEL_DOWN = ["SLOErrorBudgetBurn"]
+# Alerts of one vLLM instance that its being down makes meaningless.
+CAUSED_BY_VLLM_DOWN = ["VLLMKVCacheSaturated", "VLLMPreempting"]
+INHIBITORS = ["VLLMModelUnavailable"]  # alerts that only inhibit: they reach nobody
 
 
 @dataclass(frozen=True)
@@ -44,8 +48,8 @@ class Receivers:
     pagerduty_routing_key_file: str | None = None
 
 
-def _webhook(url: str) -> dict:
-    return {"url": url, "send_resolved": True, "max_alerts": MAX_ALERTS_PER_WEBHOOK}
+def _webhook(url: str, send_resolved: bool = True) -> dict:
+    return {"url": url, "send_resolved": send_resolved, "max_alerts": MAX_ALERTS_PER_WEBHOOK}
 
 
 def _route(receiver: str, matcher: str, timing: Timing | None = None) -> dict:
@@ -77,7 +81,7 @@ def alertmanager_config(receivers: Receivers, templates_dir: str | Path, *,
             "repeat_interval": ticket.repeat_interval,
             "routes": [
                 _route("deadman", 'alertname="Watchdog"', deadman),
-                _route("null", 'alertname="InfoInhibitor"'),
+                _route("null", f'alertname=~"{"|".join(INHIBITORS)}"'),
                 _route("pager", 'severity="critical"', page),
                 _route("ticket", 'severity="warning"', ticket),
                 _route("null", 'severity="info"'),
@@ -86,15 +90,17 @@ def alertmanager_config(receivers: Receivers, templates_dir: str | Path, *,
         "inhibit_rules": [
             {"source_matchers": ['severity="critical"'], "target_matchers": ['severity="warning"'],
              "equal": ["alertname", "model", "slo", "cluster"]},
+            {"source_matchers": ['alertname="VLLMModelUnavailable"'],
+             "target_matchers": [f'alertname=~"{"|".join(CAUSED_BY_MODEL_DOWN)}"'], "equal": ["model", "cluster"]},
             {"source_matchers": ['alertname="VLLMDown"'],
-             "target_matchers": [f'alertname=~"{"|".join(CAUSED_BY_VLLM_DOWN)}"'], "equal": ["model", "cluster"]},
-            {"source_matchers": ['alertname="InfoInhibitor"'], "target_matchers": ['severity="info"'],
-             "equal": ["instance"]},
+             "target_matchers": [f'alertname=~"{"|".join(CAUSED_BY_VLLM_DOWN)}"'], "equal": ["instance", "cluster"]},
         ],
         "receivers": [
             pager,
             {"name": "ticket", "webhook_configs": [_webhook(receivers.ticket_webhook)]},
-            {"name": "deadman", "webhook_configs": [_webhook(receivers.deadman_webhook)]},
+            # a heartbeat service counts any request as a ping: the Watchdog's resolution, sent
+            # when Prometheus stops, would be one more and delay the alarm
+            {"name": "deadman", "webhook_configs": [_webhook(receivers.deadman_webhook, send_resolved=False)]},
             {"name": "null"},
         ],
         "templates": [f"{templates_dir}/*.tmpl"],

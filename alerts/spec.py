@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from prometheus_client.utils import floatToGoString
 
-from inferwatch.alerts.model import SLO, Alert, BurnTier, BurnWindow
+from inferwatch.alerts.model import SLO, Alert, BurnTier, BurnWindow, Guard, Record, seconds
 from inferwatch.dashboards import uids
 from inferwatch.drift.ab.spec import PAGE_SHARE, PAGING
 from inferwatch.catalog import metric as m
-from inferwatch.serving.metrics import REQUEST_DURATION_BUCKETS, TTFT_BUCKETS
+from inferwatch.serving.metrics import INTER_TOKEN_BUCKETS, REQUEST_DURATION_BUCKETS, TTFT_BUCKETS
 
 RUNBOOK_BASE_URL = "https://github.com/inferwatch/inferwatch/blob/main/alerts/runbooks"
 GRAFANA_URL = "http://localhost:3000"
@@ -41,17 +41,19 @@ THROTTLE_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown",
 CORRECTABLE_ECC_PER_HOUR = 100
 VLLM_DOWN_WINDOW = "1m"
 VLLM_DOWN_FAILED_SCRAPES = 2
-VLLM_MODEL_LOOKBACK, VLLM_MODEL_STEP = "1h", "30s"  # how long a down vLLM is still known by its model
 VLLM_STARTUP_GRACE = "15m"  # model load time that pages nobody; raise it for very large models
 KV_CACHE_HIGH = 0.9
+QUEUE_WINDOW = "10m"
 SNAPSHOT_STALE_S = 60
 DRIFT_MIN_WINDOW_RECORDS = 100
 DRIFT_FOR = "15m"
 
 # Multi-window, multi-burn-rate tiers (Google SRE workbook, ch. 5): the share of the
 # period's budget that may burn in the long window before someone is told.
-FAST_BURN = BurnTier("fast", "critical", (BurnWindow("1h", "5m", 0.02, "2m"), BurnWindow("6h", "30m", 0.05, "15m")))
-SLOW_BURN = BurnTier("slow", "warning", (BurnWindow("1d", "2h", 0.10, "1h"), BurnWindow("3d", "6h", 0.10, "3h")))
+# One alert per tier, firing while any of its windows burns: each incident is one alert
+# identity per SLO and tier, whichever window sees it first or last.
+FAST_BURN = BurnTier("fast", "critical", (BurnWindow("1h", "5m", 0.02), BurnWindow("6h", "30m", 0.05)))
+SLOW_BURN = BurnTier("slow", "warning", (BurnWindow("1d", "2h", 0.10), BurnWindow("3d", "6h", 0.10)))
 TIERS = (FAST_BURN, SLOW_BURN)
 # One period for every SLO: the SLO dashboard shows one error budget per SLO over it.
 SLO_PERIOD = "30d"
@@ -83,6 +85,23 @@ E2E_LATENCY = SLO(
     period=SLO_PERIOD)
 SLOS = (AVAILABILITY, TTFT, E2E_LATENCY)
 
+ITL_THRESHOLD_S = 0.1
+_ITL = "inferwatch_gateway_inter_token_latency_seconds"
+
+
+def inter_token_latency(models: str) -> SLO:
+    """The optional inter-token latency objective, for the models matching the regex
+    ``models`` (``INFERWATCH_ITL_SLO_MODELS``): a streamed answer's gaps between tokens.
+    Off by default: how smooth a stream must be depends on the product (a chat UI, an agent
+    reading the whole answer), unlike errors and time to first token. Its events are token
+    gaps, not requests, so its floors count gaps: on a quiet model one stuttering stream can
+    meet them alone."""
+    sel = f'model=~"{models}"'
+    return SLO("itl", f"gaps between streamed tokens within {ITL_THRESHOLD_S:g}s", 0.99,
+               total=f'{m(f"{_ITL}_count")}{{{sel}}}',
+               good=f'{m(f"{_ITL}_bucket")}{{{sel},le="{_le(ITL_THRESHOLD_S, INTER_TOKEN_BUCKETS)}"}}',
+               period=SLO_PERIOD)
+
 _XID = m("inferwatch_gpu_xid_errors_total")
 _VLLM_UP = f'up{{job="{JOB_VLLM}"}}'
 _ECC = m("inferwatch_gpu_ecc_errors_total")
@@ -99,15 +118,40 @@ def _address(expr: str, source: str, regex: str) -> str:
     return f'label_replace({expr}, "address", "$1", "{source}", "{regex}")'
 
 
+# The model each vLLM target serves, remembered for as long as the target is configured: a
+# down vLLM exports nothing, and an alert that looked its model up over a lookback would
+# lose the label (and with it its identity and its inhibitions) once the lookback passed.
+# It carries itself forward while the target answers no scrape; a target removed from
+# discovery has no `up` and is forgotten; a target that serves a new model is re-mapped.
+SERVED_MODEL = "inferwatch:vllm_served_model:info"
+MODEL_UNAVAILABLE = "inferwatch:vllm_model_unavailable:info"
+# How long after every replica of a model is back its SLO pages stay inhibited: the page
+# tier's longest short window, which the outage keeps over the threshold until it has passed.
+# Pages for a burn that outlasts it go out; VLLMDown has paged for the outage itself.
+OUTAGE_SHADOW = max((w.short for w in FAST_BURN.windows), key=seconds)
+_SERVING_NOW = f'group by (job, instance, model) ({m("vllm:num_requests_running")})'
+RECORDS = (
+    Record(SERVED_MODEL,
+           f"{_SERVING_NOW}\nor (\n  last_over_time({SERVED_MODEL}[1h])\n"
+           f"  unless on (job, instance) {_SERVING_NOW}\n"
+           f"  and on (job, instance) {_VLLM_UP}\n)"),
+    # models none of whose vLLM replicas is serving: each failed VLLMDown's count of scrapes
+    # (one missed scrape of a busy vLLM must not hold its model's SLO pages back)
+    Record(MODEL_UNAVAILABLE,
+           f"group by (model) ({SERVED_MODEL})\n"
+           f"unless on (model) ({SERVED_MODEL} and on (job, instance) ("
+           f"count_over_time({_VLLM_UP}[{VLLM_DOWN_WINDOW}]) - sum_over_time({_VLLM_UP}[{VLLM_DOWN_WINDOW}])"
+           f" < {VLLM_DOWN_FAILED_SCRAPES}))"),
+)
+
+
 def _with_served_model(down: str) -> str:
-    """``down`` (per vLLM target) labelled with the model that target served last, from vLLM's
-    own series: a target discovered without a ``model`` label (compose, Kubernetes) still
-    names its model, which VLLMDown's inhibition of that model's SLO pages matches on. The
-    most recently seen model wins, so a target that changed models maps to one; a target
-    that never served keeps its own labels."""
-    served = (f'group by (job, instance, model) (topk by (job, instance) (1, last_over_time('
-              f'timestamp({m("vllm:num_requests_running")})[{VLLM_MODEL_LOOKBACK}:{VLLM_MODEL_STEP}])))')
-    return f"({down}) * on (job, instance) group_left (model) {served} or (({down}) unless on (job, instance) {served})"
+    """``down`` (per vLLM target) labelled with the model that target serves (``SERVED_MODEL``):
+    a target discovered without a ``model`` label (compose, Kubernetes) still names its model,
+    which the inhibition of that model's pages matches on. A target that never served keeps
+    its own labels."""
+    return (f"({down}) * on (job, instance) group_left (model) {SERVED_MODEL}"
+            f" or (({down}) unless on (job, instance) {SERVED_MODEL})")
 
 
 GPU = "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.instance }}"
@@ -215,6 +259,20 @@ ALERTS = (
           description="Model {{ $labels.model }} on {{ $labels.instance }} has used over "
                       f"{KV_CACHE_HIGH:.0%} of its KV cache for 10m while requests queue: time to first token "
                       "grows. Add replicas or lower max_num_seqs / max_model_len."),
+    # Requests queue although the KV cache has room: the scheduler's own limits (max_num_seqs,
+    # max_num_batched_tokens) or a replica too few, not memory. The queue never emptied for
+    # 10m and is longer than 10m ago.
+    Alert("VLLMQueueBuildingUp",
+          f'min by (model, instance) (min_over_time({m("vllm:num_requests_waiting")}[{QUEUE_WINDOW}])) > 0'
+          f' and on (model, instance) sum by (model, instance) (delta({m("vllm:num_requests_waiting")}'
+          f'[{QUEUE_WINDOW}])) > 0'
+          f' and on (model, instance) max by (model, instance) ({m("vllm:kv_cache_usage_perc")}) <= {KV_CACHE_HIGH}',
+          "warning", for_="5m", dashboard=uids.SERVING,
+          summary="Requests queue up on vLLM {{ $labels.instance }} while its KV cache has room",
+          description="Model {{ $labels.model }} on {{ $labels.instance }} has had requests waiting for "
+                      f"{QUEUE_WINDOW}, more now than {QUEUE_WINDOW} ago, with its KV cache under "
+                      f"{KV_CACHE_HIGH:.0%}: the scheduler's limits (max_num_seqs, max_num_batched_tokens) or "
+                      "the number of replicas hold requests back, not memory. Time to first token grows."),
     Alert("GPUThrottled",
           f'max by (instance, gpu, uuid, reason) ({m("inferwatch_gpu_throttle_active")}'
           f'{{reason=~"{"|".join(THROTTLE_REASONS)}"}}) == 1',
@@ -282,21 +340,28 @@ ALERTS = (
           summary="The alerting pipeline works",
           description="Always firing. Its absence at the dead man's switch means Prometheus or "
                       "Alertmanager is down or cannot notify."),
-    Alert("InfoInhibitor",
-          'ALERTS{severity="info"} == 1 unless on (instance) '
-          'ALERTS{alertname!="InfoInhibitor", severity=~"warning|critical", alertstate="firing"} == 1',
-          "none",
-          summary="Info alerts on {{ $labels.instance }} without a warning or page",
-          description="Inhibits info alerts unless a warning or critical alert fires on the same instance."),
+    # Reaches nobody (routing.py): inhibits the model's SLO alerts while every replica is down
+    # and for OUTAGE_SHADOW after, so an outage pages once (VLLMDown), not again when it ends.
+    # One replica down inhibits nothing: the survivors' SLO burns are theirs.
+    Alert("VLLMModelUnavailable", f"max_over_time({MODEL_UNAVAILABLE}[{OUTAGE_SHADOW}])", "none",
+          dashboard=uids.SERVING,
+          summary="Every vLLM replica of {{ $labels.model }} is down, or was within the last " + OUTAGE_SHADOW,
+          description="No vLLM target serving {{ $labels.model }} answers Prometheus (or none did within "
+                      f"{OUTAGE_SHADOW}): the model's SLO alerts, which the outage itself causes, are inhibited; "
+                      "VLLMDown pages for the outage."),
 )
 
-# Targets and key series whose disappearance must not look like health.
+# Targets and key series whose disappearance must not look like health. The drift service
+# is expected once gateways deliver feature records to one; GPU metrics from anywhere
+# (inferwatch's exporter, or dcgm-exporter through alerts/compat) satisfy the exporter's.
+_RECORDS_SENT = f'sum(rate({m("inferwatch_gateway_feature_records_total")}{{outcome="sent"}}[10m])) > 0'
+_NO_GPU_METRICS = f'absent({m("inferwatch_gpu_utilization_ratio")})'
 ABSENT_GUARDS = (
-    (JOB_GATEWAY, "up", f'up{{job="{JOB_GATEWAY}"}}'),
-    (JOB_VLLM, "up", f'up{{job="{JOB_VLLM}"}}'),
-    (JOB_EXPORTER, "up", f'up{{job="{JOB_EXPORTER}"}}'),
-    (JOB_DRIFT, "up", f'up{{job="{JOB_DRIFT}"}}'),
-    (JOB_GATEWAY, "inferwatch_gateway_upstream_up", m("inferwatch_gateway_upstream_up")),
-    (JOB_EXPORTER, "inferwatch_nvml_up", m("inferwatch_nvml_up")),
-    (JOB_VLLM, "vllm:num_requests_running", m("vllm:num_requests_running")),
+    Guard(JOB_GATEWAY, "up", f'up{{job="{JOB_GATEWAY}"}}'),
+    Guard(JOB_VLLM, "up", f'up{{job="{JOB_VLLM}"}}'),
+    Guard(JOB_EXPORTER, "up", f'up{{job="{JOB_EXPORTER}"}}', expected_when=_NO_GPU_METRICS),
+    Guard(JOB_DRIFT, "up", f'up{{job="{JOB_DRIFT}"}}', expected_when=_RECORDS_SENT),
+    Guard(JOB_GATEWAY, "inferwatch_gateway_upstream_up", m("inferwatch_gateway_upstream_up")),
+    Guard(JOB_EXPORTER, "inferwatch_nvml_up", m("inferwatch_nvml_up")),
+    Guard(JOB_VLLM, "vllm:num_requests_running", m("vllm:num_requests_running")),
 )

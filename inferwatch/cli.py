@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Annotated, NoReturn, Optional
+from urllib.parse import urlsplit
 
 import typer
 
@@ -332,6 +333,10 @@ def up(
     otlp_endpoint: Annotated[Optional[str], typer.Option(help="OTLP endpoint for gateway and vLLM spans.")] = None,
     pagerduty_routing_key_file: Annotated[Optional[Path], typer.Option(
         envvar="INFERWATCH_PAGERDUTY_ROUTING_KEY_FILE", help="Also page PagerDuty (Events v2) with this key.")] = None,
+    heartbeat_url: Annotated[Optional[str], typer.Option(
+        envvar="INFERWATCH_HEARTBEAT_URL",
+        help="The dead man's switch: where the always-firing Watchdog goes every minute, on another host "
+             "(a healthchecks.io ping URL, a PagerDuty or Opsgenie heartbeat); the local pager by default.")] = None,
     rules_dir: Annotated[Optional[Path], typer.Option(help="Alert rule files (default: the packaged rules, written to <run-dir>/rules).")] = None,
     fast_alerting: Annotated[bool, typer.Option(help="For tests and demos: 1s scrape and evaluation, "
                                                      "short Alertmanager waits.")] = False,
@@ -355,6 +360,15 @@ def up(
             _fail(f"Cannot read the PagerDuty routing key file: {exc}")
         if not key:
             _fail(f"The PagerDuty routing key file {pagerduty_routing_key_file} is empty.")
+    if heartbeat_url is not None and (urlsplit(heartbeat_url).scheme not in ("http", "https")
+                                      or not urlsplit(heartbeat_url).netloc):
+        _fail(f"--heartbeat-url must be an http(s) URL, got {heartbeat_url!r}.")
+    from inferwatch.alerts.generate import Options
+
+    try:
+        rule_options = Options.from_env()
+    except ValueError as exc:
+        _fail(str(exc))
 
     run_dir = run_dir.resolve()
     cli = [sys.executable, "-m", "inferwatch"]
@@ -400,7 +414,8 @@ def up(
                           exporter=(at(exporter_port),) if exporter_port else (),
                           drift=(at(drift_port),) if drift_port else (), supervisor=(at(supervisor_port),))
         pager = child("local pager", "pager", ["pager", "--host", host, "--port", str(pager_port)], pager_port)
-        children += _monitoring_children(run_dir, targets, pager, pagerduty_routing_key_file, rules_dir, fast_alerting)
+        children += _monitoring_children(run_dir, targets, pager, pagerduty_routing_key_file, heartbeat_url, rules_dir,
+                                         rule_options, fast_alerting)
         urls["Prometheus"] = f"http://{host}:{prometheus_port}"
         urls["Prometheus alerts"] = lambda: _alerts_page(f"http://{host}:{prometheus_port}")
         urls["Alertmanager"] = f"http://{host}:{alertmanager_port}"
@@ -419,20 +434,20 @@ def _alerts_page(prometheus_url: str) -> str:
                 f"{prometheus_url}/alerts")
 
 
-def _monitoring_children(run_dir: Path, targets, pager, pagerduty_key: Optional[Path], rules_dir: Optional[Path],
-                         fast: bool) -> list:
+def _monitoring_children(run_dir: Path, targets, pager, pagerduty_key: Optional[Path], heartbeat_url: Optional[str],
+                         rules_dir: Optional[Path], rule_options, fast: bool) -> list:
     """The local pager, Alertmanager and Prometheus, configured by the same functions as deploy/."""
     from inferwatch.alerts.generate import rule_files, write
     from inferwatch.alerts.routing import Receivers
     from inferwatch.deploy.monitoring import FAST_INTERVALS, Intervals, alertmanager_process, prometheus_process, write_local_configs
 
     hooks = pager.health_url.removesuffix("/health") + "/hooks"
-    receivers = Receivers(f"{hooks}/pager", f"{hooks}/ticket", f"{hooks}/deadman",
+    receivers = Receivers(f"{hooks}/pager", f"{hooks}/ticket", heartbeat_url or f"{hooks}/deadman",
                           str(pagerduty_key.resolve()) if pagerduty_key else None)
     intervals = FAST_INTERVALS if fast else Intervals()
     if rules_dir is None:  # the shipped rules, without absent() guards for parts left out
         rules_dir = run_dir / "rules"
-        write(rule_files(jobs=targets.jobs()), rules_dir)
+        write(rule_files(jobs=targets.jobs(), options=rule_options), rules_dir)
     prom_cfg, am_cfg = write_local_configs(run_dir, targets, receivers, intervals, rules_dir)
     host, _, am_port = targets.alertmanager.rpartition(":")
     prom_host, _, prom_port = targets.prometheus.rpartition(":")

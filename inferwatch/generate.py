@@ -27,9 +27,9 @@ OWNED_DIRS = (rules.RULES_DIR, dcgm.OUT.parent, dashboards.JSON_DIR, manifests.K
               monitoring.DEPLOY_DIR / "prometheus" / "targets")
 
 
-def artifacts() -> dict[Path, str]:
-    """Every generated file, path -> text."""
-    rule_files = rules.files()
+def artifacts(options: rules.Options = rules.Options()) -> dict[Path, str]:
+    """Every generated file, path -> text; committed with the default ``options``."""
+    rule_files = rules.files(options)
     compat_rules = dcgm.files()
     dashboard_files = dashboards.files()
     return {
@@ -64,7 +64,14 @@ def write(files: Mapping[Path, str], folders: Iterable[Path] = OWNED_DIRS) -> li
 
 
 def main() -> None:
-    files = artifacts()
+    """``make generate``: the deployment's links and optional objectives come from the
+    environment (``INFERWATCH_GRAFANA_URL``, ``INFERWATCH_RUNBOOK_URL``,
+    ``INFERWATCH_ITL_SLO_MODELS``)."""
+    try:
+        options = rules.Options.from_env()
+    except ValueError as exc:
+        sys.exit(f"make generate: {exc}")
+    files = artifacts(options)
     changed = write(files)
     for path in changed:
         print(f"{'wrote' if path in files else 'removed'} {path}", file=sys.stderr)

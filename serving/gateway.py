@@ -65,6 +65,7 @@ class Gateway:
             else None
         self.access = Access(settings, self.metrics)
         self.recorder = Recorder(self.metrics, self.features, answers)
+        self.upstream.on_models = lambda models: self.recorder.served(models, settings.variant)
         self.proxy = Proxy(settings, self.upstream, self.experiments, self.access, self.recorder, tracer,
                            ServerSpans(tracer, settings.trace_sample_ratio, self.tracer_provider is not None))
         self.endpoints = Endpoints(registry, self.metrics, settings.max_body_bytes, self.upstream, self.experiments,

@@ -178,6 +178,9 @@ def observe_many(child: Histogram, values: list[float]) -> None:
 
 
 
+STATUS_CLASSES = ("2xx", "4xx", "5xx")
+
+
 class RouteSeries:
     """The request metrics' children for one (model, variant, route).
 
@@ -199,6 +202,13 @@ class RouteSeries:
         self.output_tokens = m.output_tokens.labels(model, variant, route)
         self.prompt_tokens = m.prompt_tokens_per_request.labels(model, variant, route)
         self.completion_tokens = m.completion_tokens_per_request.labels(model, variant, route)
+
+    def answered_at_zero(self) -> None:
+        """Make the status classes the SLOs read exist at 0 before any answer: ``rate()``
+        needs a sample before the first failure to count it (a child created by its first 5xx
+        starts at 1, and a model's first burst of failures would never reach its SLO)."""
+        for status_class in STATUS_CLASSES:
+            self.answered(status_class)
 
     def answered(self, status_class: str) -> tuple:
         """(requests counter, duration histogram) children for a status class."""

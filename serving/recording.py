@@ -10,6 +10,7 @@ updates; the label children of each (model, variant, route) are looked up once a
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 
 from inferwatch.serving.errors import CLIENT_CLOSED, status_class
 from inferwatch.serving.features import FeatureQueue, FeatureRecord
@@ -18,6 +19,7 @@ from inferwatch.serving.metrics import GatewayMetrics, RouteSeries, observe_many
 from inferwatch.serving.request import RequestState
 from inferwatch.serving.sse import StreamAccount
 from inferwatch.serving.tracing import end_span, exemplar, usage_attributes
+from inferwatch.serving.validation import ROUTE_PATHS
 
 
 class Recorder:
@@ -30,6 +32,12 @@ class Recorder:
         if series is None:
             series = self._route_series[(model, variant, route)] = RouteSeries(self.metrics, model, variant, route)
         return series
+
+    def served(self, models: Iterable[str], variant: str) -> None:
+        """Models the gateway now serves: their request series exist from now on, at 0."""
+        for model in models:
+            for route in ROUTE_PATHS.values():
+                self.series(model, variant, route).answered_at_zero()
 
     def started(self, state: RequestState) -> None:
         """The request passed preprocessing: it is in flight until ``ended``."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable, Iterable
 
 import aiohttp
 import orjson
@@ -41,6 +42,7 @@ class Upstream:
         self.pool = UpstreamPool(self.base_url, settings.upstream_connect_timeout_s,
                                  settings.upstream_max_connections)  # the proxy routes' own client
         self._refresh_task: asyncio.Task | None = None
+        self.on_models: Callable[[Iterable[str]], None] | None = None  # told each model list read
         self._refresh_lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self.headers = {"content-type": "application/json"}
@@ -89,6 +91,8 @@ class Upstream:
                 self.up = False
                 self._up.set(0)
                 return False
+            if self.on_models is not None:
+                self.on_models(self.models)
             if not self.up:
                 log.warning("upstream %s: model list available again", self.base_url)
             self.up = True

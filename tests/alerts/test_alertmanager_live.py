@@ -55,10 +55,15 @@ def received(pager: AppServer) -> set[tuple[str, str, str]]:
 def test_tiers_reach_their_receivers_and_causes_silence_their_symptoms(alertmanager):
     am_url, pager = alertmanager
     post(am_url,
+         # every replica of m1 is down: VLLMDown pages for each, and m1's SLO alerts are the outage's
          {"alertname": "VLLMDown", "severity": "critical", "model": "m1", "instance": "vllm-a:8000"},
-         # caused by the dead vLLM: inhibited
+         {"alertname": "VLLMModelUnavailable", "severity": "none", "model": "m1"},
          {"alertname": "SLOErrorBudgetBurn", "severity": "critical", "model": "m1", "slo": "availability"},
          {"alertname": "VLLMKVCacheSaturated", "severity": "warning", "model": "m1", "instance": "vllm-a:8000"},
+         # one replica of m4 is down, the other answers but burns: its page goes out
+         {"alertname": "VLLMDown", "severity": "critical", "model": "m4", "instance": "vllm-b:8000"},
+         {"alertname": "SLOErrorBudgetBurn", "severity": "critical", "model": "m4", "slo": "ttft"},
+         {"alertname": "VLLMKVCacheSaturated", "severity": "warning", "model": "m4", "instance": "vllm-c:8000"},
          # another model: not inhibited
          {"alertname": "SLOErrorBudgetBurn", "severity": "critical", "model": "m2", "slo": "availability"},
          # the page inhibits the ticket of the same alert, model and SLO, not of another SLO
@@ -68,7 +73,8 @@ def test_tiers_reach_their_receivers_and_causes_silence_their_symptoms(alertmana
          {"alertname": "GPUPowerCapped", "severity": "info", "instance": "n1"},
          {"alertname": "Watchdog", "severity": "none"})
     want = {
-        ("pager", "VLLMDown", "m1"), ("pager", "SLOErrorBudgetBurn", "m2"),
+        ("pager", "VLLMDown", "m1"), ("pager", "VLLMDown", "m4"), ("pager", "SLOErrorBudgetBurn", "m4"),
+        ("ticket", "VLLMKVCacheSaturated", "m4"), ("pager", "SLOErrorBudgetBurn", "m2"),
         ("ticket", "SLOErrorBudgetBurn", "m3"), ("ticket", "DriftDetected", "m1"), ("deadman", "Watchdog", ""),
     }
     eventually(lambda: received(pager) >= want, timeout_s=15)
