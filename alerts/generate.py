@@ -54,18 +54,22 @@ BUDGET_REMAINING = "inferwatch_slo:period_error_budget_remaining:ratio"
 
 @dataclass(frozen=True)
 class Options:
-    """What one deployment sets when it generates its rules: where its Grafana and runbooks
-    are (the links in every alert) and which models are held to the optional inter-token
-    latency objective. ``make generate``, ``inferwatch up`` and the Kubernetes manifests
-    read them from the environment (``from_env``); the committed files use the defaults."""
+    """What one deployment sets when it generates its rules and configs: where its Grafana and
+    runbooks are (the links in every alert), which models are held to the optional
+    inter-token latency objective, and where the compose stack's dead man's switch goes.
+    ``make generate`` (compose, Kubernetes) and ``inferwatch up`` read them from the
+    environment (``from_env``); the committed files use the defaults."""
 
     grafana_url: str = spec.GRAFANA_URL
     runbook_url: str = spec.RUNBOOK_BASE_URL
     itl_models: str | None = None  # a regex of models; None: no inter-token latency SLO
+    heartbeat_url: str | None = None  # the dead man's switch of the compose stack (None: its local pager)
 
     def __post_init__(self) -> None:
-        for name in ("grafana_url", "runbook_url"):
+        for name in ("grafana_url", "runbook_url", "heartbeat_url"):
             url = getattr(self, name)
+            if url is None:
+                continue
             if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc:
                 raise ValueError(f"INFERWATCH_{name.upper()} must be an http(s) URL, got {url!r}")
         if self.itl_models is not None:
@@ -80,7 +84,8 @@ class Options:
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Options:
         return cls(grafana_url=env.get("INFERWATCH_GRAFANA_URL") or spec.GRAFANA_URL,
                    runbook_url=(env.get("INFERWATCH_RUNBOOK_URL") or spec.RUNBOOK_BASE_URL).rstrip("/"),
-                   itl_models=env.get("INFERWATCH_ITL_SLO_MODELS") or None)
+                   itl_models=env.get("INFERWATCH_ITL_SLO_MODELS") or None,
+                   heartbeat_url=env.get("INFERWATCH_HEARTBEAT_URL") or None)
 
     def slos(self) -> tuple[SLO, ...]:
         return spec.SLOS + ((spec.inter_token_latency(self.itl_models),) if self.itl_models else ())

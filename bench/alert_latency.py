@@ -1,27 +1,38 @@
 """Fault to page, and recovery to resolved, through the real local stack.
 
 Runs `inferwatch up` (real vLLM on the CPU, gateway, exporter, drift service, Prometheus,
-Alertmanager, local pager) with the test intervals (``--fast-alerting``: 1s scrape and
-evaluation, 1s group_wait, 2s group_interval) and the shipped rules with ``for`` capped at
-15s, as the end-to-end tests do. Faults: vLLM SIGKILLed (the supervisor brings it back) and
-shifted feature records pushed to the drift service (recovered by re-freezing the
-baseline). Times are taken from the fault to the pager's receipt. The same paths are then
-computed for the shipped intervals (10s scrape and evaluation, rules' own ``for``,
-Alertmanager's page/ticket timings). Target: page <= for + 2 evaluation intervals + group_wait.
+Alertmanager, local pager) with the shipped rules and intervals (10s scrape and evaluation,
+Alertmanager's page timings), or with ``--intervals fast`` the test intervals (1s, ``for``
+capped at 15s). Steady traffic runs through the gateway meanwhile. Times are taken from the
+fault to the pager's receipt.
 
-    python bench/alert_latency.py [--runs 3]
+Faults:
+- vLLM SIGKILLed; the supervisor brings it back (the page: VLLMDown);
+- a total outage of the model: vLLM frozen (SIGSTOP) for ``--outage-s``, every request
+  through the gateway fails (a 2s upstream timeout for the bench). The page is VLLMDown;
+  the model's SLO page fires in Prometheus too and is inhibited at Alertmanager (every
+  replica is down): its firing time is the SLO path's detection time, and the bench checks
+  it never reaches the pager;
+- (fast intervals only) shifted feature records pushed to the drift service (a ticket).
+
+Targets (issue 19): a total outage pages within 2 minutes of onset, group_wait included.
+
+    python bench/alert_latency.py [--runs 3] [--intervals shipped|fast]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,20 +52,23 @@ from tests.support.waiting import eventually  # noqa: E402
 
 FOR_CAP = "15s"
 NAMES = ("vllm", "gateway", "exporter", "drift", "prometheus", "alertmanager", "pager", "supervisor")
+TARGET_OUTAGE_PAGE_S = 120
 
 
 class Stack:
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, fast: bool) -> None:
         self.ports = dict(zip(NAMES, free_ports(len(NAMES))))
-        rules = run_dir / "rules"
-        write(cap_for(rule_files(), FOR_CAP), rules)
         argv = [sys.executable, "-m", "inferwatch", "up", "--model", str(build_tiny_model()), "--dtype", "bfloat16",
-                "--run-dir", str(run_dir), "--rules-dir", str(rules), "--fast-alerting",
-                *(a for n in NAMES for a in (f"--{n}-port", str(self.ports[n])))]
+                "--run-dir", str(run_dir), *(a for n in NAMES for a in (f"--{n}-port", str(self.ports[n])))]
+        if fast:
+            rules = run_dir / "rules"
+            write(cap_for(rule_files(), FOR_CAP), rules)
+            argv += ["--rules-dir", str(rules), "--fast-alerting"]
         self.log = open(run_dir / "up.out", "w")
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ,
-                                                                                          "PYTHONUNBUFFERED": "1"})
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "INFERWATCH_GATEWAY_UPSTREAM_TIMEOUT_S": "2"}
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         eventually(lambda: "Ctrl-C stops everything" in (run_dir / "up.out").read_text(), 400, 1)
+        self.traffic = Traffic(self.url("gateway"))
 
     def url(self, name: str) -> str:
         return f"http://127.0.0.1:{self.ports[name]}"
@@ -65,12 +79,21 @@ class Stack:
         return next((e for e in events if e["received_at"] > after
                      and all(e["labels"].get(k) == v for k, v in labels.items())), None)
 
-    def kill_vllm(self) -> float:
+    def signal_vllm(self, sig: int) -> float:
+        """Send ``sig`` to vLLM's process group (its API server and engine core); the time."""
         pid = next(c.pid for c in psutil.net_connections("tcp")
                    if c.status == psutil.CONN_LISTEN and c.laddr.port == self.ports["vllm"] and c.pid)
+        self.vllm_group = os.getpgid(pid)
         t = time.time()
-        os.killpg(os.getpgid(pid), signal.SIGKILL)
+        os.killpg(self.vllm_group, sig)
         return t
+
+    def slo_firing_since(self, after: float) -> float | None:
+        """When Prometheus's SLOErrorBudgetBurn page (any SLO) became active, if after ``after``."""
+        alerts = requests.get(f"{self.url('prometheus')}/api/v1/alerts", timeout=5).json()["data"]["alerts"]
+        times = [_epoch(a["activeAt"]) for a in alerts if a["labels"]["alertname"] == "SLOErrorBudgetBurn"
+                 and a["labels"].get("burn") == "fast" and a["state"] == "firing"]
+        return min((t for t in times if t > after), default=None)
 
     def vllm_healthy(self) -> bool:
         try:
@@ -79,6 +102,7 @@ class Stack:
             return False
 
     def close(self) -> None:
+        self.traffic.stop()
         self.proc.send_signal(signal.SIGINT)
         try:
             self.proc.wait(timeout=120)
@@ -87,13 +111,65 @@ class Stack:
         self.log.close()
 
 
-def vllm_cycle(stack: Stack) -> tuple[float, float]:
-    t_fault = stack.kill_vllm()
-    page = eventually(lambda: stack.event("VLLMDown", "firing", t_fault), 120)
-    eventually(stack.vllm_healthy, 300, 0.05)
+def _epoch(rfc3339: str) -> float:
+    """Prometheus's activeAt (nanosecond digits, "Z") as a Unix time."""
+    match = re.fullmatch(r"(.*T\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)", rfc3339)
+    zone = "+00:00" if match[3] == "Z" else match[3]
+    return datetime.fromisoformat(match[1] + zone).timestamp() + float(match[2] or 0)
+
+
+class Traffic:
+    """Steady small requests through the gateway (about 4/s), so the SLOs have events."""
+
+    def __init__(self, gateway: str) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(gateway,), daemon=True)
+        self._thread.start()
+
+    def _run(self, gateway: str) -> None:
+        body = {"model": "tiny-llama", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+        while not self._stop.wait(0.25):
+            try:
+                requests.post(f"{gateway}/v1/chat/completions", json=body, timeout=10)
+            except requests.RequestException:
+                pass
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=15)
+
+
+def settle(stack: Stack) -> None:
+    """Between cycles: vLLM healthy, nothing firing at the pager's receivers but the meta alerts."""
+    eventually(stack.vllm_healthy, 600, 0.5)
+    time.sleep(5)
+
+
+def kill_cycle(stack: Stack) -> tuple[float, float]:
+    settle(stack)
+    t_fault = stack.signal_vllm(signal.SIGKILL)
+    page = eventually(lambda: stack.event("VLLMDown", "firing", t_fault), 300)
+    eventually(stack.vllm_healthy, 600, 0.05)
     t_back = time.time()
-    resolved = eventually(lambda: stack.event("VLLMDown", "resolved", t_back - 0.5), 120)
+    resolved = eventually(lambda: stack.event("VLLMDown", "resolved", t_back - 0.5), 300)
     return page["received_at"] - t_fault, resolved["received_at"] - t_back
+
+
+def outage_cycle(stack: Stack, outage_s: float) -> tuple[float, float, float, bool]:
+    """(fault → VLLMDown page, fault → SLO page firing in Prometheus, recovery → resolved,
+    whether an SLO page reached the pager)."""
+    settle(stack)
+    t_fault = stack.signal_vllm(signal.SIGSTOP)
+    try:
+        page = eventually(lambda: stack.event("VLLMDown", "firing", t_fault), 300)
+        slo = eventually(lambda: stack.slo_firing_since(t_fault), 300)
+        time.sleep(max(0.0, t_fault + outage_s - time.time()))
+    finally:
+        os.killpg(stack.vllm_group, signal.SIGCONT)
+    t_back = time.time()
+    resolved = eventually(lambda: stack.event("VLLMDown", "resolved", t_back - 0.5), 300)
+    slo_paged = stack.event("SLOErrorBudgetBurn", "firing", t_fault) is not None
+    return page["received_at"] - t_fault, slo - t_fault, resolved["received_at"] - t_back, slo_paged
 
 
 def drift_cycle(stack: Stack, run: int) -> tuple[float, float]:
@@ -139,34 +215,42 @@ def computed(name: str, intervals: Intervals, tier: str, for_cap: str | None) ->
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--intervals", choices=("shipped", "fast"), default="shipped")
+    ap.add_argument("--outage-s", type=float, default=150.0, help="how long the total outage lasts")
     args = ap.parse_args()
-    stack = Stack(Path(tempfile.mkdtemp(prefix="inferwatch-alert-bench-")))
+    fast = args.intervals == "fast"
+    intervals = FAST_INTERVALS if fast else Intervals()
+    stack = Stack(Path(tempfile.mkdtemp(prefix="inferwatch-alert-bench-")), fast)
     try:
-        vllm = [vllm_cycle(stack) for _ in range(args.runs)]
-        drift = [drift_cycle(stack, i) for i in range(args.runs)]
+        kills = [kill_cycle(stack) for _ in range(args.runs)]
+        outages = [outage_cycle(stack, args.outage_s) for _ in range(args.runs)]
+        drift = [drift_cycle(stack, i) for i in range(args.runs)] if fast else []
     finally:
         stack.close()
 
     def stats(xs: list[float]) -> str:
         return f"{statistics.median(xs):.1f} s ({min(xs):.1f}–{max(xs):.1f})"
 
-    print(f"\n#### Fault to page, recovery to resolved (median of {args.runs} runs, min–max)\n")
-    print("| fault | alert → receiver | intervals | fault → received | target (for + 2 eval + group_wait)¹ | "
-          "worst case computed | recovery → resolved | worst case computed |")
-    print("|---|---|---|---|---|---|---|---|")
-    shipped = Intervals()
-    for label, name, tier, runs in (("vLLM SIGKILL", "VLLMDown → pager", "page", vllm),
-                                    ("drift injected", "DriftDetected → ticket", "ticket", drift)):
-        alert = name.split()[0]
-        target, worst, resolve = computed(alert, FAST_INTERVALS, tier, FOR_CAP)
-        print(f"| {label} | {name} | test (1s, for ≤ {FOR_CAP}) | {stats([r[0] for r in runs])} | {target:.0f} s | "
-              f"{worst:.0f} s | {stats([r[1] for r in runs])} | {resolve:.0f} s |")
-        target, worst, resolve = computed(alert, shipped, tier, None)
-        timing = shipped.page if tier == "page" else shipped.ticket
-        print(f"| {label} | {name} | shipped ({shipped.scrape} scrape and evaluation, group_wait "
-              f"{timing.group_wait}) | — | {target:.0f} s | {worst:.0f} s | — | {resolve:.0f} s |")
-
-    print("\n¹ VLLMDown has no `for`: its second failed scrape (one scrape interval) stands in for it.")
+    label = (f"{intervals.scrape} scrape and evaluation, page group_wait {intervals.page.group_wait}"
+             + (f", for ≤ {FOR_CAP}" if fast else ", the rules' own for"))
+    target, worst, resolve = computed("VLLMDown", intervals, "page", FOR_CAP if fast else None)
+    print(f"\n#### Fault to page, recovery to resolved: {args.intervals} intervals ({label}); "
+          f"median of {args.runs} runs (min–max)\n")
+    print("| fault | alert → receiver | fault → received | target | recovery → resolved | worst case computed |")
+    print("|---|---|---|---|---|---|")
+    print(f"| vLLM SIGKILL (supervisor restarts it) | VLLMDown → pager | {stats([k[0] for k in kills])} | "
+          f"{target:.0f} s | {stats([k[1] for k in kills])} | {resolve:.0f} s |")
+    print(f"| total outage ({args.outage_s:.0f} s, vLLM frozen) | VLLMDown → pager | {stats([o[0] for o in outages])} | "
+          f"{TARGET_OUTAGE_PAGE_S} s | {stats([o[2] for o in outages])} | {resolve:.0f} s |")
+    slo_target = TARGET_OUTAGE_PAGE_S - seconds(intervals.page.group_wait)
+    print(f"| total outage, SLO path | SLOErrorBudgetBurn fast: firing in Prometheus (inhibited: every replica "
+          f"down) | {stats([o[1] for o in outages])} | {slo_target} s (+ group_wait) | — | — |")
+    if drift:
+        t, _, r = computed("DriftDetected", intervals, "ticket", FOR_CAP)
+        print(f"| drift injected | DriftDetected → ticket | {stats([d[0] for d in drift])} | {t:.0f} s | "
+              f"{stats([d[1] for d in drift])} | {r:.0f} s |")
+    print(f"\nSLO pages that reached the pager during the outages (inhibited, must be 0): "
+          f"{sum(o[3] for o in outages)}")
 
 
 if __name__ == "__main__":

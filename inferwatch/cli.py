@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import time
@@ -373,9 +374,11 @@ def up(
     run_dir = run_dir.resolve()
     cli = [sys.executable, "-m", "inferwatch"]
 
-    def child(name: str, key: str, argv: list[str], port: int, health: str = "/health") -> ManagedProcess:
+    def child(name: str, key: str, argv: list[str], port: int, health: str = "/health",
+              env: dict[str, str] | None = None) -> ManagedProcess:
         return ManagedProcess(f"{name} (:{port})", cli + argv, log_path=run_dir / f"{key}.log",
-                              health_url=f"http://{host}:{port}{health}", key=key)
+                              health_url=f"http://{host}:{port}{health}", key=key,
+                              env={**os.environ, **env} if env else None)
 
     children: list[tuple[ManagedProcess, float]] = []
     urls: dict = {}
@@ -403,7 +406,8 @@ def up(
             urls["drift /metrics"] = f"http://{host}:{drift_port}/metrics"
         if exporter_port:
             children.append((child("GPU exporter", "exporter", ["exporter", "--host", host, "--port",
-                                                                 str(exporter_port)], exporter_port), 30.0))
+                                                                 str(exporter_port)], exporter_port,
+                                   env={"INFERWATCH_EXPORTER_WATCH_PATHS": ",".join(_watched(run_dir))}), 30.0))
             urls["GPU exporter /metrics"] = f"http://{host}:{exporter_port}/metrics"
     if prometheus_port:
         from inferwatch.deploy.monitoring import Targets
@@ -432,6 +436,15 @@ def _alerts_page(prometheus_url: str) -> str:
 
     return next((f"{prometheus_url}{p}" for p in ("/alerts", "/classic/alerts") if http_ok(f"{prometheus_url}{p}")),
                 f"{prometheus_url}/alerts")
+
+
+def _watched(run_dir: Path) -> list[str]:
+    """What can fill up under the local stack, for the disk alerts: the run folder (Prometheus's
+    TSDB and the drift database), the model cache, and Hugging Face's cache where it exists."""
+    from inferwatch.serving.tiny_model import default_cache_dir
+
+    hf = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
+    return [str(run_dir)] + [str(p) for p in (default_cache_dir(), hf) if p.is_dir()]
 
 
 def _monitoring_children(run_dir: Path, targets, pager, pagerduty_key: Optional[Path], heartbeat_url: Optional[str],

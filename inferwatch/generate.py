@@ -36,7 +36,7 @@ def artifacts(options: rules.Options = rules.Options()) -> dict[Path, str]:
         **rule_files,
         **compat_rules,
         **dashboard_files,
-        **monitoring.compose_files(path.name for path in rule_files),
+        **monitoring.compose_files((path.name for path in rule_files), options.heartbeat_url),
         **manifests.kubernetes_files(rule_files, compat_rules, dashboard_files),
     }
 
@@ -66,7 +66,7 @@ def write(files: Mapping[Path, str], folders: Iterable[Path] = OWNED_DIRS) -> li
 def main() -> None:
     """``make generate``: the deployment's links and optional objectives come from the
     environment (``INFERWATCH_GRAFANA_URL``, ``INFERWATCH_RUNBOOK_URL``,
-    ``INFERWATCH_ITL_SLO_MODELS``)."""
+    ``INFERWATCH_ITL_SLO_MODELS``, ``INFERWATCH_HEARTBEAT_URL``)."""
     try:
         options = rules.Options.from_env()
     except ValueError as exc:

@@ -100,11 +100,11 @@ class Proxy:
             exchange.watch(None)
 
     def settle(self, state: RequestState, status: int, account: StreamAccount | None, error: str | None,
-               reason: str | None = None) -> None:
-        """A request that passed preprocessing ends: count an upstream failure (``reason``),
-        give admission back its ticket with the tokens vLLM used, record it."""
+               reason: str | None = None, cause: BaseException | None = None) -> None:
+        """A request that passed preprocessing ends: count an upstream failure (``reason``,
+        from ``cause``), give admission back its ticket with the tokens vLLM used, record it."""
         if reason is not None:
-            self.recorder.upstream_error(state, reason)
+            self.recorder.upstream_error(state, reason, cause)
         self.access.release(state, status, account)
         self.recorder.ended(state, status, account, error)
 
@@ -160,7 +160,7 @@ class Proxy:
     async def _unary(self, exchange: Exchange, state: RequestState, req: ParsedRequest, body: bytes) -> None:
         """The whole answer, read from vLLM and handed over. A client that leaves meanwhile
         cancels this (``serve``), which closes the upstream connection: vLLM aborts."""
-        status, account, error, reason = 502, StreamAccount(state.started), None, None
+        status, account, error, reason, cause = 502, StreamAccount(state.started), None, None, None
         try:
             span, headers = self._upstream_call_span(state, req)
             timeout_s = self.settings.upstream_timeout_s
@@ -177,7 +177,7 @@ class Proxy:
                 upstream_status = resp.status
             except (ConnectionError, TimeoutError) as exc:
                 status, reason, failure = classify_failure(exc)
-                error = str(failure.message)
+                error, cause = str(failure.message), exc
                 end_span(span, error)
                 exchange.answer(status, failure.body())
                 return
@@ -223,7 +223,7 @@ class Proxy:
             status, error = CLIENT_CLOSED, LEFT
             raise
         finally:
-            self.settle(state, status, account, error, reason)
+            self.settle(state, status, account, error, reason, cause)
 
     async def _stream(self, exchange: Exchange, state: RequestState, req: ParsedRequest, body: bytes) -> None:
         span, headers = self._upstream_call_span(state, req)
@@ -233,7 +233,7 @@ class Proxy:
         except (ConnectionError, TimeoutError) as exc:
             status, reason, failure = classify_failure(exc)
             end_span(span, failure.message)
-            self.settle(state, status, None, failure.message, reason)
+            self.settle(state, status, None, failure.message, reason, exc)
             exchange.answer(status, failure.body())
             return
         except asyncio.CancelledError:

@@ -50,10 +50,10 @@ class Recorder:
     def rejected(self, path: str, code: str) -> None:
         self.metrics.rejected.labels(path, code).inc()
 
-    def upstream_error(self, state: RequestState, reason: str) -> None:
+    def upstream_error(self, state: RequestState, reason: str, cause: BaseException | None = None) -> None:
         self.metrics.upstream_errors.labels(state.model, state.variant, reason).inc()
         if reason == "connect":
-            state.upstream.unreachable()
+            state.upstream.unreachable(cause)
 
     def finish(self, state: RequestState, status: int, account: StreamAccount | None, *, error: str | None) -> None:
         """Record the request once: metrics, feature record, span attributes and end."""

@@ -354,8 +354,7 @@ class UpstreamPool:
             # the request's cancel (its client left) comes in the loop turn the connect completes
             # in, and the request then goes to vLLM with nobody left to cut it
             async with asyncio.timeout(self.connect_timeout_s):
-                _, conn = await asyncio.get_running_loop().create_connection(
-                    _Connection, self.host, self.port, ssl=self.ssl, server_hostname=self.host if self.ssl else None)
+                conn = await self._connect()
         except BaseException as exc:
             self._open -= 1
             self._hand_over(None)
@@ -363,6 +362,22 @@ class UpstreamPool:
                 raise UpstreamConnectError(f"cannot connect to {self.host}:{self.port}: {exc}") from None
             raise
         return conn, False
+
+    async def _connect(self) -> _Connection:
+        """A new connection, tried twice: a refused or reset connect sent nothing of the
+        request, and one more try turns a loopback port-reuse race (a 4-tuple still in
+        TIME_WAIT on vLLM's side) into a connection instead of a 503; a vLLM that is down
+        refuses the second as fast."""
+        loop = asyncio.get_running_loop()
+        for attempt in (0, 1):
+            try:
+                _, conn = await loop.create_connection(
+                    _Connection, self.host, self.port, ssl=self.ssl, server_hostname=self.host if self.ssl else None)
+                return conn
+            except (ConnectionRefusedError, ConnectionResetError):
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
 
     def put(self, conn: _Connection) -> None:
         conn.idle_since = time.monotonic()

@@ -113,11 +113,12 @@ class Upstream:
         except (aiohttp.ClientError, TimeoutError):
             return False
 
-    def unreachable(self) -> None:
+    def unreachable(self, cause: BaseException | None = None) -> None:
         """A request could not reach vLLM: say so in ``upstream_up`` now, and probe again soon
         (every ``DOWN_RETRY_S``) instead of at the next regular refresh."""
         if self.up:
-            log.warning("upstream %s: a request could not connect", self.base_url)
+            log.warning("upstream %s: a request could not connect: %s", self.base_url,
+                        f"{type(cause).__name__}: {cause}" if cause is not None else "unknown cause")
         self.up = False
         self._up.set(0)
         self._wake.set()

@@ -104,9 +104,12 @@ def test_amtool_routes_each_tier(labels, receiver):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_alertmanager_config_never_inlines_a_secret():
-    doc = yaml.safe_load(AM_CONFIG.read_text())
-    pd = doc["receivers"][0]["pagerduty_configs"][0]
+def test_alertmanager_config_never_inlines_a_secret_and_pages_pagerduty_only_when_chosen():
+    assert "pagerduty" not in AM_CONFIG.read_text()  # the default: no key, no PagerDuty receiver
+    with_pagerduty = AM_CONFIG.with_name("alertmanager-pagerduty.yml")
+    result = subprocess.run(["amtool", "check-config", str(with_pagerduty)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    pd = yaml.safe_load(with_pagerduty.read_text())["receivers"][0]["pagerduty_configs"][0]
     assert "routing_key" not in pd and pd["routing_key_file"].startswith("/run/secrets/")
 
 
@@ -131,3 +134,50 @@ def test_absent_guards_only_for_the_jobs_that_are_scraped():
 
     assert guarded(rule_files()) == {guard.job for guard in spec.ABSENT_GUARDS}
     assert guarded(rule_files(jobs={spec.JOB_GATEWAY, spec.JOB_VLLM})) == {spec.JOB_GATEWAY, spec.JOB_VLLM}
+
+
+def test_links_and_the_optional_itl_objective_come_from_the_environment(tmp_path):
+    options = generate.Options.from_env({"INFERWATCH_GRAFANA_URL": "https://grafana.example.com",
+                                         "INFERWATCH_RUNBOOK_URL": "https://wiki.example.com/runbooks/",
+                                         "INFERWATCH_ITL_SLO_MODELS": "llama-.*|qwen"})
+    files = rule_files(options=options)
+    alerts = [r for doc in files.values() for g in doc["groups"] for r in g["rules"] if "alert" in r]
+    assert all(r["annotations"]["runbook_url"] == f"https://wiki.example.com/runbooks/{r['alert']}.md" for r in alerts)
+    assert {r["annotations"]["dashboard_url"].rsplit("/d/", 1)[0] for r in alerts if "dashboard_url" in r["annotations"]} \
+        == {"https://grafana.example.com"}
+    itl = [r for r in alerts if r["alert"] == "SLOErrorBudgetBurn" and r["labels"]["slo"] == "itl"]
+    assert [r["labels"]["burn"] for r in itl] == ["fast", "slow"]
+    records = [r for doc in files.values() for g in doc["groups"] for r in g["rules"] if r.get("labels", {}).get("slo") == "itl"]
+    assert 'model=~"llama-.*|qwen"' in records[0]["expr"] and 'le="0.1"' in records[0]["expr"]
+    for name, doc in files.items():  # promtool accepts them
+        (tmp_path / name).write_text(generate.render(doc))
+    subprocess.run(["promtool", "check", "rules", *map(str, sorted(tmp_path.glob("*.yml")))], check=True,
+                   capture_output=True)
+    assert not any(r.get("labels", {}).get("slo") == "itl" for r in all_rules())  # off by default
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"INFERWATCH_RUNBOOK_URL": "/runbooks"}, r"INFERWATCH_RUNBOOK_URL must be an http\(s\) URL"),
+    ({"INFERWATCH_ITL_SLO_MODELS": 'a"b'}, "may not hold quotes"),
+])
+def test_bad_generator_settings_are_refused_with_the_variable_named(env, message):
+    with pytest.raises(ValueError, match=message):
+        generate.Options.from_env(env)
+
+
+def test_the_heartbeat_goes_where_it_is_configured_and_never_sends_resolutions(tmp_path):
+    from inferwatch.alerts.routing import Receivers, alertmanager_config
+
+    doc = alertmanager_config(Receivers("http://p/pager", "http://p/ticket", "https://hc-ping.com/uuid"), "/t")
+    [deadman] = [r for r in doc["receivers"] if r["name"] == "deadman"]
+    assert deadman["webhook_configs"] == [{"url": "https://hc-ping.com/uuid", "send_resolved": False,
+                                          "max_alerts": 1000}]
+
+
+def test_no_pagerduty_receiver_without_a_key():
+    from inferwatch.alerts.routing import Receivers, alertmanager_config
+
+    without = alertmanager_config(Receivers("http://p/pager", "http://p/ticket", "http://p/deadman"), "/t")
+    assert all("pagerduty_configs" not in r for r in without["receivers"])
+    with_key = alertmanager_config(Receivers("http://p/pager", "http://p/ticket", "http://p/deadman", "/run/k"), "/t")
+    assert [r["name"] for r in with_key["receivers"] if "pagerduty_configs" in r] == ["pager"]

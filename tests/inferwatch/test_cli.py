@@ -1,5 +1,6 @@
 """The inferwatch command: help for every command, and settings errors that say what to fix."""
 
+import os
 import subprocess
 import sys
 
@@ -70,6 +71,20 @@ def test_up_refuses_an_unreadable_or_empty_pagerduty_key_file(tmp_path):
                                  "--pagerduty-routing-key-file", str(path), "--run-dir", str(tmp_path)],
                                 capture_output=True, text=True, timeout=60)
         assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(("args", "env", "message"), [
+    (["--heartbeat-url", "hc-ping.com/abc"], {}, "--heartbeat-url must be an http(s) URL"),
+    ([], {"INFERWATCH_HEARTBEAT_URL": "ftp://x/y"}, "--heartbeat-url must be an http(s) URL"),
+    ([], {"INFERWATCH_GRAFANA_URL": "grafana:3000"}, "INFERWATCH_GRAFANA_URL must be an http(s) URL"),
+    ([], {"INFERWATCH_ITL_SLO_MODELS": "llama-("}, "INFERWATCH_ITL_SLO_MODELS is not a regex"),
+])
+def test_up_refuses_bad_alerting_settings_before_starting_anything(tmp_path, args, env, message):
+    result = subprocess.run([sys.executable, "-m", "inferwatch", "up", "--model", str(tmp_path / "none"), *args,
+                             "--run-dir", str(tmp_path)], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, **env})
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert not (tmp_path / "vllm.log").exists()
 
 
 def test_gateway_refuses_a_broken_limits_file_and_key_id_names_keys(tmp_path):

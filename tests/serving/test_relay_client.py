@@ -136,6 +136,32 @@ def test_not_http_and_nobody_listening_are_clear_errors():
     run(scenario())
 
 
+def test_a_refused_or_reset_connect_is_tried_once_more_before_it_fails(monkeypatch):
+    """Nothing of the request left on a connect that failed: one more try costs nothing."""
+    attempts: list[int] = []
+    real = asyncio.BaseEventLoop.create_connection
+
+    async def failing_first(loop, *args, **kwargs):
+        attempts.append(1)
+        if len(attempts) % 2:
+            raise (ConnectionResetError if len(attempts) == 1 else ConnectionRefusedError)(104, "from the test")
+        return await real(loop, *args, **kwargs)
+
+    async def scenario():
+        async with RawServer(lambda n: OK) as srv:
+            pool = UpstreamPool(srv.url, 2.0, 8)
+            resp = await pool.post("/v1/x", b"{}", {}, 5)  # reset, then connected
+            status = resp.status
+            resp.close()
+            resp = await pool.post("/v1/x", b"{}", {}, 5)  # refused, then connected
+            resp.close()
+            pool.close()
+            return status, resp.status
+
+    monkeypatch.setattr(asyncio.BaseEventLoop, "create_connection", failing_first)
+    assert run(scenario()) == (200, 200) and len(attempts) == 4
+
+
 def test_no_answer_in_time_is_a_timeout_and_drops_the_connection():
     async def never(writer):
         await asyncio.sleep(30)
