@@ -29,6 +29,10 @@ Where dcgm-exporter reports something differently:
   counters file) is split into one 0/1 series per reason, as inferwatch exports it.
 - ECC totals and retired pages are commented out in dcgm-exporter's default counters:
   enable them there for the ECC alerts.
+- ``inferwatch_nvml_up`` is the dcgm-exporter target's own ``up``, so NVMLDown fires for a
+  dead dcgm-exporter on a node that had GPUs. GPUExporterSnapshotStale is about inferwatch's
+  sampler thread and has no dcgm-exporter counterpart: a DCGM stuck in the driver shows as
+  failed scrapes, which is NVMLDown.
 """
 
 from __future__ import annotations
@@ -156,7 +160,13 @@ def rules() -> list[dict]:
     out.append(record("inferwatch_gpu_xid_errors_total",
                       f'count_values without () ("xid", {aggregate("max", per_gpu(XID))} > 0)'))
     out.append(record("inferwatch_gpu_info", aggregate("group", per_gpu(PRESENCE))))
-    out.append(record("inferwatch_nvml_up", f"group by (instance, job) ({PRESENCE})"))
+    # NVMLDown and the exporter guards read these: the GPUs each dcgm-exporter target sees, and
+    # whether it answers (its `up`, for targets that saw GPUs in the last day), so a dead
+    # dcgm-exporter on a GPU node opens NVMLDown as a dead inferwatch exporter would
+    devices = m("inferwatch_nvml_devices")
+    out.append(record(devices, f"count by (instance, job) ({PRESENCE}{WHOLE_GPU})"))
+    out.append(record("inferwatch_nvml_up", f"up * on (instance, job) group_left () group by (instance, job) "
+                                            f"(max_over_time({devices}[1d]) > 0)"))
     return out
 
 

@@ -355,7 +355,7 @@ ALERTS = (
 # is expected once gateways deliver feature records to one; GPU metrics from anywhere
 # (inferwatch's exporter, or dcgm-exporter through alerts/compat) satisfy the exporter's.
 _RECORDS_SENT = f'sum(rate({m("inferwatch_gateway_feature_records_total")}{{outcome="sent"}}[10m])) > 0'
-_NO_GPU_METRICS = f'absent({m("inferwatch_gpu_utilization_ratio")})'
+_NO_GPU_METRICS = f'absent({m("inferwatch_gpu_info")})'
 ABSENT_GUARDS = (
     Guard(JOB_GATEWAY, "up", f'up{{job="{JOB_GATEWAY}"}}'),
     Guard(JOB_VLLM, "up", f'up{{job="{JOB_VLLM}"}}'),

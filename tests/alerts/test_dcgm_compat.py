@@ -100,6 +100,7 @@ def test_default_counters_read_back_in_inferwatch_names_units_and_labels(tmp_pat
     series[selector("DCGM_FI_DEV_XID_ERRORS", g1)] = "0x10"
     # a MIG instance of GPU 0: not the GPU, left out
     series[selector("DCGM_FI_DEV_POWER_USAGE", {**g0, "GPU_I_PROFILE": "1g.10gb", "GPU_I_ID": "1"})] = "5x10"
+    series[selector("up", {"job": "dcgm-exporter", "instance": "10.0.0.7:9400"})] = "1x10"  # Prometheus's own
 
     def at(expr: str, *samples: tuple[dict[str, str], float]) -> dict:
         return {"expr": expr, "eval_time": "5m", "exp_samples": [
@@ -137,6 +138,7 @@ def test_default_counters_read_back_in_inferwatch_names_units_and_labels(tmp_pat
         at("inferwatch_gpu_xid_errors_total", ({**g0_ours, "xid": "79"}, 1)),
         at("inferwatch_gpu_info", (g0_ours, 1), (g1_ours, 1)),
         at("inferwatch_nvml_up", ({"job": "dcgm-exporter", "instance": "10.0.0.7:9400"}, 1)),
+        at("inferwatch_nvml_devices", ({"job": "dcgm-exporter", "instance": "10.0.0.7:9400"}, 2)),
     ]
     test = {"name": "dcgm-exporter default counters", "interval": "1m",
             "input_series": [{"series": k, "values": v} for k, v in series.items()],
@@ -255,10 +257,10 @@ def test_pods_sharing_a_gpu_count_one_xid_once(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_a_dcgm_cluster_with_the_exporter_job_given_no_targets_raises_no_absent_guard(tmp_path):
-    """What docs/exporter.md tells a dcgm-exporter cluster: keep the inferwatch-exporter job with an
-    empty target list. Its absent() guards stay quiet then; with the job removed altogether
-    Prometheus cannot tell an intended absence from a lost job, and they fire."""
+def test_a_dcgm_cluster_raises_no_exporter_guard_with_the_job_configured_empty_or_not_at_all(tmp_path):
+    """GPU metrics from dcgm-exporter satisfy the inferwatch-exporter guards: a cluster that runs
+    it instead of ours opens no ticket, whether it keeps an empty inferwatch-exporter job or
+    has none. Without any GPU metrics and without the job, the guard fires."""
     guards = [r for f in RULE_FILES for g in yaml.safe_load(f.read_text())["groups"] for r in g["rules"]
               if r.get("alert", "").startswith("Inferwatch") and r["alert"].endswith("Absent")
               and r["labels"].get("job") == "inferwatch-exporter"]
@@ -276,6 +278,19 @@ def test_a_dcgm_cluster_with_the_exporter_job_given_no_targets_raises_no_absent_
                                       if r["labels"]["metric"] in fires else []} for r in guards]}
 
     tests = [case("exporter job with no targets", {**dcgm_series, no_targets: "0x30"}, set()),
-             case("exporter job removed", dcgm_series, {"up"})]
+             case("exporter job removed", dcgm_series, set()),
+             case("no GPU metrics and no exporter job", {selector("up", {"job": "vllm", "instance": "v:8000"}):
+                                                         "1x30"}, {"up"})]
     result = run_promtool(compat_doc(tests, with_alerts=True), tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_dead_dcgm_exporter_on_a_gpu_node_opens_nvmldown(tmp_path):
+    g0 = dcgm_gpu(0)
+    target = {"job": g0["job"], "instance": g0["instance"]}
+    scenario = Scenario("dcgm-exporter stops answering", "NVMLDown",
+                        {selector("up", target): "1x10 0x20", selector("DCGM_FI_DEV_GPU_TEMP", g0): "50x10 _x20",
+                         selector("up", {"job": "dcgm-exporter", "instance": "cpu-node:9400"}): "1x10 0x20"},
+                        quiet_at=("9m", "13m"), fires_at="17m", labels={**target, "severity": "warning"}, value="0")
+    result = run_promtool(compat_doc(promtool_doc([scenario])["tests"], with_alerts=True), tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
