@@ -23,8 +23,11 @@ class Timing:
     repeat_interval: str
 
 
-# Pages go out fast and repeat hourly until acknowledged or resolved; tickets batch.
-PAGE = Timing("10s", "1m", "1h")
+# Pages repeat hourly until acknowledged or resolved; tickets batch. A page waits 30s
+# (Alertmanager's default) before its first notification: what inhibits it for the same
+# incident (VLLMModelUnavailable) is evaluated from other targets' scrapes, up to an
+# evaluation or two later, and must be there first. A total outage still pages within 2m.
+PAGE = Timing("30s", "1m", "1h")
 TICKET = Timing("1m", "5m", "24h")
 # A heartbeat every minute; its absence is the alarm. Alertmanager re-sends at a flush only
 # when the last notification is older than repeat_interval, so repeat_interval sits just

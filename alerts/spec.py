@@ -342,8 +342,13 @@ ALERTS = (
                       "Alertmanager is down or cannot notify."),
     # Reaches nobody (routing.py): inhibits the model's SLO alerts while every replica is down
     # and for OUTAGE_SHADOW after, so an outage pages once (VLLMDown), not again when it ends.
-    # One replica down inhibits nothing: the survivors' SLO burns are theirs.
-    Alert("VLLMModelUnavailable", f"max_over_time({MODEL_UNAVAILABLE}[{OUTAGE_SHADOW}])", "none",
+    # One replica down inhibits nothing: the survivors' SLO burns are theirs. It fires at the
+    # first failed scrape of the last replica (`up` read here, not through a record), so it
+    # is at Alertmanager before the outage's first SLO page leaves it (page group_wait); the
+    # shadow follows only an outage VLLMDown counts, never a single missed scrape.
+    Alert("VLLMModelUnavailable",
+          f"(group by (model) ({SERVED_MODEL}) unless on (model) ({SERVED_MODEL} and on (job, instance) {_VLLM_UP} == 1))"
+          f"\nor max_over_time({MODEL_UNAVAILABLE}[{OUTAGE_SHADOW}])", "none",
           dashboard=uids.SERVING,
           summary="Every vLLM replica of {{ $labels.model }} is down, or was within the last " + OUTAGE_SHADOW,
           description="No vLLM target serving {{ $labels.model }} answers Prometheus (or none did within "

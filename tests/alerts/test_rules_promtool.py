@@ -175,7 +175,7 @@ SCENARIOS = [
               selector("up", {**VLLM, "instance": "vllm-b:8000"}): "1x10 0x10 1x40",
               selector("vllm:num_requests_running", {**VLLM, "instance": "vllm-a:8000"}): "0x10 _x10 0x40",
               selector("vllm:num_requests_running", {**VLLM, "instance": "vllm-b:8000"}): "0x10 _x10 0x40"},
-             quiet_at=("10m", "11m"), fires_at="13m", labels={"model": "m1", "severity": "none"}, value="1",
+             quiet_at=("10m",), fires_at="11m", labels={"model": "m1", "severity": "none"}, value="1",
              resolved_at="53m"),
     Scenario("requests queue while the KV cache has room", "VLLMQueueBuildingUp",
              {selector("vllm:num_requests_waiting", {**VLLM, "model_name": "m1", "engine": "0"}): "0x5 1+1x30 0x10",
@@ -260,8 +260,8 @@ OTHER_QUIET = [
     _quiet("monitors that select no targets under the Prometheus Operator open no absent() tickets",
            dict([_operator_discovered("serviceMonitor", "inferwatch-gateway", 0),
                  _operator_discovered("podMonitor", "vllm", 0),
-                 (selector("inferwatch_gpu_utilization_ratio", {"job": "dcgm-exporter", "instance": "n1:9400",
-                                                                 "gpu": "0"}), "0.5x20")]),
+                 (selector("inferwatch_gpu_info", {"job": "dcgm-exporter", "instance": "n1:9400",
+                                                    "gpu": "0"}), "1x20")]),
            "15m", "InferwatchTargetAbsent"),
     _quiet("a vLLM that is down is VLLMDown's page, not a metric-absent ticket",
            {selector("up", VLLM): "1x5 0x20", selector("vllm:num_requests_running", VLLM): "0x5 _x20"},
@@ -297,22 +297,28 @@ def test_gateways_delivering_records_to_an_unscraped_drift_service_open_a_ticket
         "records sent, no drift target", "InferwatchTargetAbsent",
         {selector("up", GW): "1x20",
          selector("inferwatch_gateway_feature_records_total", {**GW, "outcome": "sent"}): "0+60x20",
-         selector("inferwatch_gpu_utilization_ratio", GPU): "0.5x20",
+         selector("inferwatch_gpu_info", GPU): "1x20",
          selector("up", VLLM): "1x20", selector("vllm:num_requests_running", VLLM): "0x20"},
         quiet_at=("5m",), fires_at="12m", labels=warn(job="inferwatch-drift", metric="up"), value="1")])
     result = run_promtool(doc, tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_one_missed_scrape_of_the_only_replica_does_not_make_its_model_unavailable(tmp_path):
+def test_one_missed_scrape_of_the_only_replica_inhibits_for_that_evaluation_not_for_30_minutes(tmp_path):
     """A busy vLLM whose /metrics times out once must not hold its model's SLO pages back
-    for 30 minutes: a replica is out only after VLLMDown's count of failed scrapes."""
+    for 30 minutes: the shadow follows only an outage of VLLMDown's count of failed scrapes."""
     doc = {**promtool_doc([]), "evaluation_interval": "10s"}
+    firing = {"exp_labels": {"model": "m1", "severity": "none"}}
+    [rule] = [r for f in RULE_FILES for g in yaml.safe_load(f.read_text())["groups"] for r in g["rules"]
+              if r.get("alert") == "VLLMModelUnavailable"]
+    firing["exp_annotations"] = {k: v.replace("{{ $labels.model }}", "m1") for k, v in rule["annotations"].items()}
     doc["tests"] = [{"name": "one missed scrape", "interval": "10s",
                      "input_series": [{"series": selector("up", VLLM), "values": "1x30 0 1x59"},
                                       {"series": selector("vllm:num_requests_running", VLLM), "values": "0x30 _ 0x59"}],
-                     "alert_rule_test": [{"eval_time": t, "alertname": "VLLMModelUnavailable", "exp_alerts": []}
-                                         for t in ("5m10s", "5m20s", "5m30s", "8m")]}]
+                     "alert_rule_test": [{"eval_time": "5m10s", "alertname": "VLLMModelUnavailable",
+                                          "exp_alerts": [firing]}]
+                     + [{"eval_time": t, "alertname": "VLLMModelUnavailable", "exp_alerts": []}
+                        for t in ("5m", "5m20s", "5m30s", "8m")]}]
     result = run_promtool(doc, tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
 
