@@ -123,6 +123,7 @@ def _address(expr: str, source: str, regex: str) -> str:
 # lose the label (and with it its identity and its inhibitions) once the lookback passed.
 # It carries itself forward while the target answers no scrape; a target removed from
 # discovery has no `up` and is forgotten; a target that serves a new model is re-mapped.
+# vLLM's own series win over a target's `model` label, so one target maps to one model.
 SERVED_MODEL = "inferwatch:vllm_served_model:info"
 MODEL_UNAVAILABLE = "inferwatch:vllm_model_unavailable:info"
 # How long after every replica of a model is back its SLO pages stay inhibited: the page
@@ -130,10 +131,14 @@ MODEL_UNAVAILABLE = "inferwatch:vllm_model_unavailable:info"
 # Pages for a burn that outlasts it go out; VLLMDown has paged for the outage itself.
 OUTAGE_SHADOW = max((w.short for w in FAST_BURN.windows), key=seconds)
 _SERVING_NOW = f'group by (job, instance, model) ({m("vllm:num_requests_running")})'
+# a target discovered with its model as a label (`inferwatch up`, a labelled target file) is
+# known from Prometheus's first scrape, before vLLM has served
+_LABELLED = f'group by (job, instance, model) (up{{job="{JOB_VLLM}",model!=""}})'
 RECORDS = (
     Record(SERVED_MODEL,
-           f"{_SERVING_NOW}\nor (\n  last_over_time({SERVED_MODEL}[1h])\n"
-           f"  unless on (job, instance) {_SERVING_NOW}\n"
+           f"{_SERVING_NOW}\nor ({_LABELLED} unless on (job, instance) {_SERVING_NOW})\nor (\n"
+           f"  last_over_time({SERVED_MODEL}[1h])\n"
+           f"  unless on (job, instance) ({_SERVING_NOW} or {_LABELLED})\n"
            f"  and on (job, instance) {_VLLM_UP}\n)"),
     # models none of whose vLLM replicas is serving: each failed VLLMDown's count of scrapes
     # (one missed scrape of a busy vLLM must not hold its model's SLO pages back)

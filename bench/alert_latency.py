@@ -42,6 +42,7 @@ import psutil  # noqa: E402
 import requests  # noqa: E402
 
 from inferwatch.alerts import spec  # noqa: E402
+from inferwatch.alerts.spec import SERVED_MODEL  # noqa: E402
 from inferwatch.alerts.generate import cap_for, rule_files, write  # noqa: E402
 from inferwatch.alerts.model import seconds  # noqa: E402
 from inferwatch.deploy.monitoring import FAST_INTERVALS, Intervals  # noqa: E402
@@ -69,6 +70,7 @@ class Stack:
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         eventually(lambda: "Ctrl-C stops everything" in (run_dir / "up.out").read_text(), 400, 1)
         self.traffic = Traffic(self.url("gateway"))
+        self.started = time.time()
 
     def url(self, name: str) -> str:
         return f"http://127.0.0.1:{self.ports[name]}"
@@ -140,9 +142,12 @@ class Traffic:
 
 
 def settle(stack: Stack) -> None:
-    """Between cycles: vLLM healthy, nothing firing at the pager's receivers but the meta alerts."""
+    """Before a fault: vLLM healthy, and Prometheus knowing the model it serves, with two
+    minutes of history (in production Prometheus has run long before the incident)."""
     eventually(stack.vllm_healthy, 600, 0.5)
-    time.sleep(5)
+    eventually(lambda: requests.get(f"{stack.url('prometheus')}/api/v1/query", timeout=5,
+                                    params={"query": SERVED_MODEL}).json()["data"]["result"], 300, 1)
+    time.sleep(max(5.0, stack.started + 120 - time.time()))
 
 
 def kill_cycle(stack: Stack) -> tuple[float, float]:

@@ -304,6 +304,21 @@ def test_gateways_delivering_records_to_an_unscraped_drift_service_open_a_ticket
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_a_target_labelled_with_its_model_is_known_before_vllm_has_served(tmp_path):
+    """`inferwatch up` labels its vLLM target with the model: a vLLM that dies at Prometheus's
+    second scrape, before it exported anything, still makes its model unavailable at once."""
+    doc = {**promtool_doc([]), "evaluation_interval": "10s"}
+    unavailable = selector("ALERTS", {"alertname": "VLLMModelUnavailable", "alertstate": "firing", "model": "m1",
+                                      "severity": "none"})
+    doc["tests"] = [{"name": "labelled target down before it served", "interval": "10s",
+                     "input_series": [{"series": selector("up", VLLM), "values": "1 0x30"}],
+                     "promql_expr_test": [{"expr": 'ALERTS{alertname="VLLMModelUnavailable",alertstate="firing"}',
+                                           "eval_time": t, "exp_samples": [{"labels": unavailable, "value": 1}]}
+                                          for t in ("20s", "1m", "4m")]}]
+    result = run_promtool(doc, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_one_missed_scrape_of_the_only_replica_inhibits_for_that_evaluation_not_for_30_minutes(tmp_path):
     """A busy vLLM whose /metrics times out once must not hold its model's SLO pages back
     for 30 minutes: the shadow follows only an outage of VLLMDown's count of failed scrapes."""
