@@ -217,7 +217,7 @@ def burn_alert(slo: SLO, tier: BurnTier, options: Options) -> dict:
     first = tier.windows[0]
     return _alert_rule(Alert(
         "SLOErrorBudgetBurn", "\nor\n".join(_burning(slo, w) for w in tier.windows), tier.severity,
-        dashboard=spec.uids.SLOS, labels={"slo": slo.name, "burn": tier.name},
+        keep_firing_for=tier.keep_firing_for, dashboard=spec.uids.SLOS, labels={"slo": slo.name, "burn": tier.name},
         summary=f"{{{{ $labels.model }}}} burns its {slo.name} error budget too fast ({tier.name} burn)",
         description=(f"{{{{ $value | humanizePercentage }}}} of requests to {{{{ $labels.model }}}} missed the "
                      f"{slo.name} SLO ({slo.title}, objective {slo.objective:.2%} over {slo.period}) over the "
@@ -238,6 +238,8 @@ def _alert_rule(alert: Alert, options: Options) -> dict:
     rule: dict = {"alert": alert.name, "expr": alert.expr}
     if alert.for_ != "0s":
         rule["for"] = alert.for_
+    if alert.keep_firing_for != "0s":
+        rule["keep_firing_for"] = alert.keep_firing_for
     rule["labels"] = {"severity": alert.severity, **alert.labels}
     rule["annotations"] = annotations
     return rule

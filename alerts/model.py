@@ -49,9 +49,13 @@ class BurnWindow:
 
 @dataclass(frozen=True)
 class BurnTier:
+    """``keep_firing_for`` holds the alert over short lulls of one incident (an outage that
+    comes back every few minutes): without it each return would be a new page."""
+
     name: str  # fast / slow
     severity: Severity
     windows: tuple[BurnWindow, ...]
+    keep_firing_for: str = "0s"
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,7 @@ class Alert:
     summary: str
     description: str
     for_: str = "0s"
+    keep_firing_for: str = "0s"
     dashboard: str | None = None  # a dashboard uid from dashboards/uids.py
     labels: dict[str, str] = field(default_factory=dict)
     runbook: str | None = None  # defaults to the alert name

@@ -13,7 +13,9 @@ from pathlib import Path
 
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"  # Alertmanager notification templates (package data)
 
-GROUP_BY = ["alertname", "model", "cluster"]
+# `slo`: a model's second SLO page is a notification of its own at group_wait, not one that
+# waits for the first one's group_interval
+GROUP_BY = ["alertname", "model", "slo", "cluster"]
 
 
 @dataclass(frozen=True)

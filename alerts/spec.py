@@ -52,8 +52,9 @@ DRIFT_FOR = "15m"
 # period's budget that may burn in the long window before someone is told.
 # One alert per tier, firing while any of its windows burns: each incident is one alert
 # identity per SLO and tier, whichever window sees it first or last.
-FAST_BURN = BurnTier("fast", "critical", (BurnWindow("1h", "5m", 0.02), BurnWindow("6h", "30m", 0.05)))
-SLOW_BURN = BurnTier("slow", "warning", (BurnWindow("1d", "2h", 0.10), BurnWindow("3d", "6h", 0.10)))
+# An outage that returns within 5 minutes is the same incident: one page, not one per return.
+FAST_BURN = BurnTier("fast", "critical", (BurnWindow("1h", "5m", 0.02), BurnWindow("6h", "30m", 0.05)), "5m")
+SLOW_BURN = BurnTier("slow", "warning", (BurnWindow("1d", "2h", 0.10), BurnWindow("3d", "6h", 0.10)), "5m")
 TIERS = (FAST_BURN, SLOW_BURN)
 # One period for every SLO: the SLO dashboard shows one error budget per SLO over it.
 SLO_PERIOD = "30d"
@@ -351,9 +352,13 @@ ALERTS = (
     # first failed scrape of the last replica (`up` read here, not through a record), so it
     # is at Alertmanager before the outage's first SLO page leaves it (page group_wait); the
     # shadow follows only an outage VLLMDown counts, never a single missed scrape.
+    # The shadow lifts once the model fails requests after a whole minute of being served
+    # again: those failures are a new incident's (a broken rollout), not the outage's residue.
     Alert("VLLMModelUnavailable",
           f"(group by (model) ({SERVED_MODEL}) unless on (model) ({SERVED_MODEL} and on (job, instance) {_VLLM_UP} == 1))"
-          f"\nor max_over_time({MODEL_UNAVAILABLE}[{OUTAGE_SHADOW}])", "none",
+          f"\nor (\n  max_over_time({MODEL_UNAVAILABLE}[{OUTAGE_SHADOW}])\n"
+          f"  unless on (model) (sum by (model) (increase({_REQUESTS}{{status_class=\"5xx\"}}[1m])) > 0"
+          f"\n    unless on (model) max_over_time({MODEL_UNAVAILABLE}[1m]))\n)", "none",
           dashboard=uids.SERVING,
           summary="Every vLLM replica of {{ $labels.model }} is down, or was within the last " + OUTAGE_SHADOW,
           description="No vLLM target serving {{ $labels.model }} answers Prometheus (or none did within "

@@ -4,6 +4,8 @@ the workbook's times computed from the spec's windows and burn factors."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from inferwatch.alerts.model import seconds
@@ -53,10 +55,23 @@ def test_a_total_outage_pages_within_two_minutes_once_and_never_after_recovery(t
     assert start < outage.recovery_s
     # the 30m short window resets the 6h page once the outage's share of it drops below 6x
     threshold = FAST_BURN.windows[1].factor(AVAILABILITY.period) * AVAILABILITY.budget
-    assert end == pytest.approx(outage.recovery_s + seconds("30m") - threshold * seconds("30m"), abs=5)
+    assert end == pytest.approx(outage.recovery_s + seconds("30m") - threshold * seconds("30m")
+                                + seconds(FAST_BURN.keep_firing_for), abs=5)
     checks = check_detection(tl, AVAILABILITY, FAST_BURN, target_s=120)
     run(tmp_path, tl.step_s, promtool_timeline("10m total outage", tl, AVAILABILITY,
                                                {FAST_BURN: checks + [(end - tol, True), (end + tol, False)]}))
+
+
+def test_an_outage_that_keeps_coming_back_is_one_page(tmp_path):
+    """A minute of total outage every 8 minutes: the 1h/5m pair resets 5 minutes after each,
+    two minutes before the next (until the 6h pair holds too); the page holds over the lulls
+    (the tier's keep_firing_for) instead of paging at each return."""
+    outages = tuple(Incident(HISTORY_S + k * 480, HISTORY_S + k * 480 + 60, 1.0) for k in range(4))
+    tl = Timeline(per_s=10, incidents=outages, length_s=HISTORY_S + 70 * MINUTE, step_s=30)
+    flapping = expected(tl, AVAILABILITY, replace(FAST_BURN, keep_firing_for="0s"))
+    assert len(flapping.changes) > 2  # what it would page without holding over the lulls
+    assert [after for _, after, _ in expected(tl, AVAILABILITY, FAST_BURN).changes] == [True, False]
+    run(tmp_path, tl.step_s, promtool_timeline("recurring outage", tl, AVAILABILITY, {FAST_BURN: []}))
 
 
 def test_a_20x_burn_pages_at_the_workbooks_time(tmp_path):

@@ -319,6 +319,28 @@ def test_a_target_labelled_with_its_model_is_known_before_vllm_has_served(tmp_pa
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_a_model_failing_after_its_vllm_is_back_lifts_the_outage_shadow(tmp_path):
+    """A short outage, then a broken model whose requests keep failing (a bad rollout): after
+    a minute of being served again, its failures are a new incident's and its SLO pages must
+    not stay inhibited for the rest of the 30 minutes."""
+    doc = {**promtool_doc([]), "evaluation_interval": "10s"}
+    unavailable = selector("ALERTS", {"alertname": "VLLMModelUnavailable", "alertstate": "firing", "model": "m1",
+                                      "severity": "none"})
+    query = 'ALERTS{alertname="VLLMModelUnavailable",alertstate="firing"}'
+    doc["tests"] = [{"name": "outage, then failing", "interval": "10s",
+                     "input_series": [{"series": selector("up", VLLM), "values": "1x59 0x4 1x100"},
+                                      {"series": selector("vllm:num_requests_running", VLLM),
+                                       "values": "0x59 _x4 0x100"},
+                                      {"series": req("2xx"), "values": "0+100x59 5900x104"},
+                                      {"series": req("5xx"), "values": "0x59 0+100x104"}],
+                     "promql_expr_test": [{"expr": query, "eval_time": t,
+                                           "exp_samples": [{"labels": unavailable, "value": 1}] if on else []}
+                                          for t, on in (("10m20s", True), ("11m", True), ("14m", False),
+                                                        ("20m", False))]}]
+    result = run_promtool(doc, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_one_missed_scrape_of_the_only_replica_inhibits_for_that_evaluation_not_for_30_minutes(tmp_path):
     """A busy vLLM whose /metrics times out once must not hold its model's SLO pages back
     for 30 minutes: the shadow follows only an outage of VLLMDown's count of failed scrapes."""

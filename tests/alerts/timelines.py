@@ -107,14 +107,24 @@ class Expected:
 
 
 def expected(tl: Timeline, slo: SLO, tier: BurnTier, resolution_s: int = 5) -> Expected:
-    """Scan the exact tier state; a change takes the tolerance of the pair that made it."""
-    out, before = Expected(), (False,) * len(tier.windows)
+    """Scan the exact tier state; a change takes the tolerance of the pair that made it. The
+    alert stops ``keep_firing_for`` after its condition, and a return within that time is
+    the same alert."""
+    raw, before = [], (False,) * len(tier.windows)
     for t in range(0, tl.length_s + 1, resolution_s):
         now = tuple(burns(tl, slo, w, t) for w in tier.windows)
         if any(now) != any(before):
             changed = [i for i, (a, b) in enumerate(zip(before, now)) if a != b]
-            out.changes.append((t, any(now), max(tolerance_s(tier.windows[i], tl.step_s) for i in changed)))
+            raw.append((t, any(now), max(tolerance_s(tier.windows[i], tl.step_s) for i in changed)))
         before = now
+    keep, out = seconds(tier.keep_firing_for), Expected()
+    for at, firing, tol in raw:
+        if firing and out.changes and not out.changes[-1][1] and at <= out.changes[-1][0]:
+            out.changes.pop()  # back before the kept alert stopped: one alert
+        elif firing:
+            out.changes.append((at, True, tol))
+        else:
+            out.changes.append((at + keep, False, tol))
     return out
 
 
