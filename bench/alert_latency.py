@@ -89,6 +89,12 @@ class Stack:
         os.killpg(self.vllm_group, sig)
         return t
 
+    def vllm_healthy(self) -> bool:
+        try:
+            return requests.get(f"{self.url('vllm')}/health", timeout=1).status_code == 200
+        except requests.RequestException:
+            return False
+
     def close(self) -> None:
         self.traffic.stop()
         self.proc.send_signal(signal.SIGINT)
