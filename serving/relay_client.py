@@ -364,20 +364,13 @@ class UpstreamPool:
         return conn, False
 
     async def _connect(self) -> _Connection:
-        """A new connection, tried twice: a refused or reset connect sent nothing of the
-        request, and one more try turns a loopback port-reuse race (a 4-tuple still in
-        TIME_WAIT on vLLM's side) into a connection instead of a 503; a vLLM that is down
-        refuses the second as fast."""
-        loop = asyncio.get_running_loop()
-        for attempt in (0, 1):
-            try:
-                _, conn = await loop.create_connection(
-                    _Connection, self.host, self.port, ssl=self.ssl, server_hostname=self.host if self.ssl else None)
-                return conn
-            except (ConnectionRefusedError, ConnectionResetError):
-                if attempt:
-                    raise
-        raise AssertionError("unreachable")
+        """A new connection; a refused or reset connect sent nothing of the request and is
+        tried once more (a vLLM that is down refuses the second as fast)."""
+        loop, kwargs = asyncio.get_running_loop(), {"ssl": self.ssl, "server_hostname": self.ssl and self.host}
+        try:
+            return (await loop.create_connection(_Connection, self.host, self.port, **kwargs))[1]
+        except (ConnectionRefusedError, ConnectionResetError):
+            return (await loop.create_connection(_Connection, self.host, self.port, **kwargs))[1]
 
     def put(self, conn: _Connection) -> None:
         conn.idle_since = time.monotonic()
