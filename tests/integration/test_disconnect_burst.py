@@ -135,9 +135,11 @@ class Burst:
         leaving_tokens = delta(GENERATED) - STAYING * LONG
         assert ran_to_the_end == 0, f"vLLM generated {ran_to_the_end:.0f} abandoned requests to their end"
         # cut at once, each makes a few more tokens while vLLM aborts it: 5 to 40 here on an
-        # idle machine, ~170 with a second vLLM on the two cores; uncut, the rest of its LONG
+        # idle machine, ~170 with a second vLLM on the two cores, ~270 with two suites running
+        # beside each other; uncut, the rest of its LONG (and `ran_to_the_end` above says so
+        # exactly). This bounds how late the cuts came, with room for a loaded machine.
         after = leaving_tokens - generated_before
-        assert after <= LEAVING * LONG / 2, f"vLLM generated {after:.0f} tokens for clients after they left"
+        assert after <= LEAVING * LONG * 3 / 4, f"vLLM generated {after:.0f} tokens for clients after they left"
 
 
 @pytest.mark.parametrize("pad", [0, LONG_BODY], ids=["short-body", "body-past-64KiB"])
