@@ -28,6 +28,7 @@ from inferwatch.serving.gateway import Gateway  # noqa: E402
 from inferwatch.serving.relay import _RESPONSE_ID  # noqa: E402
 from inferwatch.serving.request import RequestState  # noqa: E402
 from inferwatch.serving.settings import GatewaySettings  # noqa: E402
+from inferwatch.serving.split import Assignment  # noqa: E402
 from inferwatch.serving.validation import ModelInfo  # noqa: E402
 
 EXPERIMENT = """
@@ -95,13 +96,16 @@ def rename_us(n: int) -> tuple[float, float]:
     return answer, (time.perf_counter() - start) / n * 1e6
 
 
+ASSIGNMENT = Assignment("bench", 0, 0.5, "0123456789abcdef")
+
+
 def remember_us(n: int) -> float:
     memory = AnswerMemory(100_000, 86_400.0)
     ids = [f"chatcmpl-{i:016x}" for i in range(n)]
     start = time.perf_counter()
     for rid in ids:
         _RESPONSE_ID.search(CHUNK)
-        memory.remember(rid, "public", "v1", "bench")
+        memory.remember(rid, "public", "v1", ASSIGNMENT)
     return (time.perf_counter() - start) / n * 1e6
 
 

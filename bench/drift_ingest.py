@@ -90,11 +90,16 @@ def step_rows(repeats: int = 200) -> list[str]:
     count = timed(lambda: state._count(batch, now))  # noqa: SLF001 - the binning step alone
     store = timed(lambda: state.store.append(raw, now - 60, now, now))
     group = timed(lambda: segments_of(batch))
+    assigned = parse_batch(body([r | {"experiment": "canary", "epoch": 0, "weight": 0.5, "unit": f"{i % 300:016x}"}
+                                 for i, r in enumerate(records(1000, now - 60, now, seed=2))]), now)
+    ledger = timed(lambda: state.ledgers.add_batch(assigned))
     total = parse + count + store
     return [f"| in-process: parse + validate | {parse * 1e3:.2f} ms | {parse / total:.0%} of a batch | |",
             f"| in-process: bin into windows (incl. grouping {group * 1e3:.2f} ms) | {count * 1e3:.2f} ms | "
             f"{count / total:.0%} | |",
             f"| in-process: persist (SQLite WAL) | {store * 1e3:.2f} ms | {store / total:.0%} | |",
+            f"| in-process: add to an experiment ledger (every record assigned, 300 users) | {ledger * 1e3:.2f} ms "
+            f"| {ledger / total:.0%} more | |",
             f"| in-process total | {total * 1e3:.2f} ms | {1000 / total:,.0f} records/s without HTTP | |"]
 
 

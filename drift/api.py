@@ -11,25 +11,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from inferwatch.drift.json_int import json_int
 from inferwatch.drift.feature_record import CROSS_FIELD_RULES, FIELDS, MAX_BATCH, TEXT_MAX, UNIX_S, FieldRule
 from inferwatch.drift.methods import METHODS
 from inferwatch.drift.schema import FEATURES
 from inferwatch.drift.state import MAX_COUNT
 
 Text = Field(min_length=1, max_length=TEXT_MAX)
-
-
-def _integral(value: object) -> object:
-    """JSON has one kind of number: 2.0 is the integer 2, as JSON Schema's ``integer`` says."""
-    return int(value) if isinstance(value, float) and value.is_integer() else value
-
-
-def json_int(**constraints: Any) -> Any:
-    """An integer of a strict model, 2.0 included, never ``true``. The constraints go inside,
-    before the conversion, or the JSON schema would not show them as minimum and maximum."""
-    return Annotated[int, Field(**constraints), BeforeValidator(_integral)]
 
 
 def optional_not_null(schema: dict[str, Any]) -> None:

@@ -28,12 +28,14 @@ DURATION_S = (0.0, 7 * 86400.0)
 TOKENS = (0, 2**31 - 1)
 STATUS = (100, 599)
 LOGPROB = (-1e6, 0.0)  # beyond it a mean would poison later sums (a -1e308 made exact tests fail)
+EPOCH = (0, 2**31 - 1)
 
 # Rules that span fields: checked by the drift service, stated in its OpenAPI.
 CROSS_FIELD_RULES = (
     "started_at <= finished_at",
     "ttft_s <= e2e_s where ttft_s is given",
     f"finished_at at most {MAX_FUTURE_S:g} s ahead of the drift service's clock",
+    "epoch and weight: both or neither, and only with experiment",
 )
 
 
@@ -63,9 +65,12 @@ class FeatureRecord:
     e2e_s: float = _about("end-to-end latency, seconds", DURATION_S)
     finish_reason: str | None = _about("why generation ended, as vLLM said")
     mean_logprob: float | None = _about("mean token logprob (model confidence), where captured", LOGPROB)
-    experiment: str | None = _about("the experiment that assigned the request (not counted on)", default=None)
-    unit: str | None = _about("the hashed unit key of the assignment, never the key itself (not counted on)",
-                              default=None)
+    experiment: str | None = _about("the experiment that assigned the request", default=None)
+    unit: str | None = _about("the hashed unit key of the assignment, never the key itself; null for a request "
+                              "assigned on its own (no unit key)", default=None)
+    epoch: int | None = _about("the experiment's weight epoch: changes whenever its weights change", EPOCH,
+                               default=None)
+    weight: float | None = _about("the answering variant's weight in that epoch", (0.0, 1.0), default=None)
 
 
 @dataclass(frozen=True, slots=True)

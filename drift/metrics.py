@@ -74,16 +74,25 @@ AB_P_VALUE = DriftMetric("inferwatch_ab_p_value", "gauge",
 AB_EFFECT_RELATIVE = DriftMetric("inferwatch_ab_effect_relative", "gauge",
                                  "Treatment minus control over control (a rate, or the Hodges-Lehmann shift over the "
                                  "control's median).", (*AB_LABELS, "metric"))
-AB_REQUESTS = DriftMetric("inferwatch_ab_requests", "gauge", "Requests per arm in the analysed window.",
+AB_REQUESTS = DriftMetric("inferwatch_ab_requests", "gauge", "Requests per arm in the judged weight epoch.",
                           (*AB_LABELS, "arm"))
+AB_UNITS = DriftMetric("inferwatch_ab_units", "gauge",
+                       "Randomized units (users; anonymous requests count one each) per arm in the judged weight epoch.",
+                       (*AB_LABELS, "arm"))
+AB_EPOCH = DriftMetric("inferwatch_ab_epoch", "gauge", "The weight epoch judged (the experiment's latest).", AB_LABELS)
 AB_TREATMENT_SHARE = DriftMetric("inferwatch_ab_treatment_share_ratio", "gauge",
-                                 "Treatment's share of the experiment's traffic (assignments, else records).",
-                                 AB_LABELS)
+                                 "Treatment's share of the units in the judged weight epoch.", AB_LABELS)
 AB_SRM_P_VALUE = DriftMetric("inferwatch_ab_srm_p_value", "gauge",
-                             "Chi-square p-value of the split against the weights (mismatch below 0.001).", AB_LABELS)
-AB_METRICS = (AB_DECISION, AB_WORSE, AB_P_VALUE, AB_EFFECT_RELATIVE, AB_REQUESTS, AB_TREATMENT_SHARE, AB_SRM_P_VALUE)
+                             "Always-valid p-value of the units per arm against the epoch's weights (mismatch below "
+                             "0.001).", AB_LABELS)
+AB_NOT_KEPT = DriftMetric("inferwatch_ab_records_not_kept", "counter",
+                          "Records of an experiment no ledger took: 'experiments' (beyond INFERWATCH_DRIFT_AB_EXPERIMENTS) "
+                          "or 'no_epoch' (a gateway that does not stamp the weight epoch).", ("reason",))
+AB_LEDGER_BYTES = DriftMetric("inferwatch_ab_ledger_bytes", "gauge", "Bytes held by the experiment ledgers.", ())
+AB_METRICS = (AB_DECISION, AB_WORSE, AB_P_VALUE, AB_EFFECT_RELATIVE, AB_REQUESTS, AB_UNITS, AB_EPOCH,
+              AB_TREATMENT_SHARE, AB_SRM_P_VALUE)
 
 DRIFT_METRICS = (SCORE, DETECTED, THRESHOLD, FEATURE_DETECTED, FEATURE_P_VALUE, SEGMENT_DETECTED, SEGMENT_STATUS,
                  FEATURE_STATUS, ALPHA, SEGMENTS, WINDOW_BYTES, WINDOW_RECORDS, BASELINE_RECORDS, INGESTED, REJECTED,
                  OVERFLOW, EXPIRED, CALIBRATIONS, CALIBRATIONS_PENDING, CALIBRATIONS_REFUSED, CALIBRATION_FAILURES,
-                 INTERNAL_ERRORS, *AB_METRICS)
+                 INTERNAL_ERRORS, *AB_METRICS, AB_NOT_KEPT, AB_LEDGER_BYTES)

@@ -80,6 +80,10 @@ class Batch:
     status: np.ndarray
     numeric: dict[str, np.ndarray]  # NaN where the record had null
     finish_reason: list[str | None]
+    experiment: list[str | None]
+    unit: list[str | None]
+    epoch: np.ndarray  # int64, -1 where the record had none
+    weight: np.ndarray  # NaN where the record had none
 
 
 def parse_batch(body: bytes, now: float, max_future_s: float = MAX_FUTURE_S) -> Batch:
@@ -144,8 +148,19 @@ def _columns(records: list, now: float, max_future_s: float) -> Batch | None:
         return None
     if (numeric["ttft_s"] > numeric["e2e_s"]).any():  # NaN (null) compares False
         return None
+    given = np.array([v is not None for v in cols["epoch"]], dtype=bool)
+    epoch = np.array([-1 if v is None else v for v in cols["epoch"]], dtype=float)
+    weight = np.array([np.nan if v is None else v for v in cols["weight"]], dtype=float)
+    (elow, ehigh), (wlow, whigh) = RANGES["epoch"], RANGES["weight"]
+    weighted = ~np.isnan(weight)
+    if (epoch[given] > ehigh).any() or (epoch[given] < elow).any() or (weight[weighted] < wlow).any() or (
+            weight[weighted] > whigh).any():
+        return None
+    if (given != weighted).any() or any(g and e is None for g, e in zip(given.tolist(), cols["experiment"])):
+        return None
     return Batch(size=len(records), model=cols["model"], variant=cols["variant"], finished_at=finished,
-                 status=status, numeric=numeric, finish_reason=cols["finish_reason"])
+                 status=status, numeric=numeric, finish_reason=cols["finish_reason"], experiment=cols["experiment"],
+                 unit=cols["unit"], epoch=epoch.astype(np.int64), weight=weight)
 
 
 def _check(i: int, rec: object, now: float, max_future_s: float) -> None:
@@ -169,8 +184,8 @@ def _check(i: int, rec: object, now: float, max_future_s: float) -> None:
         if isinstance(value, str) and not 0 < len(value) <= TEXT_MAX:
             raise BatchError(f"record {i}: field '{name}' must be 1..{TEXT_MAX} characters", i, name)
         if rule.bounds is not None and not rule.bounds[0] <= value <= rule.bounds[1]:
-            raise BatchError(f"record {i}: field '{name}' must be between {rule.bounds[0]:g} and {rule.bounds[1]:g}",
-                             i, name)
+            low, high = (f"{b:,.0f}" if rule.kind is int else f"{b:g}" for b in rule.bounds)
+            raise BatchError(f"record {i}: field '{name}' must be between {low} and {high}", i, name)
     if rec["finished_at"] > now + max_future_s:
         raise BatchError(f"record {i}: field 'finished_at' lies more than {max_future_s:g} s in the future; check "
                          "the producer's clock", i, "finished_at")
@@ -178,3 +193,9 @@ def _check(i: int, rec: object, now: float, max_future_s: float) -> None:
         raise BatchError(f"record {i}: field 'started_at' is after 'finished_at'", i, "started_at")
     if rec.get("ttft_s") is not None and rec["ttft_s"] > rec["e2e_s"]:
         raise BatchError(f"record {i}: field 'ttft_s' is longer than the whole request ('e2e_s')", i, "ttft_s")
+    if (rec.get("epoch") is None) != (rec.get("weight") is None):
+        missing = "weight" if rec.get("weight") is None else "epoch"
+        raise BatchError(f"record {i}: field '{missing}' is required with the other of 'epoch' and 'weight'", i,
+                         missing)
+    if rec.get("epoch") is not None and rec.get("experiment") is None:
+        raise BatchError(f"record {i}: field 'experiment' is required with 'epoch'", i, "experiment")

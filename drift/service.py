@@ -4,7 +4,9 @@ metrics and an HTML report. Thin HTTP over ``DriftState``."""
 from __future__ import annotations
 
 import hmac
+import logging
 import math
+import threading
 import time
 from contextlib import asynccontextmanager
 from typing import Annotated, AsyncIterator, Iterator, Literal
@@ -30,7 +32,7 @@ from inferwatch.drift import metrics as drift_metrics
 from inferwatch.drift.errors import CatchAll, http_error
 from inferwatch.drift.errors import error_response as _error
 from inferwatch.drift.feature_record import TEXT_MAX, UNIX_S
-from inferwatch.drift.feedback import FeedbackBatch, FeedbackLog
+from inferwatch.drift.feedback import FeedbackBatch
 from inferwatch.drift.methods import DriftResult
 from inferwatch.drift.prometheus_source import METRIC_NAME, SELECTOR, PrometheusSource, SourceError
 from inferwatch.drift.schema import FEATURES, NUMERIC_FEATURES, UNITS, BatchError
@@ -69,6 +71,11 @@ class DriftSettings(BaseSettings):
                                 "keeps every method of every feature (5x the series)")
     calibration_queue: int = Field(4096, ge=1, description="calibrations waiting for the background worker; "
                                                            "more are asked for again at the next evaluation")
+    ab_experiments: int = Field(32, ge=1, description="A/B experiment ledgers kept; records of more are not judged")
+    ab_units: int = Field(100_000, ge=1000, description="unit rows per experiment ledger (about 150 bytes each); "
+                                                        "past it a uniform sample of units is kept")
+    ab_checkpoint_s: float = Field(30.0, gt=0, description="how often changed experiment ledgers are written "
+                                                           "(a restart replays what came after)")
 
     @model_validator(mode="after")
     def _alpha_resolvable(self) -> "DriftSettings":
@@ -162,6 +169,16 @@ class DriftCollector(Collector):
             yield CounterMetricFamily(metric.name, metric.doc, value=value)
 
 
+def _checkpoint_loop(state: DriftState, every_s: float, stop: threading.Event) -> None:
+    """Write changed experiment ledgers every ``every_s``; a failed write is tried again at
+    the next (the ledgers stay marked changed) and never stops the service."""
+    while not stop.wait(every_s):
+        try:
+            state.checkpoint_ledgers()
+        except Exception:  # noqa: BLE001 - a full disk must not end the loop: the next try may work
+            logging.getLogger(__name__).exception("experiment ledger checkpoint failed")
+
+
 def _responses(model: type | None = None, *errors: int) -> dict:
     out: dict = {code: {"model": api.ErrorResponse} for code in errors}
     if model is not None:
@@ -176,10 +193,10 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
     state = state or DriftState(store, WindowConfig(
         settings.window_s, settings.buckets, settings.reservoir, settings.retention_s, alpha=settings.alpha,
         min_samples=settings.min_samples, max_segments=settings.max_segments, resamples=settings.resamples,
-        calibration_cache=settings.calibration_cache, calibration_queue=settings.calibration_queue))
+        calibration_cache=settings.calibration_cache, calibration_queue=settings.calibration_queue,
+        ab_experiments=settings.ab_experiments, ab_units=settings.ab_units))
     registry.register(DriftCollector(state, settings.metric_methods))
     watchlist = Watchlist()
-    feedback = FeedbackLog(settings.window_s, settings.max_segments)
     registry.register(AbCollector(state, watchlist))
     ingested, rejected, internal_errors = (Counter(m.name, m.doc, m.labels, registry=registry) for m in (
         drift_metrics.INGESTED, drift_metrics.REJECTED, drift_metrics.INTERNAL_ERRORS))
@@ -189,7 +206,14 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state.restore()
+        stop = threading.Event()
+        checkpoints = threading.Thread(target=_checkpoint_loop, args=(state, settings.ab_checkpoint_s, stop),
+                                       daemon=True, name="ledger-checkpoint")
+        checkpoints.start()
         yield
+        stop.set()
+        checkpoints.join(timeout=30)
+        state.checkpoint_ledgers()
         store.close()
 
     request_schemas: dict[str, dict] = {}  # of the hand-parsed bodies, published with the app's document
@@ -278,7 +302,7 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
             batch = FeedbackBatch.model_validate(doc)
         except ValidationError as exc:
             return invalid_body(exc, "invalid_feedback")
-        return JSONResponse({"accepted": feedback.add(batch)})
+        return JSONResponse({"accepted": await run_in_threadpool(state.rate, batch)})
 
     @app.post("/v1/baselines", status_code=201, responses={201: {"model": api.BaselineInfo},
                                                            **_responses(None, 401, 409, 413, 422)},
@@ -417,7 +441,7 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
     async def health() -> Response:
         return JSONResponse({"status": "ok", **state.snapshot._asdict()})  # no lock: never waits for an ingest
 
-    ab_http.install(app, state, watchlist, feedback)
+    ab_http.install(app, state, watchlist)
     _publish_request_schemas(app, request_schemas)
     return app
 

@@ -13,13 +13,15 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, TypeVar
 
 import numpy as np
 
+from inferwatch.drift.ab.ledger import LedgerKey, Ledgers, restore_ledger, snapshot
 from inferwatch.drift.binning import OTHER, CategoricalCounts, Histogram
 from inferwatch.drift.calibration import RESAMPLES
 from inferwatch.drift.calibrator import BackgroundCalibrator
+from inferwatch.drift.feedback import POSITIVE, FeedbackBatch
 from inferwatch.drift.methods import METHODS, DriftResult, ks_exact, wasserstein_exact
 from inferwatch.drift.schema import CATEGORICAL_FEATURES, FEATURES, NUMERIC_FEATURES, UNITS, Batch, BatchError, parse_batch
 from inferwatch.drift.store import Store
@@ -27,6 +29,7 @@ from inferwatch.drift.verdicts import CalibrationCache, Policy, Reference, Segme
 from inferwatch.drift.windows import Segment, SegmentWindow, baseline_from, segments_of
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 Windows = dict[str, Histogram | CategoricalCounts]
 BASELINE_SAMPLE = 5000
 OTHER_SEGMENT: Segment = (OTHER, OTHER)  # where records of segments beyond the bound are counted
@@ -47,6 +50,8 @@ class WindowConfig:
     calibration_cache: int = 8192  # null distributions kept (about 48 KB each; 6 per segment and size band)
     calibration_queue: int = 4096  # calibrations waiting for the background worker
     history: int = 240  # verdicts kept per segment for the report (one per time bucket)
+    ab_experiments: int = 32  # experiment ledgers kept
+    ab_units: int = 100_000  # unit rows per experiment ledger (about 150 bytes each) before units are sampled
 
 
 @dataclass(frozen=True)
@@ -111,6 +116,9 @@ class DriftState:
         self._results: dict[Segment, tuple[tuple, SegmentVerdict]] = {}
         self._history: dict[Segment, deque[HistoryPoint]] = {}
         self._last_sweep = -math.inf
+        self.ledgers = Ledgers(config.ab_experiments, config.ab_units)
+        self._ledgers_upto = (0, 0)  # the last batch and rating the ledgers include
+        self._ledgers_gone: list[LedgerKey] = []  # expired since the last checkpoint
         self._lock = threading.RLock()
         self._bytes_at = -math.inf
         # what /health reads without the lock (one attribute read): counts as of the last change
@@ -122,11 +130,55 @@ class DriftState:
 
     # -- ingest ---------------------------------------------------------------------------
     def ingest(self, body: bytes) -> tuple[int, int]:
-        """Validate, persist, count. Returns (records accepted, records inside the window)."""
+        """Validate, persist, count. Returns (records accepted, records inside the window).
+        Stored and added to the ledgers under the lock, so a ledger checkpoint includes
+        exactly the batches up to its id."""
         now = self.clock()
         batch = parse_batch(body, now)
-        self.store.append(body, float(batch.finished_at.min()), float(batch.finished_at.max()), now)
-        return batch.size, self._count(batch, now)
+        with self._lock:  # received_at taken under the lock: a restart replays batches and ratings in this order
+            batch_id = self.store.append(body, float(batch.finished_at.min()), float(batch.finished_at.max()),
+                                         self.clock())
+            self.ledgers.add_batch(batch, now - self.config.retention_s)
+            self._ledgers_upto = (batch_id, self._ledgers_upto[1])
+            return batch.size, self._count(batch, now)
+
+    def rate(self, batch: FeedbackBatch) -> int:
+        """Persist ratings and add those of experiments to their ledgers. Returns how many
+        joined a ledger (a rating of an answer no experiment assigned joins none)."""
+        with self._lock:
+            rating_id = self.store.append_ratings(batch.model_dump_json().encode(), self.clock())
+            kept = self._add_ratings(batch)
+            self._ledgers_upto = (self._ledgers_upto[0], rating_id)
+        return kept
+
+    def _add_ratings(self, batch: FeedbackBatch) -> int:
+        return sum(self.ledgers.add_rating(r.model, r.experiment, r.epoch, r.variant, r.unit, r.score >= POSITIVE,
+                                           r.at)
+                   for r in batch.records if r.experiment is not None and r.epoch is not None)
+
+    def with_ledgers(self, read: Callable[[Ledgers], T]) -> T:
+        """``read`` under the lock: it must copy what it keeps, and be quick."""
+        with self._lock:
+            return read(self.ledgers)
+
+    def checkpoint_ledgers(self) -> int:
+        """Write the ledgers that changed since the last checkpoint; returns how many."""
+        with self._lock:
+            changed = {key: ledger for key, ledger in self.ledgers.ledgers.items() if ledger.dirty}
+            blobs = {key: snapshot(ledger) for key, ledger in changed.items()}
+            for ledger in changed.values():
+                ledger.dirty = False
+            gone, self._ledgers_gone = self._ledgers_gone, []
+            upto = self._ledgers_upto
+        try:
+            self.store.checkpoint_ledgers(blobs, gone, upto)
+        except BaseException:
+            with self._lock:
+                for ledger in changed.values():
+                    ledger.dirty = True
+                self._ledgers_gone += gone
+            raise
+        return len(blobs)
 
     def _count(self, batch: Batch, now: float) -> int:
         inside = 0
@@ -175,6 +227,7 @@ class DriftState:
         if now - self._last_sweep < width:
             return
         self._last_sweep = now
+        self._ledgers_gone += self.ledgers.expire(now - self.config.retention_s)
         for segment, window in list(self.windows.items()):
             window.expire(now)
             if not window.live:
@@ -194,15 +247,39 @@ class DriftState:
                 self.baselines[segment] = baseline_from_doc(doc)
             except BatchError as exc:  # stored on an older bin grid: freeze or upload it again
                 log.error("baseline of %s/%s no longer fits the feature bins, skipped: %s", *segment, exc)
-        replayed = 0
-        for body in self.store.batches(now - self.config.window_s):
+        blobs, upto = self.store.ledgers()
+        for blob in blobs:
+            try:
+                ledger = restore_ledger(blob, self.config.ab_units)
+            except (ValueError, KeyError, OSError) as exc:  # a checkpoint of another version: rebuilt from batches
+                log.error("experiment ledger checkpoint unreadable, skipped: %s", exc)
+                upto = (0, 0)
+                continue
+            self.ledgers.ledgers[(ledger.model, ledger.experiment)] = ledger
+        if upto == (0, 0):
+            self.ledgers.ledgers.clear()
+        replayed, since = 0, now - self.config.window_s
+        ratings = self.store.ratings_after(upto[1])  # replayed between the batches, as they came
+        for batch_id, received_at, body in self.store.batches_for_restore(since, upto[0]):
+            while ratings and batch_id > upto[0] and ratings[0][1] < received_at:
+                rating_id, _, rated = ratings.pop(0)
+                self._add_ratings(FeedbackBatch.model_validate_json(rated))
+                upto = (upto[0], rating_id)
             try:
                 batch = _stored(body)
             except BatchError as exc:  # only if the record contract changed between versions; never fatal
                 log.error("skipping a stored batch that no longer validates: %s", exc)
                 continue
-            self._count(batch, now)
-            replayed += batch.size
+            if batch_id > upto[0]:
+                self.ledgers.add_batch(batch, now - self.config.retention_s)
+            if batch.finished_at.max() >= since:
+                self._count(batch, now)
+                replayed += batch.size
+            upto = (max(upto[0], batch_id), upto[1])
+        for rating_id, _, rated in ratings:
+            self._add_ratings(FeedbackBatch.model_validate_json(rated))
+            upto = (upto[0], rating_id)
+        self._ledgers_upto = upto
         saved = self.store.setting("thresholds", {})
         if isinstance(saved, dict):
             self.alpha = float(saved.get("alpha", self.alpha))
@@ -411,16 +488,6 @@ class DriftState:
         scale = std if std > 0 else (abs(float(np.mean(ref))) or 1.0)
         return {**out, "status": "ok", "ks_statistic": d, "ks_p_value": p, "wasserstein": w1 / scale, "w1": w1}
 
-    def window_view(self, segment: Segment, since: float | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]] | None:
-        """The segment's window from ``since`` on: flat counts and each numeric feature's raw
-        sample (what an A/B arm is read from); None without a window."""
-        now = self.clock()
-        with self._lock:
-            window = self.windows.get(segment)
-            if window is None:
-                return None
-            return window.counts(now, since), {f.name: window.samples(f.name, now, since) for f in NUMERIC_FEATURES}
-
     def window_records(self, segment: Segment) -> int:
         with self._lock:
             window = self.windows.get(segment)
@@ -457,7 +524,8 @@ def _subset(batch: Batch, rows: np.ndarray) -> Batch:
         size=rows.size, model=[batch.model[i] for i in rows], variant=[batch.variant[i] for i in rows],
         finished_at=batch.finished_at[rows], status=batch.status[rows],
         numeric={k: v[rows] for k, v in batch.numeric.items()},
-        finish_reason=[batch.finish_reason[i] for i in rows],
+        finish_reason=[batch.finish_reason[i] for i in rows], experiment=[batch.experiment[i] for i in rows],
+        unit=[batch.unit[i] for i in rows], epoch=batch.epoch[rows], weight=batch.weight[rows],
     )
 
 

@@ -1,9 +1,11 @@
-"""SQLite persistence: every acknowledged batch, the baselines, nothing else.
+"""SQLite persistence: every acknowledged batch and rating, the baselines, and checkpoints of
+the experiment ledgers.
 
 Batches are stored as received (one row per batch, written before the ingest is answered)
 in WAL mode with synchronous=NORMAL: a committed transaction survives the process being
 killed (-9) because it is in the OS page cache and the WAL; only a power loss before the
-next checkpoint could lose the last commits. Windows are rebuilt from these rows on start.
+next checkpoint could lose the last commits. Windows are rebuilt from these rows on start; experiment ledgers from their last checkpoint
+and the batches and ratings stored after it.
 
 Checkpoints (which fsync) run on a background thread with its own connection instead of
 inside whichever insert crosses SQLite's auto-checkpoint size, so ingest latency does not
@@ -31,6 +33,17 @@ CREATE INDEX IF NOT EXISTS batches_max_t ON batches (max_t);
 CREATE TABLE IF NOT EXISTS settings (
     key TEXT PRIMARY KEY,
     value BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS ratings (
+    id INTEGER PRIMARY KEY,
+    received_at REAL NOT NULL,
+    body BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS ledgers (
+    model TEXT NOT NULL,
+    experiment TEXT NOT NULL,
+    blob BLOB NOT NULL,
+    PRIMARY KEY (model, experiment)
 );
 CREATE TABLE IF NOT EXISTS baselines (
     model TEXT NOT NULL,
@@ -81,9 +94,53 @@ class Store:
         for (body,) in rows:
             yield body
 
+    def batches_for_restore(self, since: float, after_id: int) -> Iterator[tuple[int, float, bytes]]:
+        """(id, received_at, body) of batches holding a record finished at or after ``since``
+        (the window's) or stored after batch ``after_id`` (the ledgers' checkpoint), in order."""
+        with self._lock:
+            rows = self._db.execute("SELECT id, received_at, body FROM batches WHERE max_t >= ? OR id > ? ORDER BY id",
+                                    (since, after_id)).fetchall()
+        yield from rows
+
     def prune(self, before: float) -> int:
         with self._lock:
+            self._db.execute("DELETE FROM ratings WHERE received_at < ?", (before,))
             return self._db.execute("DELETE FROM batches WHERE max_t < ?", (before,)).rowcount
+
+    def append_ratings(self, body: bytes, received_at: float) -> int:
+        with self._lock:
+            cur = self._db.execute("INSERT INTO ratings (received_at, body) VALUES (?, ?)", (received_at, body))
+            return int(cur.lastrowid)
+
+    def ratings_after(self, after_id: int) -> list[tuple[int, float, bytes]]:
+        with self._lock:
+            return self._db.execute("SELECT id, received_at, body FROM ratings WHERE id > ? ORDER BY id",
+                                    (after_id,)).fetchall()
+
+    def checkpoint_ledgers(self, blobs: dict[tuple[str, str], bytes], gone: list[tuple[str, str]],
+                           upto: tuple[int, int]) -> None:
+        """Changed ledgers, dropped ones, and the last batch and rating ids they include: one
+        transaction, so a crash leaves the previous checkpoint or this one."""
+        with self._lock:
+            self._db.execute("BEGIN")
+            try:
+                self._db.executemany("INSERT OR REPLACE INTO ledgers (model, experiment, blob) VALUES (?, ?, ?)",
+                                     [(m, e, b) for (m, e), b in blobs.items()])
+                self._db.executemany("DELETE FROM ledgers WHERE model = ? AND experiment = ?", gone)
+                self._db.execute("INSERT OR REPLACE INTO settings (key, value) VALUES ('ledgers_upto', ?)",
+                                 (orjson.dumps(list(upto)),))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def ledgers(self) -> tuple[list[bytes], tuple[int, int]]:
+        """The checkpointed ledgers and the (batch id, rating id) they include."""
+        with self._lock:
+            blobs = [b for (b,) in self._db.execute("SELECT blob FROM ledgers").fetchall()]
+            row = self._db.execute("SELECT value FROM settings WHERE key = 'ledgers_upto'").fetchone()
+        upto = orjson.loads(row[0]) if row else [0, 0]
+        return blobs, (int(upto[0]), int(upto[1]))
 
     def put_baseline(self, model: str, variant: str, doc: dict, created_at: float) -> None:
         with self._lock:

@@ -124,26 +124,22 @@ class SegmentWindow:
                         keys = bucket.keys[f.name]
                 smallest = np.sort(np.concatenate([smallest, keys]))[:r]
 
-    def _current(self, now: float, since: float | None = None) -> list[_Bucket]:
-        """Live buckets; from ``since`` on, in whole buckets starting at or after it: rounded up,
-        never down, so no record from before ``since`` (the old split of a ramp step, which
-        would fake a sample-ratio mismatch) counts; those of the partial bucket after it wait."""
-        oldest = self.oldest(now) if since is None else max(self.oldest(now), math.ceil(since / self.width))
+    def _current(self, now: float) -> list[_Bucket]:
+        oldest = self.oldest(now)
         return [b for e, b in self.live.items() if e >= oldest]
 
-    def counts(self, now: float, since: float | None = None) -> np.ndarray:
+    def counts(self, now: float) -> np.ndarray:
         total = np.zeros(WIDTH, dtype=np.int64)
-        for b in self._current(now, since):
+        for b in self._current(now):
             total += b.counts
         return total
 
     def histograms(self, now: float) -> dict[str, Histogram | CategoricalCounts]:
         return split_counts(self.counts(now))
 
-    def samples(self, name: str, now: float, since: float | None = None) -> np.ndarray:
-        """A uniform sample of at most R of the window's finite values of ``name`` (from
-        ``since``: pruning keeps the R smallest keys of every run of newest buckets)."""
-        live = [b for b in self._current(now, since) if name in b.keys]
+    def samples(self, name: str, now: float) -> np.ndarray:
+        """A uniform sample of at most R of the window's finite values of ``name``."""
+        live = [b for b in self._current(now) if name in b.keys]
         if not live:
             return np.empty(0)
         keys = np.concatenate([b.keys[name] for b in live])

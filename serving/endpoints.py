@@ -101,8 +101,10 @@ class Endpoints:
         if self.feedback_sink is None:
             raise GatewayError(503, "feedback_unavailable", "Feedback has nowhere to go: set "
                                "INFERWATCH_GATEWAY_DRIFT_URL.", error_type=errors.UPSTREAM)
-        record = {"model": answer.model, "variant": answer.variant, "experiment": answer.experiment,
-                  "score": rating.score, "at": time.time()}
+        a = answer.assignment
+        record = {"model": answer.model, "variant": answer.variant, "experiment": a.experiment if a else None,
+                  "epoch": a.epoch if a else None, "unit": a.unit if a else None, "score": rating.score,
+                  "at": time.time()}
         # marked before the await: a concurrent rating of the same answer sees it and gets
         # the 409, instead of passing the check while this one is still on its way to drift
         answer.rated = True
@@ -119,7 +121,7 @@ class Endpoints:
         self.metrics.feedback.labels(answer.model, answer.variant,
                                      "positive" if rating.score >= 0.5 else "negative").inc()
         return JSONResponse({"response_id": rating.response_id, "model": answer.model, "variant": answer.variant,
-                             "experiment": answer.experiment, "score": rating.score})
+                             "experiment": a.experiment if a else None, "score": rating.score})
 
     @answers_errors()
     async def experiments_get(self, request: Request) -> Response:

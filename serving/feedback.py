@@ -18,6 +18,7 @@ import aiohttp
 import orjson
 
 from inferwatch.serving.errors import NOT_FOUND, GatewayError
+from inferwatch.serving.split import Assignment
 
 MAX_ID_CHARS = 256
 
@@ -28,7 +29,7 @@ class Answer:
 
     model: str
     variant: str
-    experiment: str | None
+    assignment: Assignment | None  # a rating joins its unit and epoch in the A/B arms
     at: float  # monotonic seconds, for the time bound
     rated: bool = False
 
@@ -40,9 +41,9 @@ class AnswerMemory:
         self.maxsize, self.ttl_s, self.clock = maxsize, ttl_s, clock
         self._answers: OrderedDict[str, Answer] = OrderedDict()
 
-    def remember(self, response_id: str, model: str, variant: str, experiment: str | None) -> None:
+    def remember(self, response_id: str, model: str, variant: str, assignment: Assignment | None) -> None:
         answers = self._answers
-        answers[response_id] = Answer(model, variant, experiment, self.clock())
+        answers[response_id] = Answer(model, variant, assignment, self.clock())
         if len(answers) > self.maxsize:
             answers.popitem(last=False)
 

@@ -139,8 +139,10 @@ class Proxy:
             # the request's parameters are the client span's (GenAI conventions); the model is
             # here too, to find a request's trace by model
             span.set_attributes({"gen_ai.request.model": req.model, "inferwatch.variant": state.variant})
-            if state.experiment is not None:
-                span.set_attributes({"inferwatch.experiment": state.experiment, "inferwatch.unit": state.unit or ""})
+            if state.assignment is not None:
+                a = state.assignment
+                span.set_attributes({"inferwatch.experiment": a.experiment, "inferwatch.epoch": a.epoch,
+                                     "inferwatch.unit": a.unit or ""})
             span.add_event("preprocessed")
         return req, orjson.dumps(payload) if changed else body
 

@@ -88,6 +88,7 @@ class Recorder:
                 series.output_tokens.inc(output)
         # forced requests are test traffic, not assignments: a record would count them in the
         # A/B arms (read per model and variant) and in drift's windows
+        a = state.assignment
         if self.features is not None and state.req is not None and not state.forced:
             self.features.submit(FeatureRecord(
                 model=state.model, variant=variant, route=state.route, stream=state.req.stream,
@@ -97,10 +98,11 @@ class Recorder:
                 ttft_s=account.ttft if account else None, tpot_s=account.tpot() if account else None, e2e_s=e2e,
                 finish_reason=account.finish_reasons[0] if account and account.finish_reasons else None,
                 mean_logprob=account.mean_logprob if account else None,
-                experiment=state.experiment, unit=state.unit,
+                experiment=a.experiment if a else None, unit=a.unit if a else None,
+                epoch=a.epoch if a else None, weight=a.weight if a else None,
             ))
         if state.response_id is not None and status < 400 and self.answers is not None and not state.forced:
-            self.answers.remember(state.response_id, state.model, variant, state.experiment)
+            self.answers.remember(state.response_id, state.model, variant, a)
         if span.is_recording():
             span.set_attribute("http.response.status_code", status)
             if account is not None:

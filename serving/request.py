@@ -14,6 +14,7 @@ from opentelemetry.context import Context
 
 from inferwatch.serving.admission import ANONYMOUS, Ticket
 from inferwatch.serving.metrics import UNKNOWN_MODEL
+from inferwatch.serving.split import Assignment
 from inferwatch.serving.upstream import Upstream
 from inferwatch.serving.validation import ParsedRequest, Route
 
@@ -35,8 +36,7 @@ class RequestState:
     key: str = ANONYMOUS  # the API key's id (serving/admission.py), never the key
     body_bytes: int = 0  # of the client's request: a prompt's size when vLLM's count never came
     ticket: Ticket | None = None  # admission's, given back when the request ends
-    experiment: str | None = None  # set when the experiment's split assigned the request
-    unit: str | None = None  # the hashed unit key the assignment used
+    assignment: Assignment | None = None  # set when an experiment's split assigned the request
     rename: tuple[bytes, bytes] | None = None  # the variant's served model name → the public one
     response_id: str | None = None  # the answer's id, remembered for feedback
     routed: bool = False  # an experiment chose the variant: the response says which

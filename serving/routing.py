@@ -64,6 +64,11 @@ class Experiments:
                  default: Upstream) -> None:
         self.file = experiment_file
         self.splits: dict[str, Split] = load_splits(experiment_file)
+        try:  # the epoch the file's weights start is kept too: an edit of the file later starts the next
+            save_weights(experiment_file, self.splits)
+        except OSError as exc:
+            log.warning("experiment state not saved at start (%s): an edit of the file's weights before the first "
+                        "weight change will reuse epoch numbers", exc)
         self.upstreams: dict[str, Upstream] = {default.base_url: default}
         for split in self.splits.values():
             for v in split.variants:
@@ -126,8 +131,7 @@ class Experiments:
             unit = req.payload.get("user")
             if not isinstance(unit, str) or not unit:
                 unit = headers.get(self.settings.unit_header) or (state.key if state.key != ANONYMOUS else None)
-            index, state.unit = split.assign(unit)
-            state.experiment = split.name
+            index, state.assignment = split.assign(unit)
             self.counters[req.model][index].inc()
         variant = split.variants[index]
         state.routed = True

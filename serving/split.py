@@ -114,6 +114,18 @@ class Variant:
 
 
 @dataclass(frozen=True, slots=True)
+class Assignment:
+    """What a request's record and its remembered answer carry of the split that routed it:
+    the drift service groups records by experiment and epoch, checks the sample ratio
+    against the epoch's weights, and takes the hashed unit as the unit of analysis."""
+
+    experiment: str
+    epoch: int
+    weight: float  # the variant's weight in the epoch
+    unit: str | None  # the hashed unit key; None for a request assigned on its own
+
+
+@dataclass(frozen=True, slots=True)
 class Split:
     """An experiment as the router uses it; immutable, replaced whole when weights change."""
 
@@ -123,13 +135,17 @@ class Split:
     variants: tuple[Variant, ...]
     weights: tuple[float, ...]
     bounds: tuple[int, ...]
+    # Changes with every change of weights (never goes back): records carry it, so the drift
+    # service judges each set of weights as its own sample, against its own weights.
+    epoch: int = 0
 
     @classmethod
-    def of(cls, model: str, spec: ExperimentSpec, weights: tuple[float, ...] | None = None) -> "Split":
+    def of(cls, model: str, spec: ExperimentSpec, weights: tuple[float, ...] | None = None,
+           epoch: int = 0) -> "Split":
         variants = tuple(Variant(v.name, v.upstream_url, v.model, _rename(v.model, model)) for v in spec.variants)
         weights = tuple(v.weight for v in spec.variants) if weights is None else weights
         return cls(model, spec.name, (spec.salt or spec.name).encode()[:64], variants, weights,
-                   bucket_bounds(weights))
+                   bucket_bounds(weights), epoch)
 
     def index(self, name: str) -> int | None:
         for i, v in enumerate(self.variants):
@@ -137,23 +153,26 @@ class Split:
                 return i
         return None
 
-    def assign(self, unit: str | None) -> tuple[int, str | None]:
-        """The variant's index and the hashed unit id (None for a request without a unit key)."""
+    def assign(self, unit: str | None) -> tuple[int, Assignment]:
+        """The variant's index and the assignment (its unit None for a request without a unit key)."""
         if unit is None:
             bucket, uid = int(random.random() * BUCKETS), None
         else:
             digest = blake2b(unit.encode(), digest_size=8, key=self.salt).digest()
             bucket, uid = int.from_bytes(digest) % BUCKETS, digest.hex()
+        index = len(self.bounds) - 1  # the last bound is BUCKETS
         for i, bound in enumerate(self.bounds):
             if bucket < bound:
-                return i, uid
-        return len(self.bounds) - 1, uid  # unreachable: the last bound is BUCKETS
+                index = i
+                break
+        return index, Assignment(self.name, self.epoch, self.weights[index], uid)
 
     def with_weights(self, weights: tuple[float, ...]) -> "Split":
-        return Split(self.model, self.name, self.salt, self.variants, weights, bucket_bounds(weights))
+        """The next epoch: every change, even back to earlier weights, starts a new sample."""
+        return Split(self.model, self.name, self.salt, self.variants, weights, bucket_bounds(weights), self.epoch + 1)
 
     def describe(self) -> dict:
-        return {"model": self.model, "experiment": self.name, "control": self.variants[0].name,
+        return {"model": self.model, "experiment": self.name, "epoch": self.epoch, "control": self.variants[0].name,
                 "variants": [{"name": v.name, "upstream_url": v.upstream_url, "model": v.served_model, "weight": w}
                              for v, w in zip(self.variants, self.weights)]}
 

@@ -7,6 +7,10 @@ file keeps its comments and stays the source of everything else. At start the st
 only to the experiment it was written for: same experiment name, same variants, and the
 file's weights unchanged since; an operator who edits the file's weights, or starts a new
 experiment, gets what the file says.
+
+The state also keeps the weight epoch, which records carry: it only grows. Weights from the
+file after a change of the file start the epoch after the saved one, so an epoch never
+stands for two different sets of weights while the state file lives.
 """
 
 from __future__ import annotations
@@ -39,11 +43,12 @@ def load_splits(experiment_file: Path) -> dict[str, Split]:
         entry = saved.get(model)
         if (isinstance(entry, dict) and entry.get("experiment") == exp.name and entry.get("variants") == names
                 and entry.get("file_weights") == file_weights and _weights_ok(entry.get("weights"), len(names))):
-            splits[model] = Split.of(model, exp, tuple(entry["weights"]))
+            splits[model] = Split.of(model, exp, tuple(entry["weights"]), _epoch(entry))
             log.warning("experiment %s (model %s): weights %s from %s", exp.name, model,
                         _show(splits[model]), state_path(experiment_file))
         else:
-            splits[model] = Split.of(model, exp)
+            same = isinstance(entry, dict) and entry.get("experiment") == exp.name
+            splits[model] = Split.of(model, exp, epoch=_epoch(entry) + 1 if same else 0)
             if entry is not None:  # say so: a rollback kept in the state file would otherwise vanish silently
                 weights = entry.get("weights") if isinstance(entry, dict) else None
                 log.warning("experiment %s (model %s): saved weights %s (experiment %s) not applied: the file's "
@@ -65,7 +70,7 @@ def save_weights(experiment_file: Path, splits: dict[str, Split]) -> None:
             continue  # the file moved on since the gateway started: its next start uses the file
         doc[model] = {"experiment": split.name, "variants": [v.name for v in split.variants],
                       "file_weights": [v.weight for v in exp.variants], "weights": list(split.weights),
-                      "saved_at": time.time()}
+                      "epoch": split.epoch, "saved_at": time.time()}
     target = state_path(experiment_file)
     fd, tmp = tempfile.mkstemp(prefix=target.name + ".", dir=target.parent)
     try:
@@ -96,10 +101,16 @@ def _weights_ok(weights: object, n: int) -> bool:
             and abs(sum(weights) - 1) <= 1e-6)
 
 
+def _epoch(entry: object) -> int:
+    epoch = entry.get("epoch") if isinstance(entry, dict) else None
+    return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) and epoch >= 0 else 0
+
+
 def _show(split: Split) -> str:
     return ", ".join(f"{v.name}={w:g}" for v, w in zip(split.variants, split.weights))
 
 
 def describe_change(split: Split, new: Split) -> str:
-    return f"experiment {split.name} (model {split.model}): weights {_show(split)} -> {_show(new)}"
+    return (f"experiment {split.name} (model {split.model}): weights {_show(split)} -> {_show(new)}, "
+            f"epoch {split.epoch} -> {new.epoch}")
 

@@ -1,18 +1,27 @@
 """The A/B verdict: health checks, one test per guardrail metric, Holm across them, and a
 decision (rollback, hold, continue, promote) with its reasons.
 
-Pure: arms and the experiment come in as data, so the service, the simulations and the
-gateway's future end-to-end test all call the same function.
+Pure: arms and the experiment come in as data, so the service and the simulations call the
+same function. An arm is one variant in one weight epoch; its unit of analysis is the unit
+of randomization (the user the gateway assigned, or the request assigned on its own):
 
-- Health first. A sample-ratio mismatch (chi-square of assignments against the weights at
-  p < 0.001) or an arm without traffic means the comparison itself is broken: ``hold``,
-  whatever the metrics say, until a person has looked.
+- rates per request (errors, truncations, positive ratings) by the delta method over units
+  (Deng, Knoblich & Lu 2018), which keeps the request-level quantity an SRE reads on the
+  dashboards and gives it the variance that clustering in heavy users implies;
+- latencies and answer lengths by each unit's mean, compared by rank across units: under
+  the null, with users randomized, these per-unit summaries are exchangeable between arms,
+  so the test is valid however unequal the users, and the rank keeps it robust to the
+  heavy tails a mean-based delta method would carry into its variance.
+
+- Health first. A sample-ratio mismatch (units per arm against the epoch's weights,
+  always-valid p < 0.001), an arm without traffic or an epoch with two weights means the
+  comparison itself is broken: ``hold``, whatever the metrics say, until a person has looked.
 - Every guardrail is judged by its always-valid p-value (``drift.ab.sequential``), and Holm's
   step-down across the guardrails keeps the chance of any false ``worse`` at alpha over all
   looks: each true null's p-value stays above alpha / k0 at every look with probability
   1 - alpha / k0, and Holm rejects a true null only below that.
 - ``rollback`` when the treatment is worse on any guardrail; ``hold`` while either arm has
-  fewer than ``min_requests``; ``promote`` once both arms have ``promote_requests`` and every
+  fewer than ``min_units``; ``promote`` once both arms have ``promote_units`` and every
   judged guardrail's confidence sequence rules out harm beyond its margin; else ``continue``.
 """
 
@@ -27,46 +36,48 @@ import numpy as np
 from inferwatch.drift.ab import sequential as seq
 from inferwatch.drift.ab import stats
 from inferwatch.drift.ab.spec import METRICS, MetricSpec
+from inferwatch.drift.ab.units import COL, COLUMNS, unit_means
 from inferwatch.drift.calibration import holm
 
 Decision = Literal["rollback", "hold", "continue", "promote"]
 DECISIONS: tuple[Decision, ...] = ("rollback", "hold", "continue", "promote")
 Status = Literal["ok", "insufficient_data", "not_applicable"]
 Verdict = Literal["worse", "better", "non_inferior", "inconclusive", "insufficient_data", "not_applicable"]
-MIN_SHIFT_SAMPLE = 20  # values per arm below which no Hodges-Lehmann shift is given
-MIN_P95_SAMPLE = 100  # values per arm below which no p95 interval is given (needs n * 0.05 >> 1)
-MIN_FEEDBACK = 30  # feedback trials per arm before feedback is judged
+MIN_P95_SAMPLE = 100  # units per arm below which no p95 interval is given (needs n * 0.05 >> 1)
+SHIFT_SAMPLE = 1000  # units per arm the Hodges-Lehmann shift is computed on (its cost grows with m n)
+MIN_FEEDBACK = 30  # units with ratings per arm before feedback is judged
 
 
 @dataclass(frozen=True)
 class Arm:
-    """One variant's share of the window. Counts are exact; ``counts`` holds each rank
-    metric's values counted on the feature's fine grid (every request); ``samples`` is a
-    uniform sample of raw values (the window's reservoir), used for effect sizes in the
-    metric's unit and for Welch's test."""
+    """One variant in one weight epoch: every request and rating counted, and the per-unit
+    sums of the units kept (``drift.ab.units``), which every test runs on."""
 
     name: str
-    requests: int
-    errors: int
-    finished: int  # requests that report a finish_reason
-    truncated: int  # of those, finish_reason == "length"
-    counts: dict[str, np.ndarray] = field(default_factory=dict)
-    samples: dict[str, np.ndarray] = field(default_factory=dict)
-    feedback: tuple[int, int] | None = None  # (positive, total) feedback records
+    units: np.ndarray = field(default_factory=lambda: np.zeros((0, len(COLUMNS))))
+    requests: int = 0  # every record of the epoch, kept unit or not
+    weight: float | None = None  # the variant's weight in the epoch, as its records say
+    weight_conflicts: int = 0  # records that said another weight
+    feedback: tuple[int, int] = (0, 0)  # every rating: (positive, total)
+    sampled: float = 1.0  # share of units kept
+
+    @property
+    def unit_count(self) -> int:
+        """Units (kept) that sent requests: what the sample-ratio check counts."""
+        return int(np.count_nonzero(self.units[:, COL["requests"]] > 0))
 
 
 @dataclass(frozen=True)
 class Experiment:
     control: str
     treatment: str
-    weights: tuple[float, float]  # configured shares (control, treatment), summing to 1
-    assignments: tuple[int, int] | None = None  # counted by the gateway at routing time
     shared_tokenizer: bool = False  # logprobs are comparable only under one tokenizer
-    alpha: float = 0.05  # family-wise false-rollback rate over all looks
-    srm_alpha: float = 0.001
-    min_requests: int = 100
-    promote_requests: int = 1000
-    tune_n: float = 500.0  # effective sample size where the sequential tests are sharpest
+    alpha: float = 0.05  # false-rollback rate over all looks at this epoch (spent from the experiment's)
+    srm_alpha: float = 0.001  # false sample-ratio alarms over all looks at this epoch
+    min_units: int = 30
+    promote_units: int = 300
+    tune_n: float = 500.0  # effective units where the sequential tests are sharpest
+    srm_tune_n: float = 10_000.0  # units where the sample-ratio check is sharpest (small skews show late)
 
 
 @dataclass(frozen=True)
@@ -74,9 +85,9 @@ class MetricResult:
     spec: MetricSpec
     status: Status
     test: str
-    n_control: int
+    n_control: int  # units
     n_treatment: int
-    control: float | None = None  # rate, median or mean of the control arm
+    control: float | None = None  # rate, median of unit means or mean of unit means of the control arm
     treatment: float | None = None
     effect: float | None = None  # treatment - control in the metric's unit (HL shift for ranks)
     relative: float | None = None  # effect / control
@@ -94,8 +105,12 @@ class MetricResult:
 
 @dataclass(frozen=True)
 class SampleRatioCheck:
-    source: Literal["assignments", "records"]
+    """Units per arm against the epoch's weights: an always-valid test on the treatment's
+    share (the binomial z under the normal mixture), so a check at every look keeps its
+    false-alarm rate; Pearson's chi-square is given for reference."""
+
     result: stats.SampleRatio
+    p_value_sequential: float
     alarm: bool
 
 
@@ -105,7 +120,8 @@ class AbResult:
     decision: Decision
     reasons: tuple[str, ...]
     requests: tuple[int, int]
-    srm: SampleRatioCheck
+    units: tuple[int, int]
+    srm: SampleRatioCheck | None  # None while an arm's weight is unknown
     no_traffic: tuple[str, ...]
     metrics: dict[str, MetricResult]
 
@@ -115,102 +131,125 @@ class AbResult:
 
     @property
     def treatment_share(self) -> float:
-        total = sum(self.srm.result.observed)
-        return self.srm.result.observed[1] / total if total else 0.0
+        total = sum(self.units)
+        return self.units[1] / total if total else 0.0
 
 
-def _proportion(spec: MetricSpec, xc: int, nc: int, xt: int, nt: int, exp: Experiment, minimum: int) -> MetricResult:
-    if min(nc, nt) < minimum:
-        return MetricResult(spec, "insufficient_data", "two_proportions", nc, nt,
-                            note=f"fewer than {minimum} per arm")
-    fixed = stats.two_proportions(xc, nc, xt, nt, exp.alpha)
-    pooled = (xc + xt) / (nc + nt)
-    se_null = math.sqrt(pooled * (1 - pooled) * (1 / nc + 1 / nt))
-    z = fixed.difference / se_null if se_null > 0 else 0.0
-    v = seq.rho2(exp.alpha, exp.tune_n) * seq.effective_n(nc, nt)
+def _ratio(spec: MetricSpec, x: str, n: str, control: Arm, treatment: Arm, exp: Experiment,
+           minimum: int) -> MetricResult:
+    """A per-request rate over units (errors, truncations, positive ratings): delta method."""
+    cols = [arm.units[arm.units[:, COL[n]] > 0] for arm in (control, treatment)]
+    kc, kt = (c.shape[0] for c in cols)
+    if min(kc, kt) < minimum:
+        return MetricResult(spec, "insufficient_data", "delta_method", kc, kt, note=f"fewer than {minimum} units per arm")
+    (xc, nc), (xt, nt) = ((c[:, COL[x]], c[:, COL[n]]) for c in cols)
+    d = stats.ratio_difference(xc, nc, xt, nt, exp.alpha)
+    z = d.difference / d.se if d.se > 0 else 0.0
+    v = seq.rho2(exp.alpha, exp.tune_n) * seq.effective_n(kc, kt)
     # rates shrunk by half an event keep the sequence's width above zero when no arm has an event
-    pc, pt = (xc + 0.5) / (nc + 1), (xt + 0.5) / (nt + 1)
-    se = math.sqrt(pc * (1 - pc) / nc + pt * (1 - pt) / nt)
+    shrunk = [(float(a.sum()) + 0.5) / (float(b.sum()) + 1) for a, b in ((xc, nc), (xt, nt))]
+    floor = math.sqrt(sum(r * (1 - r) / float(b.sum()) for r, b in zip(shrunk, (nc, nt))))
     relative_interval = None
-    if fixed.relative is not None:
-        relative_interval = (fixed.interval[0] / fixed.rate_control, fixed.interval[1] / fixed.rate_control)
-    return MetricResult(spec, "ok", fixed.test, nc, nt, fixed.rate_control, fixed.rate_treatment, fixed.difference,
-                        fixed.relative, fixed.interval, relative_interval, fixed.p_value,
-                        float(seq.always_valid_p(z, v)), "rate difference", fixed.difference,
-                        seq.confidence_sequence(fixed.difference, se, v, exp.alpha))
+    if d.relative is not None:
+        relative_interval = (d.interval[0] / d.rate_control, d.interval[1] / d.rate_control)
+    counted = "ratings" if n == "feedback_total" else "requests"
+    note = (f"{int(nc.sum()):,} / {int(nt.sum()):,} {counted} from {kc:,} / {kt:,} units; variance by the delta "
+            "method over units")
+    return MetricResult(spec, "ok", "delta_method", kc, kt, d.rate_control, d.rate_treatment, d.difference,
+                        d.relative, d.interval, relative_interval, d.p_value, float(seq.always_valid_p(z, v)),
+                        "rate difference", d.difference,
+                        seq.confidence_sequence(d.difference, max(d.se, floor), v, exp.alpha), note=note)
 
 
 def _rank(spec: MetricSpec, control: Arm, treatment: Arm, exp: Experiment) -> MetricResult:
+    """Latency and length: each unit's mean, compared across units by rank."""
     feature = spec.feature or spec.name
-    cc, ct = control.counts.get(feature), treatment.counts.get(feature)
-    nc = int(cc.sum()) if cc is not None else 0
-    nt = int(ct.sum()) if ct is not None else 0
-    if cc is None or ct is None or min(nc, nt) < exp.min_requests:
-        return MetricResult(spec, "insufficient_data", "mann_whitney", nc, nt,
-                            note=f"fewer than {exp.min_requests} values per arm")
-    rank = stats.mann_whitney_counts(cc, ct)
+    mc, mt = unit_means(control.units, feature), unit_means(treatment.units, feature)
+    nc, nt = mc.size, mt.size
+    if min(nc, nt) < exp.min_units:
+        return MetricResult(spec, "insufficient_data", "mann_whitney_units", nc, nt,
+                            note=f"fewer than {exp.min_units} units per arm with values")
+    rank = stats.mann_whitney(mc, mt)
     v = seq.rho2(exp.alpha, exp.tune_n) * seq.effective_n(nc, nt)
     se = math.sqrt((nc + nt + 1) / (12 * nc * nt))  # of U / (mn) near 1/2
     theta = rank.superiority - 0.5
-    sc, st = control.samples.get(feature, np.empty(0)), treatment.samples.get(feature, np.empty(0))
-    note = (f"p-values from all {nc:,} / {nt:,} requests counted on the feature's bins; shift and p95 from "
-            f"uniform samples of {sc.size:,} / {st.size:,}")
-    result = MetricResult(spec, "ok", "mann_whitney", nc, nt, p_value=rank.p_value,
-                          p_value_sequential=float(seq.always_valid_p(rank.z, v)),
-                          sequential_scale="P(treatment > control) - 1/2", sequential_effect=theta,
-                          confidence_sequence=seq.confidence_sequence(theta, se, v, exp.alpha), note=note)
-    if min(sc.size, st.size) < MIN_SHIFT_SAMPLE:
-        return result
-    shift = stats.hodges_lehmann(sc, st, exp.alpha)
-    median_c, median_t = float(np.median(sc)), float(np.median(st))
+    shift = stats.hodges_lehmann(_sample(mc), _sample(mt), exp.alpha)
+    median_c, median_t = float(np.median(mc)), float(np.median(mt))
     rel = rel_interval = None
     if median_c > 0:
         rel = shift.estimate / median_c
         rel_interval = (shift.interval[0] / median_c, shift.interval[1] / median_c)
-    p95 = stats.quantile_difference(sc, st, 0.95, exp.alpha) if min(sc.size, st.size) >= MIN_P95_SAMPLE else None
-    return MetricResult(**{**result.__dict__, "control": median_c, "treatment": median_t, "effect": shift.estimate,
-                           "relative": rel, "interval": shift.interval, "relative_interval": rel_interval,
-                           "p95": p95})
+    p95 = stats.quantile_difference(mc, mt, 0.95, exp.alpha) if min(nc, nt) >= MIN_P95_SAMPLE else None
+    return MetricResult(spec, "ok", "mann_whitney_units", nc, nt, median_c, median_t, shift.estimate, rel,
+                        shift.interval, rel_interval, rank.p_value, float(seq.always_valid_p(rank.z, v)),
+                        "P(treatment unit > control unit) - 1/2", theta,
+                        seq.confidence_sequence(theta, se, v, exp.alpha), p95,
+                        note=f"per-unit means of {nc:,} / {nt:,} units, all in the test; the shift from a uniform "
+                             f"sample of at most {SHIFT_SAMPLE:,} per arm, its interval including that sampling")
+
+
+def _sample(values: np.ndarray) -> np.ndarray:
+    """At most SHIFT_SAMPLE of ``values``, uniformly, the same on every replica and look."""
+    if values.size <= SHIFT_SAMPLE:
+        return values
+    return values[np.random.default_rng(values.size).choice(values.size, SHIFT_SAMPLE, replace=False)]
 
 
 def _mean(spec: MetricSpec, control: Arm, treatment: Arm, exp: Experiment) -> MetricResult:
     feature = spec.feature or spec.name
-    sc, st = control.samples.get(feature, np.empty(0)), treatment.samples.get(feature, np.empty(0))
+    mc, mt = unit_means(control.units, feature), unit_means(treatment.units, feature)
     if not exp.shared_tokenizer:
-        return MetricResult(spec, "not_applicable", "welch", sc.size, st.size, verdict="not_applicable",
+        return MetricResult(spec, "not_applicable", "welch_units", mc.size, mt.size, verdict="not_applicable",
                             note="the variants do not share a tokenizer (shared_tokenizer=false): per-token "
                                  "logprobs are not comparable")
-    if min(sc.size, st.size) < exp.min_requests:
-        return MetricResult(spec, "insufficient_data", "welch", sc.size, st.size,
-                            note=f"fewer than {exp.min_requests} values per arm")
-    w = stats.welch(sc, st, exp.alpha)
-    v = seq.rho2(exp.alpha, exp.tune_n) * seq.effective_n(sc.size, st.size)
+    if min(mc.size, mt.size) < exp.min_units:
+        return MetricResult(spec, "insufficient_data", "welch_units", mc.size, mt.size,
+                            note=f"fewer than {exp.min_units} units per arm with values")
+    w = stats.welch(mc, mt, exp.alpha)
+    v = seq.rho2(exp.alpha, exp.tune_n) * seq.effective_n(mc.size, mt.size)
     z = w.difference / w.se if w.se > 0 else 0.0
     rel = w.difference / abs(w.mean_control) if w.mean_control else None
     rel_interval = (w.interval[0] / abs(w.mean_control), w.interval[1] / abs(w.mean_control)) if rel is not None else None
-    return MetricResult(spec, "ok", "welch", sc.size, st.size, w.mean_control, w.mean_treatment, w.difference, rel,
-                        w.interval, rel_interval, w.p_value, float(seq.always_valid_p(z, v)), "difference of means",
-                        w.difference, seq.confidence_sequence(w.difference, w.se, v, exp.alpha),
-                        note=f"on uniform samples of {sc.size:,} / {st.size:,} values; the variants share a tokenizer")
+    return MetricResult(spec, "ok", "welch_units", mc.size, mt.size, w.mean_control, w.mean_treatment, w.difference,
+                        rel, w.interval, rel_interval, w.p_value, float(seq.always_valid_p(z, v)),
+                        "difference of means", w.difference, seq.confidence_sequence(w.difference, w.se, v, exp.alpha),
+                        note=f"per-unit means of {mc.size:,} / {mt.size:,} units; the variants share a tokenizer")
 
 
 def evaluate_metric(spec: MetricSpec, control: Arm, treatment: Arm, exp: Experiment) -> MetricResult:
     """One guardrail, before Holm: its fixed-sample and always-valid results."""
     if spec.name == "error_rate":
-        return _proportion(spec, control.errors, control.requests, treatment.errors, treatment.requests, exp,
-                           exp.min_requests)
+        return _ratio(spec, "errors", "requests", control, treatment, exp, exp.min_units)
     if spec.name == "truncation_rate":
-        return _proportion(spec, control.truncated, control.finished, treatment.truncated, treatment.finished, exp,
-                           exp.min_requests)
+        return _ratio(spec, "truncated", "finished", control, treatment, exp, exp.min_units)
     if spec.name == "feedback":
-        if control.feedback is None or treatment.feedback is None:
-            return MetricResult(spec, "not_applicable", "two_proportions", 0, 0, verdict="not_applicable",
-                                note="no feedback counts given")
-        (xc, nc), (xt, nt) = control.feedback, treatment.feedback
-        return _proportion(spec, xc, nc, xt, nt, exp, MIN_FEEDBACK)
+        return _ratio(spec, "feedback_positive", "feedback_total", control, treatment, exp, MIN_FEEDBACK)
     if spec.kind == "rank":
         return _rank(spec, control, treatment, exp)
     return _mean(spec, control, treatment, exp)
+
+
+def sample_ratio_check(exp: Experiment, control: Arm, treatment: Arm) -> SampleRatioCheck | None:
+    """None while a weight is unknown. An arm with units at weight 0 is a mismatch outright
+    (its chi-square is infinite, its p-value 0)."""
+    if control.weight is None or treatment.weight is None:
+        return None
+    observed = (control.unit_count, treatment.unit_count)
+    weights = (control.weight, treatment.weight)
+    if sum(weights) <= 0:
+        return None
+    starved = [n for n, w in zip(observed, weights) if w == 0]
+    if starved:
+        share = tuple(w / sum(weights) for w in weights)
+        fixed = stats.SampleRatio(observed, share, math.inf if any(starved) else 0.0, 0.0 if any(starved) else 1.0)
+        return SampleRatioCheck(fixed, fixed.p_value, bool(any(starved)))
+    fixed = stats.sample_ratio(observed, weights)
+    total, share = sum(observed), fixed.expected_share[1]
+    if total == 0:
+        return SampleRatioCheck(fixed, 1.0, False)
+    z = (observed[1] - total * share) / math.sqrt(total * share * (1 - share))
+    p = float(seq.always_valid_p(z, seq.rho2(exp.srm_alpha, exp.srm_tune_n) * total))
+    return SampleRatioCheck(fixed, p, p < exp.srm_alpha)
 
 
 def _judge(results: dict[str, MetricResult], alpha: float) -> dict[str, MetricResult]:
@@ -242,45 +281,60 @@ def _describe(r: MetricResult) -> str:
             f"{r.p_value_sequential:.2g} (Holm across guardrails)")
 
 
+def _health(exp: Experiment, control: Arm, treatment: Arm, srm: SampleRatioCheck | None,
+            empty: tuple[str, ...]) -> list[str]:
+    """Why no metric can be trusted yet, if anything says so."""
+    reasons = [f"no traffic on {name}" for name in empty]
+    for arm in (control, treatment):
+        if arm.weight_conflicts:
+            reasons.append(f"{arm.weight_conflicts:,} records of {arm.name} gave another weight than {arm.weight:g} "
+                           "in this epoch: the gateway reused an epoch (its weights state was lost?); set the "
+                           "weights again to start a new epoch")
+    if srm is None and not empty:
+        reasons.append("the weights of this epoch are unknown: its records carry none, or weight 0 for both variants")
+    elif srm is not None and srm.alarm and srm.result.p_value == 0.0 and math.isinf(srm.result.statistic):
+        starved = [a.name for a in (control, treatment) if a.weight == 0]
+        reasons.append(f"sample ratio mismatch: {', '.join(starved)} has weight 0 in this epoch but units: assignment "
+                       "or logging is broken, no metric can be trusted")
+    elif srm is not None and srm.alarm:
+        share = srm.result.observed[1] / sum(srm.result.observed)
+        reasons.append(f"sample ratio mismatch: treatment has {share:.2%} of the units against a weight share of "
+                       f"{srm.result.expected_share[1]:.2%} (always-valid p = {srm.p_value_sequential:.2g} < "
+                       f"{exp.srm_alpha:g}): assignment or logging is broken, no metric can be trusted")
+    return reasons
+
+
 def analyse(exp: Experiment, control: Arm, treatment: Arm) -> AbResult:
     requests = (control.requests, treatment.requests)
-    observed, source = (exp.assignments, "assignments") if exp.assignments is not None else (requests, "records")
-    srm = SampleRatioCheck(source, stats.sample_ratio(observed, exp.weights), False)  # type: ignore[arg-type]
-    srm = SampleRatioCheck(srm.source, srm.result, sum(observed) > 0 and srm.result.p_value < exp.srm_alpha)
-    empty = tuple(arm.name for arm, n, a in zip((control, treatment), requests, observed) if n == 0 or a == 0)
+    units = (control.unit_count, treatment.unit_count)
+    srm = sample_ratio_check(exp, control, treatment)
+    empty = tuple(arm.name for arm in (control, treatment) if arm.requests == 0)
     metrics = _judge({spec.name: evaluate_metric(spec, control, treatment, exp) for spec in METRICS}, exp.alpha)
     worse = [m for m in metrics.values() if m.verdict == "worse"]
-    reasons: list[str] = []
-    if empty:
-        reasons += [f"no traffic on {name}" for name in empty]
-    if srm.alarm:
-        share = srm.result.observed[1] / sum(srm.result.observed)
-        reasons.append(f"sample ratio mismatch: treatment has {share:.2%} of {srm.source} against a weight of "
-                       f"{srm.result.expected_share[1]:.2%} (chi-square p = {srm.result.p_value:.2g} < "
-                       f"{exp.srm_alpha:g}): assignment or logging is broken, no metric can be trusted")
+    reasons = _health(exp, control, treatment, srm, empty)
     if reasons:
         decision: Decision = "hold"
     elif worse:
         decision, reasons = "rollback", [_describe(m) for m in worse]
-    elif min(requests) < exp.min_requests:
+    elif min(units) < exp.min_units:
         decision = "hold"
-        reasons = [f"too few requests to decide: {requests[0]:,} control / {requests[1]:,} treatment, "
-                   f"{exp.min_requests:,} per arm needed"]
+        reasons = [f"too few units to decide: {units[0]:,} control / {units[1]:,} treatment, "
+                   f"{exp.min_units:,} per arm needed"]
     else:
         judged = [m for m in metrics.values() if m.status == "ok"]
         open_ = [m.spec.name for m in judged if m.verdict != "non_inferior"]
         unjudged = [m.spec.name for m in metrics.values() if m.status == "insufficient_data"]
-        if min(requests) >= exp.promote_requests and not open_ and metrics["error_rate"].status == "ok":
+        if min(units) >= exp.promote_units and not open_ and metrics["error_rate"].status == "ok":
             decision = "promote"
             reasons = [f"no guardrail worse and {', '.join(m.spec.name for m in judged)} within their margins "
-                       f"after {min(requests):,}+ requests per arm"]
+                       f"after {min(units):,}+ units per arm"]
         else:
             decision = "continue"
             reasons = ["no guardrail worse"]
             if open_:
                 reasons.append(f"not yet shown within margin: {', '.join(open_)}")
-            if min(requests) < exp.promote_requests:
-                reasons.append(f"promotion needs {exp.promote_requests:,} requests per arm")
+            if min(units) < exp.promote_units:
+                reasons.append(f"promotion needs {exp.promote_units:,} units per arm")
         if unjudged:
             reasons.append(f"not judged (too few values): {', '.join(unjudged)}")
-    return AbResult(exp, decision, tuple(reasons), requests, srm, empty, metrics)
+    return AbResult(exp, decision, tuple(reasons), requests, units, srm, empty, metrics)

@@ -1,31 +1,28 @@
 """The experiments the drift service watches, and their verdicts as Prometheus gauges.
 
 An experiment is watched once someone asks for its verdict (Argo Rollouts, Flagger, a
-person): the last question per model wins. At scrape time each watched experiment is
-evaluated again on the current window; assignment counts and feedback given with the
-question are not reused (they go stale), so the gauges' sample-ratio check counts records
-until the gateway's assignment counter can be read instead."""
+person): the last question per model wins. At scrape time each watched experiment's latest
+epoch is judged again from the ledgers, as the question asked it."""
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Iterator
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from inferwatch.drift import metrics as m
-from inferwatch.drift.ab.decision import DECISIONS, AbResult, Experiment, analyse
-from inferwatch.drift.ab.source import read_arms
+from inferwatch.drift.ab.decision import DECISIONS, AbResult
+from inferwatch.drift.ab.verdict import AbRequest, InputError, Reading, judge, read
 from inferwatch.drift.state import DriftState
 
 
 @dataclass(frozen=True)
 class Watched:
     model: str
-    experiment: Experiment
-    since: float | None
+    request: AbRequest
 
 
 class Watchlist:
@@ -33,21 +30,26 @@ class Watchlist:
         self._items: dict[str, Watched] = {}
         self._lock = threading.Lock()
 
-    def watch(self, model: str, experiment: Experiment, since: float | None) -> None:
+    def watch(self, model: str, request: AbRequest) -> None:
+        """The question as asked, but always about the latest epoch alone (the gauges and
+        the report follow the experiment as it moves on; every worse guardrail they show
+        is the current epoch's)."""
         with self._lock:
-            self._items[model] = Watched(model, replace(experiment, assignments=None), since)
+            self._items[model] = Watched(model, request.model_copy(update={"epoch": None, "scope": "epoch"}))
 
     def items(self) -> list[Watched]:
         with self._lock:
             return sorted(self._items.values(), key=lambda w: w.model)
 
 
-def evaluate(state: DriftState, watched: Watched) -> AbResult | None:
-    """The watched experiment's verdict now (an arm without records is one without traffic);
-    None while neither variant has a window."""
-    exp = watched.experiment
-    arms = read_arms(state, watched.model, exp.control, exp.treatment, watched.since)
-    return None if arms is None else analyse(exp, *arms)
+def evaluate(state: DriftState, watched: Watched) -> tuple[Reading, AbResult, dict] | None:
+    """The watched experiment's verdict now, with what it read and its JSON; None once its
+    ledger is gone."""
+    try:
+        reading = state.with_ledgers(lambda ledgers: read(ledgers, watched.model, watched.request))
+    except InputError:
+        return None
+    return reading, *judge(watched.model, watched.request, reading)
 
 
 class AbCollector(Collector):
@@ -57,17 +59,21 @@ class AbCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         families = {spec: GaugeMetricFamily(spec.name, spec.doc, labels=list(spec.labels)) for spec in m.AB_METRICS}
         for watched in self.watchlist.items():
-            result = evaluate(self.state, watched)
-            if result is None:
+            evaluated = evaluate(self.state, watched)
+            if evaluated is None:
                 continue
+            _, result, doc = evaluated
             exp = result.experiment
             key = [watched.model, exp.control, exp.treatment]
             for decision in DECISIONS:
                 families[m.AB_DECISION].add_metric([*key, decision], float(result.decision == decision))
-            for arm, n in zip(("control", "treatment"), result.requests):
+            for arm, n, units in zip(("control", "treatment"), result.requests, result.units):
                 families[m.AB_REQUESTS].add_metric([*key, arm], n)
+                families[m.AB_UNITS].add_metric([*key, arm], units)
+            families[m.AB_EPOCH].add_metric(key, doc["epoch"])
             families[m.AB_TREATMENT_SHARE].add_metric(key, result.treatment_share)
-            families[m.AB_SRM_P_VALUE].add_metric(key, result.srm.result.p_value)
+            if result.srm is not None:
+                families[m.AB_SRM_P_VALUE].add_metric(key, result.srm.p_value_sequential)
             for name, r in result.metrics.items():
                 if r.status != "ok":
                     continue
@@ -76,3 +82,10 @@ class AbCollector(Collector):
                 if r.relative is not None:
                     families[m.AB_EFFECT_RELATIVE].add_metric([*key, name], r.relative)
         yield from families.values()
+        not_kept = CounterMetricFamily(m.AB_NOT_KEPT.name, m.AB_NOT_KEPT.doc, labels=list(m.AB_NOT_KEPT.labels))
+        overflow, without_epoch, held = self.state.with_ledgers(
+            lambda ledgers: (ledgers.overflow, ledgers.without_epoch, ledgers.nbytes()))
+        not_kept.add_metric(["experiments"], overflow)
+        not_kept.add_metric(["no_epoch"], without_epoch)
+        yield not_kept
+        yield GaugeMetricFamily(m.AB_LEDGER_BYTES.name, m.AB_LEDGER_BYTES.doc, value=held)

@@ -13,17 +13,17 @@
   ``pass_on=continue,promote,hold`` fails the canary's check on ``rollback`` only; a
   ``rollback`` webhook (Flagger rolls back on its 2xx) takes ``pass_on=rollback``; a
   ``confirm-promotion`` webhook with ``pass_on=promote`` holds promotion until it is earned.
-- A JSON body of the same fields works too (assignment and feedback counts fit better there).
+- A JSON body of the same fields works too.
 
-Assignment counts (``control_assignments``, ``treatment_assignments``) come from the
-gateway's routing-time counter; without them the sample-ratio check counts records.
+No weights and no start are asked for: the gateway's records carry the experiment, its
+weight epoch and each variant's weight, and the experiment ledgers keep every epoch whole
+(``drift.ab.ledger``). The current epoch is judged by default, at the alpha it may spend
+(``drift.ab.source``); ``scope=experiment`` judges every epoch so far.
 """
 
 from __future__ import annotations
 
-import math
 from copy import copy
-from dataclasses import replace
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -34,61 +34,13 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from inferwatch.drift.ab.decision import DECISIONS, AbResult, Experiment, MetricResult, analyse
 from inferwatch.drift.ab.exposition import Watchlist
-from inferwatch.drift.ab.source import read_arms
-from inferwatch.drift.api import ErrorResponse, json_int, optional_not_null
+from inferwatch.drift.ab.verdict import (CROSS_FIELD_RULES, REQUIRED_FIELDS, AbRequest, Decision, InputError,
+                                         experiment_of, judge, read)
+from inferwatch.drift.api import ErrorResponse, optional_not_null
 from inferwatch.drift.errors import error_response
-from inferwatch.drift.feedback import FeedbackLog
-from inferwatch.drift.feature_record import TEXT_MAX, UNIX_S
+from inferwatch.drift.feature_record import TEXT_MAX
 from inferwatch.drift.state import DriftState
-
-Decision = Literal["rollback", "hold", "continue", "promote"]
-# printable ASCII without spaces: "\S" is read differently by JSON Schema (ECMA), Python and the
-# Rust regex pydantic validates with (U+0085 is a space to Rust only), so a schema-valid name
-# could be refused; the gateway's variant names (serving/split.py) fit this class
-Variant = Field(min_length=1, max_length=TEXT_MAX, pattern=r"^[!-~]+$")
-COUNT_MAX = 10**15
-Count = json_int(ge=0, le=COUNT_MAX)
-
-
-CROSS_FIELD_RULES = (
-    "control and treatment differ",
-    "control_weight + treatment_weight = 1 (the configured split)",
-    "control_assignments and treatment_assignments: both or neither",
-    "the four *_feedback_* counts: all or none, and each arm's positive at most its total",
-    "promote_requests at least min_requests",
-)
-REQUIRED_FIELDS = ("control", "treatment", "control_weight", "treatment_weight")
-
-
-class AbRequest(BaseModel):
-    """The experiment to judge: two variants of the model, the configured split, and what the
-    gateway counted."""
-
-    model_config = ConfigDict(extra="forbid", json_schema_extra={
-        "description": "The experiment to judge: two variants of the model, the configured split, and what the "
-                       f"gateway counted. Across fields: {'; '.join(CROSS_FIELD_RULES)}."})
-
-    control: str = Variant
-    treatment: str = Variant
-    control_weight: float = Field(gt=0, lt=1, allow_inf_nan=False)
-    treatment_weight: float = Field(gt=0, lt=1, allow_inf_nan=False)
-    control_assignments: Count | None = Field(None, description="gateway routing count")
-    treatment_assignments: Count | None = Field(None, description="gateway routing count")
-    control_feedback_positive: Count | None = None
-    control_feedback_total: Count | None = None
-    treatment_feedback_positive: Count | None = None
-    treatment_feedback_total: Count | None = None
-    shared_tokenizer: bool = Field(False, description="compare mean token logprob only when true")
-    since: float | None = Field(None, ge=UNIX_S[0], le=UNIX_S[1], allow_inf_nan=False,
-                                description="experiment or ramp-step start, unix seconds (rounded up to the next "
-                                "window bucket: no earlier record counts)")
-    alpha: float = Field(0.05, gt=0, le=0.2, allow_inf_nan=False, description="false-rollback rate over all looks")
-    min_requests: json_int(ge=10, le=COUNT_MAX) = 100  # type: ignore[valid-type]
-    promote_requests: json_int(ge=10, le=COUNT_MAX) = 1000  # type: ignore[valid-type]
-    pass_on: list[Decision] = Field(list(DECISIONS), description="decisions answered 200; others 412 (Flagger)")
-
 
 def _omittable(f: FieldInfo) -> FieldInfo:
     """``f`` with its constraints, left out when not given."""
@@ -156,132 +108,61 @@ class MetricJson(BaseModel):
 
 
 class SrmJson(BaseModel):
-    source: Literal["assignments", "records"]
+    unit: Literal["units"]
     observed: dict[str, int]
     expected_share: dict[str, float]
-    chi2: float
-    p_value: float
+    chi2: float | None = Field(description="null when infinite: units at weight 0")
+    p_value: float = Field(description="Pearson's chi-square, fixed-sample, for reference")
+    p_value_sequential: float = Field(description="always-valid: what the alarm uses")
     alarm: bool
     threshold: float
 
 
+class EpochJson(BaseModel):
+    epoch: int
+    ordinal: int | None = Field(description="k among the epochs in which both arms took traffic")
+    alpha: float = Field(description="what the epoch may spend: alpha / 2^k")
+    weights: dict[str, float | None]
+    requests: dict[str, int]
+    units: dict[str, int]
+    first_at: float | None
+    last_at: float | None
+    decision: Decision
+    worse: list[str]
+
+
 class AbResponse(BaseModel):
     model: str
+    experiment: str
+    epoch: int
     control: str
     treatment: str
     decision: Decision
     reasons: list[str]
+    weights: dict[str, float | None]
     requests: dict[str, int]
+    units: dict[str, int]
+    units_sampled: float = Field(description="share of units kept in the ledger (1: all)")
     treatment_share: float
     no_traffic: list[str]
-    srm: SrmJson
-    alpha: float
+    srm: SrmJson | None
+    alpha: float = Field(description="what this epoch may spend of alpha_experiment")
+    alpha_experiment: float
     sequential: str
     correction: str
-    since: float | None
-    worse: list[str]
+    scope: Literal["epoch", "experiment"]
+    epochs: list[EpochJson]
+    experiments: list[str] = Field(description="the model's experiments, the one judged first")
+    worse: list[str] = Field(description="guardrails worse (with scope=experiment, in any epoch that rolls back)")
     metrics: dict[str, MetricJson]
 
 
-def _interval(pair: tuple[float, float] | None) -> dict | None:
-    return None if pair is None else {"low": _finite(pair[0]), "high": _finite(pair[1])}
-
-
-def _finite(x: float | None) -> float | None:
-    return None if x is None or not math.isfinite(x) else x
-
-
-def metric_json(r: MetricResult) -> dict:
-    p95 = None
-    if r.p95 is not None:
-        p95 = {"q": r.p95.q, "control": r.p95.control, "treatment": r.p95.treatment, "difference": r.p95.difference,
-               "interval": _interval(r.p95.interval)}
-    return {"title": r.spec.title, "test": r.test, "direction": r.spec.direction, "unit": r.spec.unit,
-            "status": r.status, "verdict": r.verdict, "n": {"control": r.n_control, "treatment": r.n_treatment},
-            "control": r.control, "treatment": r.treatment, "effect": r.effect, "relative": r.relative,
-            "interval": _interval(r.interval), "relative_interval": _interval(r.relative_interval),
-            "p_value": r.p_value, "p_value_sequential": r.p_value_sequential, "sequential_scale": r.sequential_scale,
-            "sequential_effect": r.sequential_effect, "confidence_sequence": _interval(r.confidence_sequence),
-            "margin": r.spec.margin, "p95": p95, "note": r.note}
-
-
-def result_json(model: str, result: AbResult, since: float | None) -> dict:
-    exp = result.experiment
-    arms = (exp.control, exp.treatment)
-    srm = result.srm
-    return {"model": model, "control": exp.control, "treatment": exp.treatment, "decision": result.decision,
-            "reasons": list(result.reasons), "requests": dict(zip(("control", "treatment"), result.requests)),
-            "treatment_share": result.treatment_share, "no_traffic": list(result.no_traffic),
-            "srm": {"source": srm.source, "observed": dict(zip(arms, srm.result.observed)),
-                    "expected_share": dict(zip(arms, srm.result.expected_share)), "chi2": srm.result.statistic,
-                    "p_value": srm.result.p_value, "alarm": srm.alarm, "threshold": exp.srm_alpha},
-            "alpha": exp.alpha,
-            "sequential": f"normal-mixture always-valid p-values (mSPRT), tuned at {exp.tune_n:g} effective requests",
-            "correction": "holm", "since": since, "worse": result.worse,
-            "metrics": {name: metric_json(r) for name, r in result.metrics.items()}}
-
-
-class InputError(ValueError):
-    def __init__(self, message: str, field: str, status: int = 422) -> None:
-        super().__init__(message)
-        self.field, self.status = field, status
-
-
-def _pair(req: AbRequest, name: str) -> tuple[int, int] | None:
-    a, b = getattr(req, f"control_{name}"), getattr(req, f"treatment_{name}")
-    if (a is None) != (b is None):
-        raise InputError(f"give both control_{name} and treatment_{name}, or neither",
-                         f"{'treatment' if b is None else 'control'}_{name}")
-    return None if a is None else (a, b)
-
-
-def experiment_of(req: AbRequest) -> tuple[Experiment, tuple[int, int] | None, tuple[int, int] | None]:
-    """The experiment, and the per-arm feedback (positive, total), after the rules that span fields."""
-    if req.control == req.treatment:
-        raise InputError("control and treatment must be different variants", "treatment")
-    if abs(req.control_weight + req.treatment_weight - 1) > 1e-6:
-        raise InputError(f"control_weight + treatment_weight must be 1 (the configured split), got "
-                         f"{req.control_weight + req.treatment_weight:g}", "treatment_weight")
-    assignments = _pair(req, "assignments")
-    positive, total = _pair(req, "feedback_positive"), _pair(req, "feedback_total")
-    if (positive is None) != (total is None):
-        raise InputError("feedback needs both *_feedback_positive and *_feedback_total", "control_feedback_total")
-    feedback = None
-    if positive is not None and total is not None:
-        for arm, p, t in zip(("control", "treatment"), positive, total):
-            if p > t:
-                raise InputError(f"{arm}_feedback_positive ({p}) exceeds {arm}_feedback_total ({t})",
-                                 f"{arm}_feedback_positive")
-        feedback = (positive[0], total[0]), (positive[1], total[1])
-    if req.promote_requests < req.min_requests:
-        raise InputError("promote_requests must be at least min_requests", "promote_requests")
-    exp = Experiment(req.control, req.treatment, (req.control_weight, req.treatment_weight), assignments,
-                     req.shared_tokenizer, req.alpha, min_requests=req.min_requests,
-                     promote_requests=req.promote_requests)
-    return exp, (feedback[0] if feedback else None), (feedback[1] if feedback else None)  # type: ignore[return-value]
-
-
-def verdict(state: DriftState, watchlist: Watchlist, model: str, req: AbRequest,
-            feedback: FeedbackLog | None = None) -> Response:
-    """Feedback counts not given in the request come from the ratings the gateway forwarded,
-    when both arms have some."""
-    exp, fb_control, fb_treatment = experiment_of(req)
-    if fb_control is None and feedback is not None:
-        counts = [feedback.counts(model, v, req.since) for v in (exp.control, exp.treatment)]
-        if all(total for _, total in counts):
-            fb_control, fb_treatment = counts
-    arms = read_arms(state, model, exp.control, exp.treatment, req.since, (fb_control, fb_treatment))
-    if arms is None:
-        models = sorted({m for m, _ in state.segments()})
-        raise InputError(f"no records of model '{model}' in the current window (models seen: "
-                         f"{', '.join(models[:20]) or 'none'})", "model", 404)
-    result = analyse(exp, *arms)
-    if result.no_traffic:
-        known = sorted(v for m, v in state.segments() if m == model)
-        result = replace(result, reasons=(*result.reasons, f"variants with records: {', '.join(known)}"))
-    watchlist.watch(model, exp, req.since)
-    status = 200 if result.decision in req.pass_on else 412
-    return JSONResponse(result_json(model, result, req.since), status_code=status)
+def verdict(state: DriftState, watchlist: Watchlist, model: str, req: AbRequest) -> Response:
+    experiment_of(req, req.alpha)
+    _, doc = judge(model, req, state.with_ledgers(lambda ledgers: read(ledgers, model, req)))
+    watchlist.watch(model, req)
+    status = 200 if doc["decision"] in req.pass_on else 412
+    return JSONResponse(doc, status_code=status)
 
 
 def _fields_of_body(doc: object) -> dict:
@@ -312,14 +193,14 @@ RESPONSES: dict = {200: {"model": AbResponse}, 412: {"model": AbResponse, "descr
                    **{code: {"model": ErrorResponse} for code in (400, 404, 422)}}
 
 
-def install(app: FastAPI, state: DriftState, watchlist: Watchlist, feedback: FeedbackLog | None = None) -> None:
+def install(app: FastAPI, state: DriftState, watchlist: Watchlist) -> None:
     """Declare the routes (plain functions: FastAPI runs them on its thread pool, so the
     event loop never waits on an analysis)."""
 
     @app.get("/v1/ab/{model}", responses=RESPONSES, summary="A/B verdict: rollback, hold, continue or promote")
     def ab_get(model: ModelPath, query: Annotated[AbRequest, Query()]) -> Response:
         try:
-            return verdict(state, watchlist, model, query, feedback)
+            return verdict(state, watchlist, model, query)
         except InputError as exc:
             return error_response(400 if exc.status == 422 else exc.status, str(exc), "invalid_experiment",
                                   field=exc.field)
@@ -346,6 +227,6 @@ def install(app: FastAPI, state: DriftState, watchlist: Watchlist, feedback: Fee
         except ValidationError as exc:
             return _validation_error(exc, 422)
         try:
-            return await run_in_threadpool(verdict, state, watchlist, model, req, feedback)
+            return await run_in_threadpool(verdict, state, watchlist, model, req)
         except InputError as exc:
             return error_response(exc.status, str(exc), "invalid_experiment", field=exc.field)

@@ -1,7 +1,8 @@
 """The A/B section of the HTML report, per watched experiment: the decision and its reasons,
-the health checks, a forest plot of every guardrail's relative effect with its interval,
-and per metric the two arms side by side (distribution functions for latencies and
-lengths, rates with Wilson intervals for proportions), then the numbers in a table."""
+the health checks, the epochs so far, a forest plot of every guardrail's relative effect
+with its interval, and per metric the two arms side by side (distribution functions of the
+per-unit means for latencies and lengths, rates with delta-method intervals for rates),
+then the numbers in a table."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from inferwatch.drift.ab.decision import AbResult, Arm, MetricResult, analyse
-from inferwatch.drift.ab.exposition import Watchlist
-from inferwatch.drift.ab.source import read_arm
-from inferwatch.drift.ab.stats import wilson
+from inferwatch.drift.ab.decision import AbResult, Arm, MetricResult
+from inferwatch.drift.ab.exposition import Watched, Watchlist, evaluate
+from inferwatch.drift.ab.units import unit_means
+from inferwatch.drift.binning import histogram
 from inferwatch.drift.schema import FEATURES
 from inferwatch.drift.state import DriftState
 
@@ -66,8 +67,8 @@ def forest_svg(metrics: list[MetricResult]) -> str:
 
 
 def ecdf_svg(feature: str, control: np.ndarray, treatment: np.ndarray, unit: str) -> str:
-    """Both arms' distribution functions from their exact counts on the feature's bins, on
-    a log axis over the bins either arm uses."""
+    """Both arms' distribution functions from counts on the feature's bins, on a log axis
+    over the bins either arm uses."""
     edges = FEATURES[feature].edges.values  # type: ignore[attr-defined]
     used = np.flatnonzero((control + treatment) > 0)
     first, last = int(used[0]), int(used[-1])
@@ -91,16 +92,18 @@ def ecdf_svg(feature: str, control: np.ndarray, treatment: np.ndarray, unit: str
     for v, anchor, px in ((edges[first], "start", LEFT), (edges[last + 1], "end", W - RIGHT)):
         parts.append(f'<text x="{px}" y="{height + 14}" text-anchor="{anchor}">{v:.3g}</text>')
     parts.append(f'<text x="{(LEFT + W) / 2:.0f}" y="{height + 28}" text-anchor="middle" fill="#5f6368">'
-                 f'{_esc(unit)} (log scale); y: share of requests at or below</text></svg>')
+                 f'{_esc(unit)} (log scale); y: share of units whose mean is at or below</text></svg>')
     return "".join(parts)
 
 
-def rates_svg(m: MetricResult, counts: tuple[tuple[int, int], tuple[int, int]], alpha: float) -> str:
-    """Both arms' rates as points with Wilson intervals."""
-    ivs = [wilson(x, n, alpha) if n else (0.0, 1.0) for x, n in counts]
-    rates = [x / n if n else 0.0 for x, n in counts]
+def rates_svg(m: MetricResult, alpha: float) -> str:
+    """Both arms' rates as points with intervals as wide as the delta method makes the
+    difference's (each arm's share of it)."""
+    rates = [m.control or 0.0, m.treatment or 0.0]
+    half = (m.interval[1] - m.interval[0]) / 2 / math.sqrt(2) if m.interval else 0.0  # type: ignore[index]
+    ivs = [(max(0.0, r - half), min(1.0, r + half)) for r in rates]
     top_v = max(0.01, *(hi for _, hi in ivs)) * 1.1
-    height = 70
+    height, units = 70, (m.n_control, m.n_treatment)
 
     def x(v: float) -> float:
         return LEFT + (W - LEFT - RIGHT) * v / top_v
@@ -110,7 +113,7 @@ def rates_svg(m: MetricResult, counts: tuple[tuple[int, int], tuple[int, int]], 
     for i, (name, colour) in enumerate((("control", CONTROL), ("treatment", TREATMENT))):
         y = 18 + 26 * i
         lo, hi = ivs[i]
-        parts.append(f'<text x="{LEFT - 8}" y="{y + 4}" text-anchor="end">{name} ({counts[i][1]:,})</text>'
+        parts.append(f'<text x="{LEFT - 8}" y="{y + 4}" text-anchor="end">{name} ({units[i]:,} units)</text>'
                      f'<line x1="{x(lo):.1f}" x2="{x(hi):.1f}" y1="{y}" y2="{y}" stroke="{colour}" stroke-width="2"/>'
                      f'<circle cx="{x(rates[i]):.1f}" cy="{y}" r="4" fill="{colour}"/>'
                      f'<text x="{x(hi) + 6:.1f}" y="{y + 4}">{rates[i]:.2%}</text>')
@@ -129,29 +132,45 @@ def _p95(m: MetricResult) -> str:
 def _plot(m: MetricResult, control: Arm, treatment: Arm, alpha: float) -> str:
     if m.status != "ok":
         return ""
-    if m.spec.kind == "rank" and m.spec.feature in control.counts:
-        feature = m.spec.feature
-        return ecdf_svg(feature, control.counts[feature], treatment.counts[feature], m.spec.unit)
+    if m.spec.kind == "rank" and m.spec.feature is not None:
+        edges = FEATURES[m.spec.feature].edges  # type: ignore[union-attr]
+        counts = [histogram(unit_means(arm.units, m.spec.feature), edges).counts for arm in (control, treatment)]
+        return ecdf_svg(m.spec.feature, counts[0], counts[1], m.spec.unit)
     if m.spec.kind == "proportion":
-        pairs = {"error_rate": ((control.errors, control.requests), (treatment.errors, treatment.requests)),
-                 "truncation_rate": ((control.truncated, control.finished), (treatment.truncated, treatment.finished)),
-                 "feedback": (control.feedback, treatment.feedback)}
-        return rates_svg(m, pairs[m.spec.name], alpha)  # type: ignore[arg-type]
+        return rates_svg(m, alpha)
     return ""
 
 
-def section(model: str, result: AbResult, control: Arm, treatment: Arm) -> str:
+def _srm(result: AbResult) -> str:
+    srm = result.srm
+    if srm is None:
+        return "weights unknown"
+    return (f"treatment share {result.treatment_share:.1%} of the units against a weight share of "
+            f"{srm.result.expected_share[1]:.1%} (always-valid p = {srm.p_value_sequential:.3g}"
+            f"{', MISMATCH' if srm.alarm else ''})")
+
+
+def _epochs(doc: dict) -> str:
+    rows = "".join(
+        f"<tr><td>{e['epoch']}</td><td>{_fmt(e['weights']['control'])} / {_fmt(e['weights']['treatment'])}</td>"
+        f"<td>{e['units']['control']:,} / {e['units']['treatment']:,}</td>"
+        f"<td>{e['requests']['control']:,} / {e['requests']['treatment']:,}</td><td>{e['alpha']:.3g}</td>"
+        f"<td style='color:{COLOURS[e['decision']]}'>{e['decision']}</td></tr>" for e in doc["epochs"])
+    return ("<table><tr><th>epoch</th><th>weights</th><th>units</th><th>requests</th><th>alpha spent</th>"
+            f"<th>decision</th></tr>{rows}</table>")
+
+
+def section(model: str, result: AbResult, doc: dict, control: Arm, treatment: Arm) -> str:
     exp = result.experiment
     colour = COLOURS[result.decision]
-    srm = result.srm
-    out = [f"<h2 id='ab-{_esc(model)}'>A/B {_esc(model)}: {_esc(exp.control)} (control) vs {_esc(exp.treatment)} "
-           f"(treatment): <span style='color:{colour}'>{result.decision.upper()}</span></h2><ul>",
+    out = [f"<h2 id='ab-{_esc(model)}'>A/B {_esc(model)}, experiment {_esc(doc['experiment'])} epoch {doc['epoch']}: "
+           f"{_esc(exp.control)} (control) vs {_esc(exp.treatment)} (treatment): "
+           f"<span style='color:{colour}'>{result.decision.upper()}</span></h2><ul>",
            *(f"<li>{_esc(r)}</li>" for r in result.reasons),
-           f"</ul><p class='muted'>requests {result.requests[0]:,} / {result.requests[1]:,}; treatment share "
-           f"{result.treatment_share:.1%} of {srm.source} against a weight of {srm.result.expected_share[1]:.1%} "
-           f"(SRM chi-square p = {srm.result.p_value:.3g}{', MISMATCH' if srm.alarm else ''}); always-valid "
-           f"p-values, Holm across guardrails at alpha = {exp.alpha:g} over all looks</p>",
-           forest_svg(list(result.metrics.values())),
+           f"</ul><p class='muted'>units {result.units[0]:,} / {result.units[1]:,} (requests {result.requests[0]:,} "
+           f"/ {result.requests[1]:,}); {_srm(result)}; always-valid p-values, Holm across guardrails at alpha = "
+           f"{exp.alpha:.3g}, this epoch's share of {doc['alpha_experiment']:g} over the experiment's life</p>",
+           _epochs(doc), forest_svg(list(result.metrics.values())),
            "<table><tr><th>metric</th><th>test</th><th>verdict</th><th>control</th><th>treatment</th>"
            "<th>effect</th><th>relative [interval]</th><th>p95 difference [interval]</th><th>p</th>"
            "<th>p (always valid)</th><th>n</th></tr>"]
@@ -189,17 +208,17 @@ class AbEntry:
     html: str
 
 
+def _entry(state: DriftState, watched: Watched) -> AbEntry | None:
+    evaluated = evaluate(state, watched)
+    if evaluated is None:
+        return None
+    reading, result, doc = evaluated
+    req, view = watched.request, reading.views[reading.current]
+    return AbEntry(watched.model, req.control, req.treatment, result.decision, result.reasons, result.requests,
+                   section(watched.model, result, doc, view.control, view.treatment))
+
+
 def sections(state: DriftState, watchlist: Watchlist, model: str | None = None) -> list[AbEntry]:
-    """Every watched experiment (or one model's) with both variants still in the window."""
-    out = []
-    for watched in watchlist.items():
-        if model is not None and watched.model != model:
-            continue
-        exp = watched.experiment
-        control = read_arm(state, watched.model, exp.control, watched.since)
-        treatment = read_arm(state, watched.model, exp.treatment, watched.since)
-        if control is not None and treatment is not None:
-            result = analyse(exp, control, treatment)
-            out.append(AbEntry(watched.model, exp.control, exp.treatment, result.decision, tuple(result.reasons),
-                               tuple(result.requests), section(watched.model, result, control, treatment)))  # type: ignore[arg-type]
-    return out
+    """Every watched experiment (or one model's) that still has a ledger."""
+    entries = (_entry(state, w) for w in watchlist.items() if model is None or w.model == model)
+    return [e for e in entries if e is not None]

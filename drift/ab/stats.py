@@ -13,10 +13,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy import special
-from scipy.stats import hypergeom
-
-FISHER_BELOW = 5.0  # smallest expected cell under which the z-test gives way to Fisher's exact test
-
 
 def z_quantile(alpha: float) -> float:
     """The two-sided normal critical value for level alpha."""
@@ -28,59 +24,42 @@ def two_sided_normal_p(z: float) -> float:
 
 
 @dataclass(frozen=True)
-class Proportions:
+class RatioDifference:
     rate_control: float
     rate_treatment: float
     difference: float  # treatment - control
     relative: float | None  # difference / control rate; None when the control rate is 0
-    interval: tuple[float, float]  # Newcombe's hybrid score interval for the difference
+    se: float  # delta-method standard error of the difference
+    interval: tuple[float, float]
     p_value: float
-    test: str  # "fisher_exact" or "two_proportion_z"
 
 
-def wilson(successes: int, trials: int, alpha: float) -> tuple[float, float]:
-    """Wilson's score interval for a binomial rate: keeps its coverage near 0 and 1, where
-    the Wald interval collapses to a point (error rates live there)."""
-    if trials == 0:
-        return 0.0, 1.0
-    z = z_quantile(alpha)
-    p = successes / trials
-    centre = (p + z * z / (2 * trials)) / (1 + z * z / trials)
-    half = z / (1 + z * z / trials) * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials))
-    return max(0.0, centre - half), min(1.0, centre + half)
+def ratio_and_variance(x: np.ndarray, n: np.ndarray) -> tuple[float, float]:
+    """R = sum(x) / sum(n) over units and its delta-method variance (Deng, Knoblich & Lu,
+    'Applying the Delta Method in Metric Analytics', KDD 2018): with units independent and
+    their requests not, Var(R) ~ sum((x_u - R n_u)^2) / sum(n)^2 * K / (K - 1) for K units.
+    Equal to the binomial variance R(1-R)/sum(n) when every unit sends one request."""
+    total = float(n.sum())
+    if total == 0:
+        return 0.0, 0.0
+    r = float(x.sum()) / total
+    k = n.size
+    resid = x - r * n
+    return r, float(resid @ resid) / (total * total) * (k / (k - 1) if k > 1 else 1.0)
 
 
-def fisher_exact_p(x_control: int, n_control: int, x_treatment: int, n_treatment: int) -> float:
-    """Two-sided Fisher exact test of the 2x2 table: conditional on both margins the
-    treatment's count is hypergeometric; the p-value sums every table at most as likely as
-    the one observed (with scipy's relative tolerance, so float noise does not drop ties)."""
-    total, events = n_control + n_treatment, x_control + x_treatment
-    low, high = max(0, n_treatment - (total - events)), min(events, n_treatment)
-    support = np.arange(low, high + 1)
-    pmf = hypergeom.pmf(support, total, events, n_treatment)
-    observed = hypergeom.pmf(x_treatment, total, events, n_treatment)
-    return float(min(1.0, pmf[pmf <= observed * (1 + 1e-7)].sum()))
-
-
-def two_proportions(x_control: int, n_control: int, x_treatment: int, n_treatment: int,
-                    alpha: float) -> Proportions:
-    """Compare two rates (errors, truncations, thumbs up). Fisher's exact test while any
-    expected cell is under five, where the z-test's normal approximation is poor; the pooled
-    two-proportion z-test above (equal to the uncorrected chi-square on the 2x2 table)."""
-    pc, pt = x_control / n_control, x_treatment / n_treatment
-    diff = pt - pc
-    total, events = n_control + n_treatment, x_control + x_treatment
-    expected = min(n * k / total for n in (n_control, n_treatment) for k in (events, total - events))
-    if expected < FISHER_BELOW:
-        p, test = fisher_exact_p(x_control, n_control, x_treatment, n_treatment), "fisher_exact"
-    else:
-        pooled = events / total
-        z = diff / math.sqrt(pooled * (1 - pooled) * (1 / n_control + 1 / n_treatment))
-        p, test = two_sided_normal_p(z), "two_proportion_z"
-    lc, uc = wilson(x_control, n_control, alpha)
-    lt, ut = wilson(x_treatment, n_treatment, alpha)
-    interval = (diff - math.hypot(pt - lt, uc - pc), diff + math.hypot(ut - pt, pc - lc))
-    return Proportions(pc, pt, diff, diff / pc if pc > 0 else None, interval, p, test)
+def ratio_difference(x_control: np.ndarray, n_control: np.ndarray, x_treatment: np.ndarray,
+                     n_treatment: np.ndarray, alpha: float) -> RatioDifference:
+    """Difference of two per-request rates (errors, truncations, thumbs up) whose requests
+    cluster in units: the z-test and interval on the delta-method variance. Counting
+    requests as independent would make a test on heavy users' traffic several times too
+    confident."""
+    rc, vc = ratio_and_variance(x_control, n_control)
+    rt, vt = ratio_and_variance(x_treatment, n_treatment)
+    diff, se = rt - rc, math.sqrt(vc + vt)
+    p = two_sided_normal_p(diff / se) if se > 0 else (1.0 if diff == 0 else 0.0)
+    half = z_quantile(alpha) * se
+    return RatioDifference(rc, rt, diff, diff / rc if rc > 0 else None, se, (diff - half, diff + half), p)
 
 
 @dataclass(frozen=True)

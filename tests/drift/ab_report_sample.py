@@ -1,34 +1,34 @@
-"""An A/B report sample: a canary with a slower first token and more truncated answers,
-through the real service (ingest, GET /v1/ab, /report). Writes the HTML docs/ab.md's
-screenshot is taken from: ``python -m tests.drift.ab_report_sample out.html``."""
+"""An A/B report sample: a ramp from 5 % to 50 % (two weight epochs) of a canary 25 % slower
+to its first token, for 3,000 unequal users, through the real service (ingest, GET /v1/ab,
+/report). Writes the HTML docs/ab.md's screenshot is taken from:
+``python -m tests.drift.ab_report_sample out.html``."""
 
 from __future__ import annotations
 
 import sys
 import time
 
-import orjson
+import numpy as np
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
 from inferwatch.drift.service import DriftSettings, create_app
-from tests.support.feature_records import records
-
-SPLIT = {"control": "v1", "treatment": "v2", "control_weight": 0.5, "treatment_weight": 0.5}
+from tests.support import ab_simulation as sim
 
 
 def render() -> str:
     now = time.time()
+    rng = np.random.default_rng(1)
+    users = sim.users(3000, 4, 1.0, rng)
     app = create_app(DriftSettings(db_path=":memory:"), CollectorRegistry())
     with TestClient(app) as client:
-        batches = (records(1500, now - 900, now - 1, seed=1, model="llama", variant="v1"),
-                   records(1500, now - 900, now - 1, seed=2, model="llama", variant="v2", ttft_scale=0.12,
-                           length_share=0.26))
-        for batch in batches:
-            for i in range(0, len(batch), 1000):
-                client.post("/v1/ingest", content=orjson.dumps({"records": batch[i:i + 1000]})).raise_for_status()
-        client.get("/v1/ab/llama", params=SPLIT).raise_for_status()
-        return client.get("/report", params={"model": "llama"}).text
+        for epoch, weights, t0 in ((1, (0.95, 0.05), now - 3000), (2, (0.5, 0.5), now - 1500)):
+            r = sim.requests(users, sim.split(weights, epoch), t0, t0 + 1400, rng, effect=0.25)
+            for body in sim.bodies(sim.feature_records(r)):
+                client.post("/v1/ingest", content=body).raise_for_status()
+        client.get(f"/v1/ab/{sim.MODEL}", params={"control": "control", "treatment": "treatment",
+                                                  "scope": "experiment"}).raise_for_status()
+        return client.get("/report", params={"model": sim.MODEL}).text
 
 
 if __name__ == "__main__":

@@ -1,131 +1,149 @@
-"""GET/POST /v1/ab/{model}: verdicts for Argo Rollouts and Flagger, gauges, bad input."""
+"""GET/POST /v1/ab/{model}: verdicts for Argo Rollouts and Flagger from the gateway's records
+alone (no weights, no start), epochs, gauges, the report, bad input."""
 
 from __future__ import annotations
 
 import time
 
-import orjson
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
 from inferwatch.catalog import exposed
 from inferwatch.drift.service import DriftSettings, create_app
-from tests.support.feature_records import records
+from tests.support import ab_simulation as sim
+from tests.support.feature_records import body, records
 
-SPLIT = {"control": "v1", "treatment": "v2", "control_weight": 0.5, "treatment_weight": 0.5}
+ARMS = {"control": "control", "treatment": "treatment"}
+M = sim.MODEL
 
 
 @pytest.fixture(scope="module")
 def client():
+    """Epoch 4 at 10 % (a canary 40 % slower to its first token), then epoch 5 at 50 %."""
     now = time.time()
+    rng = np.random.default_rng(1)
+    users = sim.users(3000, 4, 1.0, rng)
     app = create_app(DriftSettings(db_path=":memory:"), CollectorRegistry())
     with TestClient(app) as c:
-        recs = (records(600, now - 600, now - 1, seed=1, variant="v1")
-                + records(600, now - 600, now - 1, seed=2, variant="v2", ttft_scale=0.15))
-        for i in range(0, len(recs), 600):
-            assert c.post("/v1/ingest", content=orjson.dumps({"records": recs[i:i + 600]})).status_code == 200
+        for epoch, weights, t0 in ((4, (0.9, 0.1), now - 3000), (5, (0.5, 0.5), now - 1500)):
+            r = sim.requests(users, sim.split(weights, epoch), t0, t0 + 1400, rng, effect=0.4)
+            for b in sim.bodies(sim.feature_records(r), 3000):
+                assert c.post("/v1/ingest", content=b).status_code == 200
         yield c
 
 
-def test_get_names_the_slower_variant_for_argo(client):
-    r = client.get("/v1/ab/m", params=SPLIT)
+def test_get_judges_the_latest_epoch_from_records_alone_for_argo(client):
+    r = client.get(f"/v1/ab/{M}", params=ARMS)
     assert r.status_code == 200
-    body = r.json()
-    assert body["decision"] == "rollback" and body["worse"] == ["ttft"]
-    assert body["requests"] == {"control": 600, "treatment": 600}
-    assert body["srm"]["source"] == "records" and not body["srm"]["alarm"]
-    ttft = body["metrics"]["ttft"]
-    assert ttft["direction"] == "higher_is_worse" and ttft["test"] == "mann_whitney"
+    doc = r.json()
+    assert doc["experiment"] == sim.EXPERIMENT and doc["epoch"] == 5
+    assert doc["weights"] == {"control": 0.5, "treatment": 0.5}
+    assert doc["decision"] == "rollback" and doc["worse"] == ["ttft"], doc["reasons"]
+    assert doc["srm"]["unit"] == "units" and not doc["srm"]["alarm"]
+    assert doc["units"]["control"] < doc["requests"]["control"]  # users send several requests each
+    ttft = doc["metrics"]["ttft"]
+    assert ttft["direction"] == "higher_is_worse" and ttft["test"] == "mann_whitney_units"
     assert ttft["relative"] > 0.2 and ttft["interval"]["low"] > 0
-    assert body["metrics"]["mean_logprob"]["status"] == "not_applicable"
+    assert doc["metrics"]["mean_logprob"]["status"] == "not_applicable"
+    assert doc["alpha"] == pytest.approx(0.05 / 4) and doc["epochs"][0]["ordinal"] == 2  # the second epoch judged
 
 
-def test_assignments_and_feedback_are_inputs(client):
-    r = client.post("/v1/ab/m", json={**SPLIT, "control_assignments": 700, "treatment_assignments": 300,
-                                      "control_feedback_positive": 70, "control_feedback_total": 100,
-                                      "treatment_feedback_positive": 40, "treatment_feedback_total": 100,
-                                      "shared_tokenizer": True})
-    body = r.json()
-    assert r.status_code == 200 and body["srm"]["source"] == "assignments" and body["srm"]["alarm"]
-    assert body["decision"] == "hold"
-    assert body["metrics"]["feedback"]["status"] == "ok" and body["metrics"]["mean_logprob"]["test"] == "welch"
+def test_an_earlier_epoch_by_number_and_the_whole_experiment(client):
+    first = client.get(f"/v1/ab/{M}", params={**ARMS, "epoch": 4}).json()
+    assert first["epoch"] == 4 and first["weights"] == {"control": 0.9, "treatment": 0.1}
+    assert first["alpha"] == pytest.approx(0.05 / 2)
+    whole = client.get(f"/v1/ab/{M}", params={**ARMS, "scope": "experiment"}).json()
+    assert [e["epoch"] for e in whole["epochs"]] == [4, 5] and whole["epoch"] == 5
+    assert whole["decision"] == "rollback" and whole["worse"] == ["ttft"]
+    assert [e["decision"] for e in whole["epochs"]] == [first["decision"], "rollback"]
 
 
 def test_flagger_webhook_fails_on_rollback_only(client):
     payload = {"name": "podinfo", "namespace": "test", "phase": "Progressing", "checksum": "abc",
-               "metadata": {k: str(v) for k, v in SPLIT.items()} | {"pass_on": "continue,promote,hold"}}
-    r = client.post("/v1/ab/m", json=payload)
+               "metadata": ARMS | {"pass_on": "continue,promote,hold"}}
+    r = client.post(f"/v1/ab/{M}", json=payload)
     assert r.status_code == 412 and r.json()["decision"] == "rollback"
-    r = client.post("/v1/ab/m?pass_on=rollback", json=payload | {"metadata": {k: str(v) for k, v in SPLIT.items()}})
+    r = client.post(f"/v1/ab/{M}?pass_on=rollback", json=payload | {"metadata": ARMS})
     assert r.status_code == 200
 
 
 def test_flagger_pass_on_with_spaces_is_read(client):
     payload = {"name": "podinfo", "namespace": "test", "phase": "Progressing", "checksum": "abc",
-               "metadata": {k: str(v) for k, v in SPLIT.items()} | {"pass_on": "continue, promote, rollback"}}
-    r = client.post("/v1/ab/m", json=payload)
+               "metadata": ARMS | {"pass_on": "continue, promote, rollback", "min_units": "50"}}
+    r = client.post(f"/v1/ab/{M}", json=payload)
     assert r.status_code == 200 and r.json()["decision"] == "rollback"
 
 
 def test_gauges_follow_the_last_experiment_asked_and_the_catalog_knows_them(client):
-    client.get("/v1/ab/m", params=SPLIT)
+    client.get(f"/v1/ab/{M}", params=ARMS)
     text = client.get("/metrics").text
-    assert 'inferwatch_ab_decision{control="v1",decision="rollback",model="m",treatment="v2"} 1.0' in text
-    assert 'inferwatch_ab_guardrail_worse{control="v1",metric="ttft",model="m",treatment="v2"} 1.0' in text
+    key = f'control="control",model="{M}",treatment="treatment"'
+    assert f'inferwatch_ab_decision{{control="control",decision="rollback",model="{M}",treatment="treatment"}} 1.0' \
+        in text
+    assert f'inferwatch_ab_guardrail_worse{{control="control",metric="ttft",model="{M}",treatment="treatment"}} 1.0' \
+        in text
+    assert f"inferwatch_ab_epoch{{{key}}} 5.0" in text
     for line in text.splitlines():
         if line.startswith("inferwatch_ab"):
-            assert line.split("{")[0] in exposed()
+            assert line.split("{")[0].split(" ")[0] in exposed()
 
 
 @pytest.mark.parametrize("arm", ["treatment", "control"])
 def test_an_arm_without_records_is_a_200_hold_for_no_traffic(client, arm):
     """A canary at weight 0 (before the ramp, or rolled back) has no records: that is "no
     traffic", an answer Argo and Flagger can act on, not an error."""
-    r = client.get("/v1/ab/m", params={**SPLIT, arm: "v9"})
+    r = client.get(f"/v1/ab/{M}", params={**ARMS, arm: "v9"})
     assert r.status_code == 200, r.text
-    body = r.json()
-    assert body["decision"] == "hold" and body["no_traffic"] == ["v9"] and body["requests"][arm] == 0
-    assert any("no traffic on v9" in reason for reason in body["reasons"])
-    assert any("v1, v2" in reason for reason in body["reasons"])  # a typo in the name shows
-    flagger = client.post("/v1/ab/m?pass_on=rollback", json={**SPLIT, arm: "v9"})
+    doc = r.json()
+    assert doc["decision"] == "hold" and doc["no_traffic"] == ["v9"] and doc["requests"][arm] == 0
+    assert any("no traffic on v9" in reason for reason in doc["reasons"])
+    assert any("control, treatment" in reason for reason in doc["reasons"])  # a typo in the name shows
+    flagger = client.post(f"/v1/ab/{M}?pass_on=rollback", json={**ARMS, arm: "v9"})
     assert flagger.status_code == 412 and flagger.json()["decision"] == "hold"
 
 
 @pytest.mark.parametrize("params, status, field", [
-    ({**SPLIT, "treatment_weight": 0.6}, 400, "treatment_weight"),
-    ({**SPLIT, "control_weight": "abc"}, 400, "control_weight"),
-    ({**SPLIT, "control_weight": "nan"}, 400, "control_weight"),
-    ({**SPLIT, "control_weight": 1.5}, 400, "control_weight"),
-    ({**SPLIT, "treatment": "v1"}, 400, "treatment"),
-    ({**SPLIT, "control_assignments": 5}, 400, "treatment_assignments"),
-    ({**SPLIT, "control_assignments": -1, "treatment_assignments": 1}, 400, "control_assignments"),
-    ({**SPLIT, "alpha": 0.9}, 400, "alpha"),
-    ({**SPLIT, "pass_on": "maybe"}, 400, "pass_on.0"),
-    ({k: v for k, v in SPLIT.items() if k != "control"}, 400, "control"),
+    ({**ARMS, "treatment": "control"}, 400, "treatment"),
+    ({**ARMS, "epoch": -1}, 400, "epoch"),
+    ({**ARMS, "epoch": "x"}, 400, "epoch"),
+    ({**ARMS, "epoch": 9}, 404, "epoch"),
+    ({**ARMS, "epoch": 5, "scope": "experiment"}, 400, "epoch"),
+    ({**ARMS, "scope": "life"}, 400, "scope"),
+    ({**ARMS, "experiment": "other"}, 404, "experiment"),
+    ({**ARMS, "alpha": 0.9}, 400, "alpha"),
+    ({**ARMS, "min_units": 50, "promote_units": 20}, 400, "promote_units"),
+    ({**ARMS, "control_weight": 0.5}, 400, "control_weight"),
+    ({**ARMS, "pass_on": "maybe"}, 400, "pass_on.0"),
+    ({"treatment": "treatment"}, 400, "control"),
 ])
 def test_bad_query_is_a_4xx_naming_the_field(client, params, status, field):
-    r = client.get("/v1/ab/m", params=params)
+    r = client.get(f"/v1/ab/{M}", params=params)
     assert r.status_code == status, r.text
     assert r.json()["error"]["field"] == field
 
 
-@pytest.mark.parametrize("body, field", [
-    ({**SPLIT, "treatment_weight": 0.7}, "treatment_weight"),
-    ({**SPLIT, "bogus": 1}, "bogus"),
-    ({**SPLIT, "control_feedback_positive": 9, "control_feedback_total": 5, "treatment_feedback_positive": 1,
-      "treatment_feedback_total": 5}, "control_feedback_positive"),
+@pytest.mark.parametrize("doc, field", [
+    ({**ARMS, "treatment": "control"}, "treatment"),
+    ({**ARMS, "bogus": 1}, "bogus"),
+    ({**ARMS, "epoch": "5"}, "epoch"),
     ([1, 2], "body"),
 ])
-def test_bad_body_is_a_422_naming_the_field(client, body, field):
-    r = client.post("/v1/ab/m", json=body)
+def test_bad_body_is_a_422_naming_the_field(client, doc, field):
+    r = client.post(f"/v1/ab/{M}", json=doc)
     assert r.status_code == 422, r.text
     assert r.json()["error"]["field"] == field
 
 
-def test_a_model_without_records_is_a_404_naming_it(client):
-    r = client.get("/v1/ab/nope", params=SPLIT)
+def test_a_model_without_experiment_records_is_a_404_naming_it(client):
+    r = client.get("/v1/ab/nope", params=ARMS)
     assert r.status_code == 404 and r.json()["error"]["field"] == "model"
+    now = time.time()
+    assert client.post("/v1/ingest", content=body(records(50, now - 60, now - 1, seed=1, model="plain"))
+                       ).status_code == 200
+    plain = client.get("/v1/ab/plain", params=ARMS).json()  # records without an experiment
+    assert plain["error"]["field"] == "model" and "experiment, epoch and weight" in plain["error"]["message"]
 
 
 def test_openapi_lists_the_route_with_its_models(client):
@@ -133,35 +151,45 @@ def test_openapi_lists_the_route_with_its_models(client):
     ops = doc["paths"]["/v1/ab/{model}"]
     assert {"get", "post"} <= set(ops)
     names = {p["name"] for p in ops["get"]["parameters"]}
-    assert {"control", "treatment", "control_weight", "treatment_weight", "since", "pass_on"} <= names
+    assert {"control", "treatment", "experiment", "epoch", "scope", "pass_on"} <= names
+    assert not names & {"control_weight", "treatment_weight", "since"}
     assert "AbResponse" in doc["components"]["schemas"]
 
 
 def test_report_shows_the_watched_experiment_with_plots(client):
-    client.get("/v1/ab/m", params=SPLIT)
-    page = client.get("/report", params={"model": "m"}).text
-    assert "A/B m: v1 (control) vs v2 (treatment)" in page and "ROLLBACK" in page
+    client.get(f"/v1/ab/{M}", params=ARMS)
+    page = client.get("/report", params={"model": M}).text
+    assert f"A/B {M}, experiment {sim.EXPERIMENT} epoch 5: control (control) vs treatment (treatment)" in page
+    assert "ROLLBACK" in page and "treatment worse on ttft" in page
     assert page.count("<polyline") >= 8  # two arms' distribution functions per latency and length metric
-    assert "treatment worse on ttft" in page
 
 
-def test_since_counts_no_record_from_before_it_rounding_up_to_the_next_bucket():
-    """After a ramp step, records of the old split in the bucket holding ``since`` would skew
-    the sample-ratio check: ``since`` starts at the next bucket boundary (width 60 s here),
-    so every record counted finished at or after it."""
-    width = 60.0
-    boundary = (time.time() // width - 3) * width  # a whole bucket boundary three buckets ago
-    step = boundary - 30  # mid-bucket: the step happened half way through the bucket before
+def test_units_at_a_weight_of_zero_are_a_sample_ratio_hold_not_an_error():
+    now = time.time()
+    rng = np.random.default_rng(8)
+    r = sim.requests(sim.users(200, 2, 1.0, rng), sim.split((0.5, 0.5), 0), now - 600, now - 1, rng)
+    recs = [x | {"weight": 1.0 if x["variant"] == "control" else 0.0} for x in sim.feature_records(r)]
     app = create_app(DriftSettings(db_path=":memory:"), CollectorRegistry())
     with TestClient(app) as c:
-        before = (records(200, step - 25, step - 1, seed=3, variant="v1")  # old split: all control
-                  + records(10, step - 25, step - 1, seed=4, variant="v2"))
-        after = (records(100, boundary + 1, boundary + 50, seed=5, variant="v1")
-                 + records(100, boundary + 1, boundary + 50, seed=6, variant="v2"))
-        for batch in (before, after):
-            assert c.post("/v1/ingest", content=orjson.dumps({"records": batch})).status_code == 200
-        body = c.get("/v1/ab/m", params={**SPLIT, "since": step}).json()
-        assert body["requests"] == {"control": 100, "treatment": 100} and not body["srm"]["alarm"]
-        assert body["since"] == step
-        on_boundary = c.get("/v1/ab/m", params={**SPLIT, "since": boundary}).json()
-        assert on_boundary["requests"] == {"control": 100, "treatment": 100}
+        assert c.post("/v1/ingest", content=sim.bodies(recs)[0]).status_code == 200
+        reply = c.get(f"/v1/ab/{M}", params=ARMS)
+        doc = reply.json()
+        assert reply.status_code == 200 and doc["decision"] == "hold" and doc["srm"]["alarm"]
+        assert doc["srm"]["chi2"] is None and "treatment has weight 0" in doc["reasons"][0]
+        assert "MISMATCH" in c.get("/report", params={"model": M}).text
+
+
+def test_other_experiments_of_the_model_are_named_and_the_latest_is_judged():
+    now = time.time()
+    rng = np.random.default_rng(9)
+    r = sim.requests(sim.users(200, 2, 1.0, rng), sim.split((0.5, 0.5), 0), now - 600, now - 60, rng)
+    recs = sim.feature_records(r)
+    stray = recs[0] | {"experiment": "stray", "finished_at": now - 1, "started_at": now - 2}
+    app = create_app(DriftSettings(db_path=":memory:"), CollectorRegistry())
+    with TestClient(app) as c:
+        assert c.post("/v1/ingest", content=sim.bodies([*recs, stray])[0]).status_code == 200
+        doc = c.get(f"/v1/ab/{M}", params=ARMS).json()
+        assert doc["experiment"] == "stray" and doc["experiments"] == ["stray", sim.EXPERIMENT]
+        assert any(f"other experiments of model '{M}': {sim.EXPERIMENT}" in x for x in doc["reasons"])
+        chosen = c.get(f"/v1/ab/{M}", params={**ARMS, "experiment": sim.EXPERIMENT}).json()
+        assert chosen["experiment"] == sim.EXPERIMENT and not any("other experiments" in x for x in chosen["reasons"])

@@ -1,53 +1,74 @@
-"""The decision: health checks first, the worse metric named and nothing else, promotion."""
+"""The decision: health checks first, the worse metric named and nothing else, promotion.
+
+Arms here are requests assigned one by one (each its own unit); users with many requests
+each are in test_ab_units.py."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
-from inferwatch.drift.ab.decision import Experiment, analyse
+from inferwatch.drift.ab.decision import Arm, Experiment, analyse, sample_ratio_check
+from inferwatch.drift.ab.units import COL, COLUMNS
 from tests.support.ab_sim import Effects, arm_at, stream
 
-EXP = Experiment("v1", "v2", (0.5, 0.5), shared_tokenizer=True)
+EXP = Experiment("v1", "v2", shared_tokenizer=True)
 
 
-def arms(n_control: int, n_treatment: int, effects: Effects = Effects(), seed: int = 0, reservoir: int = 500,
-         feedback_every: int = 0):
+def arms(n_control: int, n_treatment: int, effects: Effects = Effects(), seed: int = 0, feedback_every: int = 0,
+         weights: tuple[float, float] = (0.5, 0.5)):
     rng = np.random.default_rng(seed)
     a, b = stream(n_control, Effects(), rng), stream(n_treatment, effects, rng)
-    return arm_at("v1", a, n_control, reservoir, feedback_every), arm_at("v2", b, n_treatment, reservoir, feedback_every)
+    return (arm_at("v1", a, n_control, weights[0], feedback_every),
+            arm_at("v2", b, n_treatment, weights[1], feedback_every))
 
 
-def test_srm_fires_on_a_skewed_split_and_holds():
-    result = analyse(Experiment("v1", "v2", (0.5, 0.5), assignments=(10_400, 9_600)), *arms(3000, 3000))
-    assert result.srm.alarm and result.srm.source == "assignments"
+def units_only(name: str, n: int, weight: float) -> Arm:
+    units = np.zeros((n, len(COLUMNS)))
+    units[:, COL["requests"]] = 1
+    return Arm(name, units, n, weight)
+
+
+def test_srm_fires_on_a_skewed_split_of_units_and_holds():
+    result = analyse(EXP, units_only("v1", 10_400, 0.5), units_only("v2", 9_600, 0.5))
+    assert result.srm.alarm and result.srm.result.observed == (10_400, 9_600)
     assert result.decision == "hold" and "sample ratio mismatch" in result.reasons[0]
 
 
-def test_srm_quiet_on_a_fair_split_at_the_same_size():
+def test_srm_against_the_epochs_own_weights():
+    control, treatment = arms(9000, 1000, weights=(0.9, 0.1))
+    assert not analyse(EXP, control, treatment).srm.alarm
+    assert analyse(EXP, replace(control, weight=0.5), replace(treatment, weight=0.5)).srm.alarm
+
+
+def test_srm_quiet_on_fair_splits():
     rng = np.random.default_rng(9)
-    control, treatment = arms(300, 300)
     alarms = 0
-    for _ in range(200):
+    for _ in range(300):
         treated = int(rng.binomial(20_000, 0.1))
-        r = analyse(Experiment("v1", "v2", (0.9, 0.1), assignments=(20_000 - treated, treated)), control, treatment)
-        alarms += r.srm.alarm
-    assert alarms <= 2  # expected 0.2 at p < 0.001
-
-
-def test_srm_falls_back_to_record_counts():
-    result = analyse(Experiment("v1", "v2", (0.9, 0.1)), *arms(1000, 1000))
-    assert result.srm.source == "records" and result.srm.alarm  # 50/50 records against a 90/10 split
+        control, treatment = units_only("v1", 20_000 - treated, 0.9), units_only("v2", treated, 0.1)
+        alarms += sample_ratio_check(EXP, control, treatment).alarm
+    assert alarms <= 2  # expected at most 0.3 at p < 0.001
 
 
 def test_no_traffic_on_an_arm_holds():
-    control, treatment = arms(500, 500)
-    result = analyse(Experiment("v1", "v2", (0.5, 0.5), assignments=(500, 0)), control, treatment)
+    control, _ = arms(500, 500)
+    result = analyse(EXP, control, arm_at("v2", stream(0, Effects(), np.random.default_rng(1)), 0, 0.5))
     assert result.decision == "hold" and result.no_traffic == ("v2",)
 
 
-def test_too_few_requests_holds():
-    result = analyse(EXP, *arms(60, 60))
-    assert result.decision == "hold" and "too few requests" in result.reasons[0]
+def test_unknown_or_conflicting_weights_hold():
+    control, treatment = arms(500, 500)
+    unknown = analyse(EXP, control, replace(treatment, weight=None))
+    assert unknown.decision == "hold" and unknown.srm is None and "unknown" in unknown.reasons[0]
+    reused = analyse(EXP, control, replace(treatment, weight_conflicts=12))
+    assert reused.decision == "hold" and "reused an epoch" in reused.reasons[0]
+
+
+def test_too_few_units_holds():
+    result = analyse(EXP, *arms(20, 20))
+    assert result.decision == "hold" and "too few units" in result.reasons[0]
 
 
 def test_slower_first_token_rolls_back_naming_ttft_and_nothing_else():
@@ -63,7 +84,7 @@ def test_more_errors_and_truncations_roll_back():
     result = analyse(EXP, *arms(3000, 3000, Effects(error_rate=0.06, truncation_rate=0.2)))
     assert result.decision == "rollback"
     assert {"error_rate", "truncation_rate"} <= set(result.worse)
-    assert result.metrics["error_rate"].test == "two_proportion_z"
+    assert result.metrics["error_rate"].test == "delta_method"
 
 
 def test_a_faster_canary_is_better_not_worse():
@@ -74,8 +95,8 @@ def test_a_faster_canary_is_better_not_worse():
 def test_logprob_only_with_a_shared_tokenizer():
     control, treatment = arms(3000, 3000, Effects(logprob_shift=-0.2))
     shared = analyse(EXP, control, treatment)
-    assert shared.metrics["mean_logprob"].verdict == "worse" and shared.metrics["mean_logprob"].test == "welch"
-    apart = analyse(Experiment("v1", "v2", (0.5, 0.5), shared_tokenizer=False), control, treatment)
+    assert shared.metrics["mean_logprob"].verdict == "worse" and shared.metrics["mean_logprob"].test == "welch_units"
+    apart = analyse(replace(EXP, shared_tokenizer=False), control, treatment)
     assert apart.metrics["mean_logprob"].status == "not_applicable"
     assert "tokenizer" in apart.metrics["mean_logprob"].note
 
@@ -83,14 +104,14 @@ def test_logprob_only_with_a_shared_tokenizer():
 def test_worse_feedback_rolls_back_and_missing_feedback_is_not_judged():
     result = analyse(EXP, *arms(4000, 4000, Effects(thumbs_up=0.5), feedback_every=4))
     assert result.metrics["feedback"].verdict == "worse"
-    assert analyse(EXP, *arms(500, 500)).metrics["feedback"].status == "not_applicable"
+    assert analyse(EXP, *arms(500, 500)).metrics["feedback"].status == "insufficient_data"
 
 
 def test_equal_variants_with_enough_traffic_promote():
-    result = analyse(Experiment("v1", "v2", (0.5, 0.5), promote_requests=20_000), *arms(30_000, 30_000, seed=3))
+    result = analyse(replace(EXP, promote_units=20_000), *arms(30_000, 30_000, seed=3))
     assert result.decision == "promote", result.reasons
 
 
-def test_equal_variants_before_promote_requests_continue():
-    result = analyse(EXP, *arms(600, 600, seed=4))
+def test_equal_variants_before_promote_units_continue():
+    result = analyse(EXP, *arms(250, 250, seed=4))
     assert result.decision == "continue" and any("promotion needs" in r for r in result.reasons)

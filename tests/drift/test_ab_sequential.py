@@ -16,11 +16,11 @@ from scipy import special
 from inferwatch.drift.ab import sequential as seq
 from inferwatch.drift.ab.decision import Arm, Experiment, analyse, evaluate_metric
 from inferwatch.drift.ab.spec import BY_NAME
-from inferwatch.drift.schema import FEATURES
-from tests.support.ab_sim import Effects, arm_at, power_proportion, stream, ttft_bin_probabilities
+from inferwatch.drift.ab.units import COL, COLUMNS
+from tests.support.ab_sim import Effects, arm_at, power_proportion, stream, theta_lognormal
 
 ALPHA = 0.05
-EXP = Experiment("a", "b", (0.5, 0.5), alpha=ALPHA)
+EXP = Experiment("a", "b", alpha=ALPHA)
 
 
 def allowance(rate: float, sims: int) -> float:
@@ -46,8 +46,14 @@ def test_the_boundary_is_tightest_where_it_is_tuned():
     assert at[500] < min(at[100], at[2500])
 
 
-def _counts_arm(name: str, n: int, errors: int, ttft_counts: np.ndarray | None = None) -> Arm:
-    return Arm(name, n, errors, n, 0, {"ttft_s": ttft_counts} if ttft_counts is not None else {})
+def _arm(name: str, n: int, errors: int = 0, ttft: np.ndarray | None = None) -> Arm:
+    """``n`` requests, each its own unit: ``errors`` of them 5xx, and their ``ttft``."""
+    units = np.zeros((n, len(COLUMNS)))
+    units[:, COL["requests"]] = 1
+    units[:errors, COL["errors"]] = 1
+    if ttft is not None:
+        units[:, COL["ttft_s:n"]], units[:, COL["ttft_s:sum"]] = 1, ttft[:n]
+    return Arm(name, units, n, 0.5)
 
 
 LOOKS = np.arange(100, 2001, 100)  # requests per arm at each of 20 looks
@@ -64,7 +70,7 @@ def test_aa_error_rate_checked_20_times_keeps_false_alarms_under_alpha():
     spec = BY_NAME["error_rate"]
     seq_alarm = fixed_alarm = 0
     for i in range(sims):
-        results = [evaluate_metric(spec, _counts_arm("a", n, int(xc[i, k])), _counts_arm("b", n, int(xt[i, k])), EXP)
+        results = [evaluate_metric(spec, _arm("a", n, int(xc[i, k])), _arm("b", n, int(xt[i, k])), EXP)
                    for k, n in enumerate(LOOKS)]
         seq_alarm += any(r.p_value_sequential <= ALPHA for r in results)
         fixed_alarm += any(r.p_value <= ALPHA for r in results)
@@ -72,30 +78,31 @@ def test_aa_error_rate_checked_20_times_keeps_false_alarms_under_alpha():
     assert fixed_alarm / sims > 2 * ALPHA
 
 
-def test_aa_ttft_rank_test_checked_20_times_keeps_false_alarms_under_alpha():
-    """1,500 A/A experiments of Mann-Whitney on the TTFT bins, 20 looks each."""
+RANK_LOOKS = np.arange(50, 501, 50)
+
+
+def test_aa_ttft_rank_test_checked_10_times_keeps_false_alarms_under_alpha():
+    """400 A/A experiments of Mann-Whitney on TTFT, 10 looks each (50..500 per arm)."""
     rng = np.random.default_rng(1)
-    sims, probs = 1500, ttft_bin_probabilities(0.0)
+    sims = 400
     spec = BY_NAME["ttft"]
     seq_alarm = fixed_alarm = 0
     for _ in range(sims):
-        c = rng.multinomial(100, probs, LOOKS.size).cumsum(0)
-        t = rng.multinomial(100, probs, LOOKS.size).cumsum(0)
-        results = [evaluate_metric(spec, _counts_arm("a", n, 0, c[k]), _counts_arm("b", n, 0, t[k]), EXP)
-                   for k, n in enumerate(LOOKS)]
+        c, t = rng.lognormal(math.log(0.2), 0.5, RANK_LOOKS[-1]), rng.lognormal(math.log(0.2), 0.5, RANK_LOOKS[-1])
+        results = [evaluate_metric(spec, _arm("a", n, 0, c), _arm("b", n, 0, t), EXP) for n in RANK_LOOKS]
         seq_alarm += any(r.p_value_sequential <= ALPHA for r in results)
         fixed_alarm += any(r.p_value <= ALPHA for r in results)
     assert seq_alarm / sims <= ALPHA + allowance(ALPHA, sims)
     assert fixed_alarm / sims > 2 * ALPHA
 
 
-def test_aa_full_decision_checked_at_8_looks_rarely_rolls_back():
+def test_aa_full_decision_checked_at_4_looks_rarely_rolls_back():
     """120 A/A experiments through the whole verdict (8 guardrails incl. logprob and feedback,
-    Holm, health checks), a random 50/50 split looked at every 500 requests up to 4,000: a
-    false rollback in at most alpha of them, and the SRM check (alpha 0.001 per look) quiet."""
+    Holm, health checks), a random 50/50 split looked at every 1,000 requests up to 4,000: a
+    false rollback in at most alpha of them, and the SRM check quiet."""
     rng = np.random.default_rng(2)
-    sims, looks = 120, np.arange(500, 4001, 500)
-    exp = Experiment("a", "b", (0.5, 0.5), shared_tokenizer=True, alpha=ALPHA)
+    sims, looks = 120, np.arange(1000, 4001, 1000)
+    exp = Experiment("a", "b", shared_tokenizer=True, alpha=ALPHA)
     rollbacks = srm = 0
     for _ in range(sims):
         to_b = rng.random(looks[-1]) < 0.5
@@ -103,7 +110,7 @@ def test_aa_full_decision_checked_at_8_looks_rarely_rolls_back():
         rolled = False
         for total in looks:
             nb = int(to_b[:total].sum())
-            result = analyse(exp, arm_at("a", a, total - nb, 150, 5), arm_at("b", b, nb, 150, 5))
+            result = analyse(exp, arm_at("a", a, total - nb, 0.5, 5), arm_at("b", b, nb, 0.5, 5))
             rolled |= result.decision == "rollback"
             srm += result.srm.alarm
         rollbacks += rolled
@@ -118,26 +125,24 @@ def test_error_rate_power_matches_theory(pt):
     sims, n = 1000, 2000
     xc, xt = rng.binomial(n, 0.02, sims), rng.binomial(n, pt, sims)
     spec = BY_NAME["error_rate"]
-    hits = sum(evaluate_metric(spec, _counts_arm("a", n, int(a)), _counts_arm("b", n, int(b)), EXP)
-               .p_value_sequential <= ALPHA for a, b in zip(xc, xt))
+    hits = sum(evaluate_metric(spec, _arm("a", n, int(a)), _arm("b", n, int(b)), EXP).p_value_sequential <= ALPHA
+               for a, b in zip(xc, xt))
     predicted = power_proportion(0.02, pt, n, EXP)
     assert abs(hits / sims - predicted) <= allowance(predicted, sims) + 0.03
 
 
-@pytest.mark.parametrize("log_shift", [0.04, 0.07])
+@pytest.mark.parametrize("log_shift", [0.06, 0.1])
 def test_ttft_power_matches_theory(log_shift):
-    """TTFT 4% / 7% slower (lognormal, sigma 0.5) at 2,000 per arm, 800 experiments. The
-    theory uses the binned superiority P(T > C) + P(T = C)/2 computed from the bin
-    probabilities, and U's null standard error."""
+    """TTFT 6% / 10% slower (lognormal, sigma 0.5) at 1,000 per arm, 300 experiments. Theory:
+    the superiority P(T > C) - 1/2 of the two lognormals against U's null standard error."""
     rng = np.random.default_rng(4)
-    sims, n = 800, 2000
-    pc, pt = ttft_bin_probabilities(0.0), ttft_bin_probabilities(log_shift)
-    theta = float(np.dot(pt, np.cumsum(pc) - pc / 2)) - 0.5
+    sims, n = 300, 1000
     se = math.sqrt((2 * n + 1) / (12 * n * n))
-    predicted = float(special.ndtr(theta / se - seq.boundary(seq.rho2(ALPHA, EXP.tune_n) * n / 2, ALPHA)))
+    predicted = float(special.ndtr(theta_lognormal(log_shift) / se
+                                   - seq.boundary(seq.rho2(ALPHA, EXP.tune_n) * n / 2, ALPHA)))
     spec = BY_NAME["ttft"]
     hits = 0
     for _ in range(sims):
-        c, t = rng.multinomial(n, pc), rng.multinomial(n, pt)
-        hits += evaluate_metric(spec, _counts_arm("a", n, 0, c), _counts_arm("b", n, 0, t), EXP).p_value_sequential <= ALPHA
+        c, t = rng.lognormal(math.log(0.2), 0.5, n), rng.lognormal(math.log(0.2) + log_shift, 0.5, n)
+        hits += evaluate_metric(spec, _arm("a", n, 0, c), _arm("b", n, 0, t), EXP).p_value_sequential <= ALPHA
     assert abs(hits / sims - predicted) <= allowance(predicted, sims) + 0.03

@@ -36,40 +36,41 @@ def test_mann_whitney_on_bin_counts_equals_scipy_on_the_binned_values():
     assert ours.superiority == pytest.approx(ref.statistic / (5000 * 4000))
 
 
-@pytest.mark.parametrize("table", [(0, 40, 3, 35), (1, 12, 5, 9), (2, 200, 9, 180), (7, 7, 0, 9), (0, 50, 0, 60)])
-def test_fisher_exact_equals_scipy(table):
-    xc, nc, xt, nt = table
-    ours = stats.fisher_exact_p(xc, nc, xt, nt)
-    ref = sps.fisher_exact([[xc, nc - xc], [xt, nt - xt]]).pvalue
-    assert ours == pytest.approx(ref, rel=1e-9)
+def test_delta_method_is_the_binomial_variance_with_one_request_per_unit():
+    x = (np.arange(400) < 30).astype(float)
+    r, var = stats.ratio_and_variance(x, np.ones(400))
+    assert r == pytest.approx(30 / 400)
+    assert var == pytest.approx(r * (1 - r) / 400 * 400 / 399)
 
 
-def test_small_counts_use_fisher_and_large_counts_the_z_test_equal_to_chi_square():
-    small = stats.two_proportions(1, 60, 6, 50, 0.05)
-    assert small.test == "fisher_exact"
-    assert small.p_value == pytest.approx(sps.fisher_exact([[1, 59], [6, 44]]).pvalue, rel=1e-9)
-    large = stats.two_proportions(40, 2000, 70, 2100, 0.05)
-    assert large.test == "two_proportion_z"
-    chi2 = sps.chi2_contingency([[40, 1960], [70, 2030]], correction=False)
-    assert large.p_value == pytest.approx(chi2.pvalue, rel=1e-9)
-    assert large.difference == pytest.approx(70 / 2100 - 40 / 2000)
-    assert large.relative == pytest.approx((70 / 2100 - 40 / 2000) / (40 / 2000))
+def _clustered(rng: np.random.Generator, units: int) -> tuple[np.ndarray, np.ndarray]:
+    """Units with log-normal request counts and their own error propensity."""
+    n = np.maximum(1, rng.lognormal(1.0, 1.2, units).round())
+    return rng.binomial(n.astype(int), rng.beta(0.5, 20, units)).astype(float), n
 
 
-def test_wilson_interval_equals_scipy_binomtest():
-    for x, n in ((0, 50), (3, 50), (49, 50), (500, 1000)):
-        ref = sps.binomtest(x, n).proportion_ci(0.95, method="wilson")
-        assert stats.wilson(x, n, 0.05) == pytest.approx((ref.low, ref.high), rel=1e-9, abs=1e-12)
+def test_delta_method_variance_matches_the_spread_of_the_ratio_over_repeated_samples():
+    """The truth is the ratio's own variance over 4,000 samples of 300 units; the binomial
+    variance over requests, which ignores the clustering, is about half of it."""
+    rng = np.random.default_rng(5)
+    draws = [_clustered(rng, 300) for _ in range(4000)]
+    ratios = np.array([x.sum() / n.sum() for x, n in draws])
+    delta = np.array([stats.ratio_and_variance(x, n)[1] for x, n in draws])
+    assert delta.mean() == pytest.approx(ratios.var(), rel=0.1)
+    binomial = np.array([r * (1 - r) / n.sum() for r, (_, n) in zip(ratios, draws)])
+    assert ratios.var() > 1.5 * binomial.mean()
 
 
-def test_newcombe_interval_covers_the_true_difference():
-    """Coverage of the rate-difference interval at small rates (where Wald fails): 2000 sims."""
-    rng = np.random.default_rng(3)
-    pc, pt, n, sims = 0.01, 0.02, 400, 2000
-    xc, xt = rng.binomial(n, pc, sims), rng.binomial(n, pt, sims)
-    hits = sum(lo <= pt - pc <= hi for lo, hi in (stats.two_proportions(a, n, b, n, 0.05).interval
-                                                  for a, b in zip(xc, xt)))
-    assert abs(hits / sims - 0.95) < 3 * math.sqrt(0.95 * 0.05 / sims) + 0.01
+def test_ratio_difference_interval_covers_at_its_level():
+    rng = np.random.default_rng(6)
+    sims, hits = 2000, 0
+    truth = None
+    for _ in range(sims):
+        (xc, nc), (xt, nt) = _clustered(rng, 400), _clustered(rng, 400)
+        d = stats.ratio_difference(xc, nc, xt, nt, 0.05)
+        hits += d.interval[0] <= 0 <= d.interval[1]
+        truth = d
+    assert truth is not None and abs(hits / sims - 0.95) < 3 * math.sqrt(0.95 * 0.05 / sims) + 0.01
 
 
 def test_welch_equals_scipy_ttest_and_its_interval():

@@ -64,7 +64,8 @@ def drift_service(tmp_path_factory):
             state = app.state.drift
             for variant in ("v1", "v2"):
                 state.ingest(body(records(600, *BASELINE_RANGE, seed=1, variant=variant)))
-                state.ingest(body(records(300, NOW - 600, NOW, seed=2, variant=variant)))
+                state.ingest(body([r | {"experiment": "exp", "epoch": 0, "weight": 0.5, "unit": f"u{i % 97}"}
+                                   for i, r in enumerate(records(300, NOW - 600, NOW, seed=2, variant=variant))]))
                 state.freeze_baseline(("m", variant), *BASELINE_RANGE)
                 state.calibrated_verdict(("m", variant))
             yield server
@@ -95,28 +96,16 @@ def _typed(fields: dict, *numbers: str) -> dict:
 
 
 def _experiment(fields: dict) -> dict:
-    """An A/B request's fields within its rules across fields (drift/ab/http.py's CROSS_FIELD_RULES)."""
+    """An A/B request's fields within its rules across fields (drift/ab/verdict.py's CROSS_FIELD_RULES)."""
     fields.setdefault("control", "v1")
     fields.setdefault("treatment", "v2")
     if fields["treatment"] == fields["control"]:
         fields["treatment"] = _other(fields["control"])
-    weight = fields.get("control_weight", 0.5)
-    if not 0 < 1 - weight < 1:
-        weight = 0.5
-    fields["control_weight"], fields["treatment_weight"] = weight, 1 - weight
-    assignments = ["control_assignments", "treatment_assignments"]
-    feedback = [f"{arm}_feedback_{kind}" for arm in ("control", "treatment") for kind in ("positive", "total")]
-    for pair in (assignments, feedback):  # all or none
-        if not all(fields.get(k) is not None for k in pair):
-            for k in pair:
-                fields.pop(k, None)
-    if "control_feedback_total" in fields:
-        for arm in ("control", "treatment"):
-            positive, total = f"{arm}_feedback_positive", f"{arm}_feedback_total"
-            fields[positive] = min(fields[positive], fields[total])
-    least = fields.get("min_requests", 100)
-    if fields.get("promote_requests", 1000) < least:
-        fields["promote_requests"] = least
+    if fields.get("scope") == "experiment":
+        fields.pop("epoch", None)
+    least = fields.get("min_units", 30)
+    if fields.get("promote_units", 300) < least:
+        fields["promote_units"] = least
     return fields
 
 
@@ -125,6 +114,10 @@ def _record(rec: dict) -> dict:
     rec["started_at"] = min(rec["started_at"], rec["finished_at"])
     if rec.get("ttft_s") is not None:
         rec["ttft_s"] = min(rec["ttft_s"], rec["e2e_s"])
+    if rec.get("epoch") is None or rec.get("weight") is None:  # an assignment is whole or absent
+        rec["epoch"] = rec["weight"] = None
+    elif rec.get("experiment") is None:
+        rec["experiment"] = "exp"
     return rec
 
 
@@ -146,17 +139,18 @@ def within_the_rules_across_fields(context, case):
     route = (case.method.upper(), case.operation.path)
     if route == ("POST", "/v1/ingest"):
         case.body["records"] = [_record(r) for r in case.body["records"]]
+    elif route == ("POST", "/v1/feedback"):
+        for rating in case.body["records"]:  # an epoch belongs to an experiment
+            if rating.get("epoch") is not None and rating.get("experiment") is None:
+                rating["experiment"] = "exp"
     elif route == ("POST", "/v1/baselines"):
         case.body = _baseline(case.body)
     elif route == ("GET", "/v1/ab/{model}"):
-        case.query = _experiment(_typed(case.query or {}, "control_weight", "min_requests", "promote_requests",
-                                        *(f"{arm}_{count}" for arm in ("control", "treatment")
-                                          for count in ("assignments", "feedback_positive", "feedback_total"))))
+        case.query = _experiment(_typed(case.query or {}, "min_units", "promote_units"))
     elif route == ("POST", "/v1/ab/{model}"):
         doc = case.body if isinstance(case.body, dict) else {}
         if {"name", "namespace", "phase"} <= doc.keys():  # a Flagger webhook: an experiment as text in metadata
-            doc["metadata"] = {"control": "v1", "treatment": "v2", "control_weight": "0.25", "treatment_weight": "0.75",
-                               "pass_on": "rollback,hold,continue,promote"}
+            doc["metadata"] = {"control": "v1", "treatment": "v2", "pass_on": "rollback,hold,continue,promote"}
         else:
             case.body = _experiment(doc)
     elif route == ("GET", "/v1/compare"):

@@ -101,7 +101,8 @@ experiments:
 def _record(now: float, **changes) -> FeatureRecord:
     record = FeatureRecord(model="m", variant="v1", route="chat", stream=True, started_at=now - 2.0,
                            finished_at=now - 1.0, status=200, prompt_tokens=10, completion_tokens=5, ttft_s=0.1,
-                           tpot_s=0.02, e2e_s=1.0, finish_reason="stop", mean_logprob=-1.25, experiment="e", unit="u")
+                           tpot_s=0.02, e2e_s=1.0, finish_reason="stop", mean_logprob=-1.25, experiment="e", unit="u",
+                           epoch=3, weight=0.25)
     return dataclasses.replace(record, **changes)
 
 
@@ -181,7 +182,9 @@ def test_the_rules_across_fields_hold_at_their_edge(drift):
     assert _ingest(drift, _record(now, started_at=now, finished_at=now + MAX_FUTURE_S - 30)).status_code == 200
     for changes, field in (({"started_at": now, "finished_at": now - 1.0}, "started_at"),
                            ({"ttft_s": 1.5, "e2e_s": 1.0}, "ttft_s"),
-                           ({"finished_at": now + MAX_FUTURE_S + 60}, "finished_at")):
+                           ({"finished_at": now + MAX_FUTURE_S + 60}, "finished_at"),
+                           ({"weight": None}, "weight"), ({"epoch": None}, "epoch"),
+                           ({"experiment": None}, "experiment")):
         r = _ingest(drift, _record(now, **changes))
         assert r.status_code == 422 and r.json()["error"]["field"] == field, (changes, r.text)
 

@@ -1,17 +1,19 @@
-"""A/B end to end: two real vLLM servers behind one gateway model name at 50/50, feature
-records and feedback into a real drift service, its /v1/ab verdict, a killed canary and a
-rollback through the admin endpoint.
+"""A/B end to end: real vLLM servers behind one gateway model name, feature records and
+feedback into a real drift service, its /v1/ab verdict asked as a controller would (no
+weights, no start), a killed canary and a rollback through the admin endpoint.
 
-The two variants serve the same tiny model under different served names and context
-lengths: clients set no max_tokens, so each vLLM generates to the end of its context and
-the canary (96 tokens) answers about three times longer than the control (32). That is a
-real difference in answer length, and so in end-to-end latency; nothing else differs.
+Three servers serve the same tiny model under different served names: the control and its
+twin with a 32-token context (identical), the canary with 96. Clients that set no
+max_tokens get answers to the end of the context, so the canary answers about three times
+longer: a real difference in answer length, and so in end-to-end latency; nothing else
+differs. The twin is the A/A: a few hundred users of unequal activity at 10 % and at 50 %.
 """
 
 from __future__ import annotations
 
 import os
-import time
+import random
+from concurrent.futures import ThreadPoolExecutor
 
 import orjson
 import pytest
@@ -33,12 +35,12 @@ MIN_REQUESTS = 30
 
 
 @pytest.fixture(scope="module")
-def two_vllms(tiny_model, tmp_path_factory):
-    """Control and canary, started together (startup is most of the cost)."""
+def vllms(tiny_model, tmp_path_factory):
+    """Control, canary and the control's twin, started together (startup is most of the cost)."""
     logs = tmp_path_factory.mktemp("ab-vllm")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     servers = []
-    for (name, context), port in zip((("tiny-control", 32), ("tiny-canary", 96)), free_ports(2)):
+    for (name, context), port in zip((("tiny-control", 32), ("tiny-canary", 96), ("tiny-twin", 32)), free_ports(3)):
         cfg = VLLMConfig(str(tiny_model), name, port=port, dtype="bfloat16", max_model_len=context)
         proc = vllm_process(cfg, logs / f"{name}.log", env)
         proc.start()
@@ -63,19 +65,19 @@ def assignments(gw) -> dict[str, float]:
     return {v: metric_sum(text, "inferwatch_gateway_assignments_total", model=PUBLIC, variant=v) for v in ("v1", "v2")}
 
 
-def verdict(drift_url: str, counts: dict[str, float], since: float | None = None) -> dict:
-    params = {"control": "v1", "treatment": "v2", "control_weight": 0.5, "treatment_weight": 0.5,
-              "control_assignments": int(counts["v1"]), "treatment_assignments": int(counts["v2"]),
-              "min_requests": MIN_REQUESTS, "promote_requests": MIN_REQUESTS}
-    if since is not None:
-        params["since"] = since
+def verdict(drift_url: str, **params: object) -> dict:
+    params = {"control": "v1", "treatment": "v2", "min_units": 20, "promote_units": 20, **params}
     r = requests.get(f"{drift_url}/v1/ab/{PUBLIC}", params=params, timeout=60)
     assert r.status_code == 200, r.text
     return r.json()
 
 
-def test_split_verdict_kill_and_rollback(two_vllms, tmp_path):
-    control, canary = two_vllms
+def recorded(drift_url: str) -> int:
+    return sum(s["window_records"] for s in requests.get(drift_url + "/v1/drift", timeout=5).json()["segments"])
+
+
+def test_split_verdict_kill_and_rollback(vllms, tmp_path):
+    control, canary, _ = vllms
     experiment_file = tmp_path / "experiments.yaml"
     experiment_file.write_text(f"""
 experiments:
@@ -90,10 +92,10 @@ experiments:
         settings = GatewaySettings(upstream_url=control.url, experiment_file=experiment_file, admin_token=ADMIN,
                                    drift_url=service.url, feature_flush_s=0.05)
         with GatewayServer(settings) as gw:
-            # --- 50/50, sticky per user; every answer rated up (feedback is equal) --------------
+            # --- 50/50, sticky per user (30 of the 100 come back); every answer rated up -------------
             by_user: dict[str, set[str]] = {}
-            for rnd in range(2):
-                for i in range(50):
+            for users in (range(100), range(30)):
+                for i in users:
                     r = ask(gw, f"user-{i}")
                     assert r.status_code == 200
                     events = [orjson.loads(e[6:]) for e in r.content.split(b"\n\n") if e.startswith(b"data: {")]
@@ -104,13 +106,13 @@ experiments:
                     assert fb.status_code == 200, fb.text
             assert all(len(v) == 1 for v in by_user.values())
             counts = assignments(gw)
-            assert counts["v1"] + counts["v2"] == 100 and min(counts.values()) >= MIN_REQUESTS
-            eventually(lambda: requests.get(service.url + "/v1/drift", timeout=5).json()["segments"]
-                       and sum(s["window_records"] for s in requests.get(service.url + "/v1/drift", timeout=5)
-                               .json()["segments"]) == 100, timeout_s=20)
+            assert counts["v1"] + counts["v2"] == 130 and min(counts.values()) >= MIN_REQUESTS
+            eventually(lambda: recorded(service.url) == 130, timeout_s=20)
 
-            result = verdict(service.url, counts)
-            assert result["srm"]["source"] == "assignments" and not result["srm"]["alarm"]
+            result = verdict(service.url)
+            assert result["epoch"] == 0 and result["weights"] == {"control": 0.5, "treatment": 0.5}
+            assert result["requests"] == {"control": counts["v1"], "treatment": counts["v2"]}
+            assert sum(result["units"].values()) == 100 and not result["srm"]["alarm"]
             assert result["decision"] == "rollback", result["reasons"]
             # the canary differs in answer length; end-to-end time follows it, and may or may not
             # reach significance with 50 requests an arm on a busy CPU; nothing else may be named
@@ -119,12 +121,11 @@ experiments:
                 k: (m["verdict"], m["p_value_sequential"]) for k, m in result["metrics"].items()}
             assert result["metrics"]["completion_tokens"]["effect"] > 0  # the canary answers longer
             feedback = result["metrics"]["feedback"]
-            assert feedback["n"] == {"control": counts["v1"], "treatment": counts["v2"]}  # from the gateway's ratings
+            assert feedback["n"] == result["units"]  # the gateway's ratings, joined to their users
             assert feedback["verdict"] != "worse"
 
             # --- the canary's vLLM dies: its users get 503s, the verdict says rollback on errors ----
             canary.process.kill()
-            since = float(int(time.time()))
             before = assignments(gw)
             statuses: dict[str, list[int]] = {"v1": [], "v2": []}
             for i in range(100, 180):
@@ -136,9 +137,9 @@ experiments:
             delta = {v: after[v] - before[v] for v in after}
             assert delta == {v: len(s) for v, s in statuses.items()}  # failures counted when routed, as assigned
             # the records reach the drift service in batches; 20 s was missed once on a loaded clean run
-            eventually(lambda: verdict(service.url, delta, since)["requests"]["treatment"] == len(statuses["v2"]),
+            eventually(lambda: verdict(service.url)["requests"]["treatment"] == counts["v2"] + len(statuses["v2"]),
                        timeout_s=60)
-            killed = verdict(service.url, delta, since)
+            killed = verdict(service.url)
             assert killed["decision"] == "rollback" and "error_rate" in killed["worse"], killed["reasons"]
 
             # --- bad admin calls change nothing; one good call sends everyone to the control ------
@@ -153,8 +154,64 @@ experiments:
             assert lost.status_code == 404 and lost.json()["error"]["code"] == "response_not_found"
             assert assignments(gw) == after
             rollback = requests.put(url, json={"weights": {"v2": 0}}, headers=AUTH, timeout=5)
-            assert rollback.status_code == 200
+            assert rollback.status_code == 200 and rollback.json()["epoch"] == 1
             for i in range(100, 130):  # the same users, some of whom had the canary
                 r = ask(gw, f"user-{i}", stream=False)
                 assert r.status_code == 200 and r.headers["x-inferwatch-variant"] == "v1"
             assert assignments(gw) == {"v1": after["v1"] + 30, "v2": after["v2"]}
+
+
+def _users(rng: random.Random, first: int, n: int) -> list[str]:
+    """Users ``first`` .. ``first + n - 1``, each as many times as their log-normal activity
+    says (about 1.6 requests on average, a few with many)."""
+    return [f"user-{i}" for i in range(first, first + n) for _ in range(max(1, round(rng.lognormvariate(0, 0.9))))]
+
+
+def test_identical_servers_at_10_and_50_percent_neither_hold_for_sample_ratio_nor_roll_back(vllms, tmp_path):
+    """The A/A through everything real: a few hundred users of unequal activity at 10 %, then
+    the same and new users at 50 % (a new weight epoch), each phase judged on its own."""
+    control, _, twin = vllms
+    for server, served in ((control, "tiny-control"), (twin, "tiny-twin")):  # both as warm as each other
+        with ThreadPoolExecutor(6) as pool:
+            warm = list(pool.map(lambda i: requests.post(server.url + "/v1/chat/completions", json={
+                "model": served, "messages": [{"role": "user", "content": f"hi user-{i}"}], "max_tokens": 2},
+                timeout=60).status_code, range(60)))
+        assert set(warm) == {200}
+    experiment_file = tmp_path / "experiments.yaml"
+    experiment_file.write_text(f"""
+experiments:
+  {PUBLIC}:
+    name: twins
+    variants:
+      - {{name: v1, upstream_url: "{control.url}", model: tiny-control, weight: 0.9}}
+      - {{name: v2, upstream_url: "{twin.url}", model: tiny-twin, weight: 0.1}}
+""")
+    rng = random.Random(5)
+    drift = create_drift_app(DriftSettings(db_path=str(tmp_path / "d.sqlite3")))
+    with AppServer(drift) as service:
+        settings = GatewaySettings(upstream_url=control.url, experiment_file=experiment_file, admin_token=ADMIN,
+                                   drift_url=service.url, feature_flush_s=0.05)
+        with GatewayServer(settings) as gw:
+            sent = 0
+            for epoch, users in ((0, _users(rng, 0, 400)), (1, _users(rng, 0, 150) + _users(rng, 400, 150))):
+                if epoch:
+                    r = requests.put(f"{gw.url}/admin/experiments/{PUBLIC}/weights", json={"weights": {"v2": 0.5}},
+                                     headers=AUTH, timeout=5)
+                    assert r.status_code == 200 and r.json()["epoch"] == 1
+                rng.shuffle(users)
+                with ThreadPoolExecutor(6) as pool:
+                    codes = list(pool.map(lambda u: short(gw, u).status_code, users))
+                assert set(codes) == {200}
+                sent += len(users)
+                eventually(lambda: recorded(service.url) == sent, timeout_s=60)
+                doc = verdict(service.url, min_units=30, promote_units=300)
+                assert doc["epoch"] == epoch and not doc["srm"]["alarm"], doc["srm"]
+                assert doc["decision"] != "rollback", doc["reasons"]
+                assert min(doc["units"].values()) >= 30, doc["units"]
+                assert doc["decision"] != "hold", doc["reasons"]  # each arm has its minimum: no hold at all
+                assert doc["units"]["treatment"] < doc["requests"]["treatment"]  # users came back
+
+
+def short(gw, user: str) -> requests.Response:
+    body = {"model": PUBLIC, "messages": [{"role": "user", "content": f"hi {user}"}], "user": user, "max_tokens": 2}
+    return requests.post(gw.url + "/v1/chat/completions", json=body, timeout=60)

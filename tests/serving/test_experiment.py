@@ -36,8 +36,19 @@ def test_assignment_is_sticky_and_the_unit_id_is_a_hash_not_the_key():
     s = split()
     first = [s.assign(f"user-{i}") for i in range(200)]
     assert first == [s.assign(f"user-{i}") for i in range(200)]
-    assert all(uid is not None and len(uid) == 16 and "user" not in uid for _, uid in first)
-    assert len({uid for _, uid in first}) == 200
+    uids = [a.unit for _, a in first]
+    assert all(uid is not None and len(uid) == 16 and "user" not in uid for uid in uids)
+    assert len(set(uids)) == 200
+
+
+def test_the_assignment_carries_the_experiment_epoch_and_the_variants_weight():
+    s = split((0.9, 0.1))
+    assert s.epoch == 0
+    index, a = s.assign("alice")
+    assert (a.experiment, a.epoch, a.weight) == (s.name, 0, s.weights[index])
+    moved = s.with_weights((0.75, 0.25))
+    assert moved.epoch == 1 and moved.with_weights((0.9, 0.1)).epoch == 2  # back to old weights: a new epoch
+    assert moved.assign("alice")[1].epoch == 1
 
 
 def test_the_salt_makes_experiments_independent():
@@ -58,7 +69,7 @@ def test_shares_follow_the_weights(weights):
 def test_without_a_unit_key_the_draw_is_random_per_request():
     s = split()
     draws = [s.assign(None) for _ in range(4000)]
-    assert all(uid is None for _, uid in draws)
+    assert all(a.unit is None for _, a in draws)
     assert 1800 < sum(i for i, _ in draws) < 2200
 
 

@@ -84,6 +84,10 @@ def assignments(gw) -> dict[str, float]:
     return {v: metric_sum(text, "inferwatch_gateway_assignments_total", model="chat", variant=v) for v in ("v1", "v2")}
 
 
+def epoch(gw) -> int:
+    return requests.get(gw.url + "/admin/experiments", headers=AUTH, timeout=5).json()["experiments"][0]["epoch"]
+
+
 def weights(gw) -> list[float]:
     doc = requests.get(gw.url + "/admin/experiments", headers=AUTH, timeout=5).json()
     return [v["weight"] for v in doc["experiments"][0]["variants"]]
@@ -128,6 +132,7 @@ def test_unit_key_from_header_then_random_and_records_carry_the_hash(gw):
     assert len({r.unit for r in records[:8]}) == 1 and all(r.unit is None for r in records[8:48])
     alice = records[48]
     assert alice.unit and "alice" not in alice.unit and alice.variant in ("v1", "v2")
+    assert {(r.epoch, r.weight) for r in records} == {(0, 0.5)}  # the file's weights: epoch 0
 
 
 FORCE = {"x-inferwatch-admin-token": ADMIN}
@@ -216,8 +221,9 @@ def test_bad_admin_calls_change_nothing(gw, experiment_file, headers, body, stat
     r = requests.put(gw.url + "/admin/experiments/chat/weights", json=body, headers=headers, timeout=5)
     err = r.json()["error"]
     assert r.status_code == status and err["code"] == code and err["param"] == param and err["message"]
-    assert weights(gw) == [0.5, 0.5]
-    assert not experiment_file.with_suffix(".state.json").exists()
+    assert weights(gw) == [0.5, 0.5] and epoch(gw) == 0
+    saved = orjson.loads(experiment_file.with_suffix(".state.json").read_bytes())  # as written at start
+    assert saved["chat"]["weights"] == [0.5, 0.5] and saved["chat"]["epoch"] == 0
     assert metric_sum(gw.metrics_text(), "inferwatch_gateway_experiment_weight_ratio", variant="v2") == 0.5
 
 
@@ -242,14 +248,22 @@ def test_rollback_in_one_call_persists_across_a_restart(experiment_file, stubs, 
         assert {chat(g, user=f"u{i}").headers["x-inferwatch-variant"] for i in range(40)} == {"v1"}
         assert assignments(g) == {"v1": 40, "v2": 0}
         assert metric_sum(g.metrics_text(), "inferwatch_gateway_experiment_weight_ratio", variant="v2") == 0
-    assert "weights v1=0.5, v2=0.5 -> v1=1, v2=0" in caplog.text
+    assert "weights v1=0.5, v2=0.5 -> v1=1, v2=0, epoch 0 -> 1" in caplog.text
     with gateway(experiment_file, stubs) as g:
-        assert weights(g) == [1.0, 0.0]
+        assert weights(g) == [1.0, 0.0] and epoch(g) == 1
         r = requests.put(g.url + "/admin/experiments/chat/weights", json={"weights": {"v2": 0.05}}, headers=AUTH,
                          timeout=5)
-        assert [v["weight"] for v in r.json()["variants"]] == pytest.approx([0.95, 0.05])
+        assert [v["weight"] for v in r.json()["variants"]] == pytest.approx([0.95, 0.05]) and r.json()["epoch"] == 2
+        chat(g, user="after-restart")
+        records = eventually(lambda: list(g.gateway.features.sink.records))
+        assert all(r.epoch == 2 and r.weight == pytest.approx((0.95, 0.05)[r.variant == "v2"]) for r in records)
     with gateway(experiment_file, stubs) as g:
-        assert weights(g) == pytest.approx([0.95, 0.05])
+        assert weights(g) == pytest.approx([0.95, 0.05]) and epoch(g) == 2
+    # the operator edits the file's weights: the file wins, in the epoch after the saved one
+    experiment_file.write_text(experiment_file.read_text().replace("weight: 0.5}", "weight: 0.6}", 1).replace(
+        "weight: 0.5}", "weight: 0.4}", 1))
+    with gateway(experiment_file, stubs) as g:
+        assert weights(g) == pytest.approx([0.6, 0.4]) and epoch(g) == 3
 
 
 def test_feedback_reaches_the_sink_joined_to_the_variant(gw):
@@ -261,8 +275,9 @@ def test_feedback_reaches_the_sink_joined_to_the_variant(gw):
     for response_id, rating in ((rid, {"thumbs": "up"}), (stream_id, {"score": 0.2})):
         answer = requests.post(gw.url + "/v1/feedback", json={"response_id": response_id, **rating}, timeout=5)
         assert answer.status_code == 200 and answer.json()["variant"] == variant
-    assert [(x["model"], x["variant"], x["experiment"], x["score"]) for x in fb.records] == [
-        ("chat", variant, "canary-1", 1.0), ("chat", variant, "canary-1", 0.2)]
+    assert [(x["model"], x["variant"], x["experiment"], x["epoch"], x["score"]) for x in fb.records] == [
+        ("chat", variant, "canary-1", 0, 1.0), ("chat", variant, "canary-1", 0, 0.2)]
+    assert len({x["unit"] for x in fb.records}) == 1 and "rater" not in fb.records[0]["unit"]
     again = requests.post(gw.url + "/v1/feedback", json={"response_id": rid, "thumbs": "down"}, timeout=5)
     assert again.status_code == 409 and len(fb.records) == 2
     text = gw.metrics_text()

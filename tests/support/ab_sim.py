@@ -1,7 +1,8 @@
-"""Simulated A/B traffic: a stream of requests assigned to two arms, turned into the arms the
-verdict reads, at any prefix of the stream (a look), the way the drift window holds them:
-exact counts on each feature's bins, and a bottom-R uniform sample of raw values. And what
-theory predicts for it, which the tests and bench/ab_analysis.py compare the simulation with."""
+"""Simulated A/B traffic assigned request by request (requests without a unit key): a stream
+of requests per arm, turned into the arm the verdict reads at any prefix of the stream (a
+look), each request a unit of its own. And what theory predicts for it, which the tests and
+bench/ab_analysis.py compare the simulation with. Users with many requests each are in
+tests/support/ab_simulation.py."""
 
 from __future__ import annotations
 
@@ -13,10 +14,7 @@ from scipy import special
 
 from inferwatch.drift.ab import sequential as seq
 from inferwatch.drift.ab.decision import Arm, Experiment
-from inferwatch.drift.binning import histogram
-from inferwatch.drift.schema import FEATURES
-
-RANK_FEATURES = ("ttft_s", "tpot_s", "e2e_s", "completion_tokens")
+from inferwatch.drift.ab.units import COL, UNIT_FEATURES, record_values
 
 
 @dataclass(frozen=True)
@@ -39,8 +37,8 @@ class Stream:
     error: np.ndarray
     truncated: np.ndarray
     values: dict[str, np.ndarray]
-    keys: np.ndarray  # random reservoir keys: the sample at a look is the R smallest so far
     thumbs: np.ndarray
+    units: np.ndarray  # each request's row of per-unit sums: a look at n requests is the first n rows
 
 
 def stream(n: int, effects: Effects, rng: np.random.Generator) -> Stream:
@@ -52,42 +50,32 @@ def stream(n: int, effects: Effects, rng: np.random.Generator) -> Stream:
               "mean_logprob": rng.normal(-1.2 + effects.logprob_shift, 0.4, n)}
     for name in values:  # a failed request has no latency or length record
         values[name] = np.where(error, np.nan, values[name])
-    return Stream(error, ~error & (rng.random(n) < effects.truncation_rate), values, rng.random(n),
-                  rng.random(n) < effects.thumbs_up)
+    truncated = ~error & (rng.random(n) < effects.truncation_rate)
+    reasons = np.where(error, None, np.where(truncated, "length", "stop")).tolist()
+    units = record_values(np.where(error, 500, 200), reasons, {f: values[f] for f in UNIT_FEATURES})
+    return Stream(error, truncated, values, rng.random(n) < effects.thumbs_up, units)
 
 
-def arm_at(name: str, s: Stream, n: int, reservoir: int, feedback_every: int = 0) -> Arm:
-    """The arm after its first ``n`` requests."""
-    counts, samples = {}, {}
-    keep = np.argsort(s.keys[:n])[:reservoir]
-    for feature, values in s.values.items():
-        head = values[:n]
-        if feature in RANK_FEATURES:
-            counts[feature] = histogram(head, FEATURES[feature].edges).counts  # type: ignore[attr-defined]
-        picked = head[keep]
-        samples[feature] = picked[np.isfinite(picked)]
-    ok = int(n - s.error[:n].sum())
-    feedback = None
+def arm_at(name: str, s: Stream, n: int, weight: float = 0.5, feedback_every: int = 0) -> Arm:
+    """The arm after its first ``n`` requests, each its own unit."""
+    units = s.units[:n].copy()
+    feedback = (0, 0)
     if feedback_every:
-        thumbs = s.thumbs[:n:feedback_every]
-        feedback = (int(thumbs.sum()), int(thumbs.size))
-    return Arm(name, n, int(s.error[:n].sum()), ok, int(s.truncated[:n].sum()), counts, samples, feedback)
+        rated = np.arange(0, n, feedback_every)
+        units[rated, COL["feedback_total"]] = 1
+        units[rated, COL["feedback_positive"]] = s.thumbs[rated]
+        feedback = (int(s.thumbs[rated].sum()), int(rated.size))
+    return Arm(name, units, n, weight, 0, feedback)
 
 
-def ttft_bin_probabilities(log_shift: float) -> np.ndarray:
-    """Each TTFT bin's probability under ``stream``'s TTFT law (lognormal, median 0.2 s times
-    e^log_shift, sigma 0.5); what falls outside the edges counts in the outer bins."""
-    edges = FEATURES["ttft_s"].edges.values  # type: ignore[attr-defined]
-    cdf = special.ndtr((np.log(edges) - (math.log(0.2) + log_shift)) / 0.5)
-    p = np.diff(np.concatenate([[0.0], cdf, [1.0]]))
-    return p[1:-1] + np.r_[p[0], np.zeros(p.size - 3)] + np.r_[np.zeros(p.size - 3), p[-1]]
+def theta_lognormal(log_shift: float, sigma: float = 0.5) -> float:
+    """P(T > C) - 1/2 for lognormal arms ``log_shift`` apart: what Mann-Whitney estimates."""
+    return float(special.ndtr(log_shift / (sigma * math.sqrt(2)))) - 0.5
 
 
 def power_proportion(pc: float, pt: float, n: int, exp: Experiment) -> float:
-    """P(always-valid p <= alpha at a look with n per arm) for error rates pc -> pt: the pooled
-    z is about normal with mean delta / se0 and standard deviation se1 / se0."""
-    pooled = (pc + pt) / 2
-    se0 = math.sqrt(pooled * (1 - pooled) * 2 / n)
-    se1 = math.sqrt((pc * (1 - pc) + pt * (1 - pt)) / n)
+    """P(always-valid p <= alpha at a look with n per arm) for error rates pc -> pt, a request
+    per unit: the delta-method z is about normal with mean delta / se and unit variance."""
+    se = math.sqrt((pc * (1 - pc) + pt * (1 - pt)) / n)
     b = seq.boundary(seq.rho2(exp.alpha, exp.tune_n) * n / 2, exp.alpha)
-    return float(special.ndtr(((pt - pc) - b * se0) / se1))
+    return float(special.ndtr((pt - pc) / se - b))
