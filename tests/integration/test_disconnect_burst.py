@@ -5,7 +5,9 @@ Every leaving client is a 499, and its request is cut in vLLM at once; every sta
 gets its whole answer; nothing stays in flight. The order of events is driven, not timed:
 clients leave once every request of the burst is generating in vLLM (its count of first
 tokens), or at the moment the gateway's connection to vLLM for their request is made. A
-loaded machine changes how long each step takes, not what happens.
+loaded machine changes how long each step takes, not what happens; on an idle one the first
+requests of a burst can end before its last starts, and those (counted when the clients
+leave) are the only ones allowed to have run to their end.
 
 Independent truth: vLLM's own counters. ``vllm:request_success_total`` with
 ``finished_reason="length"`` counts the requests it generated to their end (the staying
@@ -19,6 +21,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import time
 from contextvars import ContextVar
 
 import pytest
@@ -109,10 +112,12 @@ class Burst:
     def __exit__(self, *exc: object) -> None:
         self.gw.__exit__(*exc)
 
-    def check(self, staying: list[socket.socket], generated_before: float) -> None:
+    def check(self, staying: list[socket.socket], generated_before: float, finished_before: float = 0.0) -> None:
         """Staying clients got their whole answers, leaving ones are 499s, and vLLM generated
         for the leaving ones little more than what it had made, for all, when they left
-        (``generated_before``)."""
+        (``generated_before``). ``finished_before``: requests vLLM had run to their end when
+        the clients left (on an idle machine the first of a burst can finish before its last
+        starts): those could not be cut, and only those may have run to their end."""
         answers = [_answer(sock) for sock in staying]
         eventually(lambda: _in_flight(self.gw) == 0, timeout_s=SLOW_S)
         g1 = self.gw.metrics_text()
@@ -133,7 +138,9 @@ class Burst:
 
         ran_to_the_end = delta("vllm:request_success_total", finished_reason="length") - STAYING
         leaving_tokens = delta(GENERATED) - STAYING * LONG
-        assert ran_to_the_end == 0, f"vLLM generated {ran_to_the_end:.0f} abandoned requests to their end"
+        assert ran_to_the_end <= finished_before, (
+            f"vLLM generated {ran_to_the_end:.0f} abandoned requests to their end; {finished_before:.0f} requests "
+            "had ended when their clients left")
         # cut at once, each makes a few more tokens while vLLM aborts it: 5 to 40 here on an
         # idle machine, ~170 with a second vLLM on the two cores, ~270 with two suites running
         # beside each other; uncut, the rest of its LONG (and `ran_to_the_end` above says so
@@ -153,7 +160,11 @@ def test_clients_that_leave_together_while_vllm_generates_are_499s_and_cut(vllm_
         text = eventually(lambda: _all_generating(vllm_server, burst.v0, STAYING + LEAVING), timeout_s=SLOW_S)
         for i, sock in enumerate(leaving):
             _hang_up(sock, i)
-        burst.check(staying, generated_before=metric_sum(text, GENERATED) - metric_sum(burst.v0, GENERATED))
+        time.sleep(0.3)  # vLLM counts a finished request a moment after it ends
+        left = requests.get(f"{vllm_server.url}/metrics", timeout=10).text
+        burst.check(staying, generated_before=metric_sum(text, GENERATED) - metric_sum(burst.v0, GENERATED),
+                    finished_before=metric_sum(left, "vllm:request_success_total", finished_reason="length")
+                    - metric_sum(burst.v0, "vllm:request_success_total", finished_reason="length"))
 
 
 def test_clients_that_leave_as_the_gateway_connects_to_vllm_are_499s_and_cut(vllm_server, monkeypatch):
