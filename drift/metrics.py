@@ -86,8 +86,9 @@ AB_SRM_P_VALUE = DriftMetric("inferwatch_ab_srm_p_value", "gauge",
                              "Always-valid p-value of the units per arm against the epoch's weights (mismatch below "
                              "0.001).", AB_LABELS)
 AB_NOT_KEPT = DriftMetric("inferwatch_ab_records_not_kept", "counter",
-                          "Records of an experiment no ledger took: 'experiments' (beyond INFERWATCH_DRIFT_AB_EXPERIMENTS) "
-                          "or 'no_epoch' (a gateway that does not stamp the weight epoch).", ("reason",))
+                          "Records (and ratings) of an experiment no ledger took: 'experiments' (beyond "
+                          "INFERWATCH_DRIFT_AB_EXPERIMENTS), 'no_epoch' (a gateway that does not stamp the weight epoch), "
+                          "'too_old' (finished before the retention), 'rating_unknown_experiment'.", ("reason",))
 AB_LEDGER_BYTES = DriftMetric("inferwatch_ab_ledger_bytes", "gauge", "Bytes held by the experiment ledgers.", ())
 AB_METRICS = (AB_DECISION, AB_WORSE, AB_P_VALUE, AB_EFFECT_RELATIVE, AB_REQUESTS, AB_UNITS, AB_EPOCH,
               AB_TREATMENT_SHARE, AB_SRM_P_VALUE)

@@ -83,9 +83,10 @@ class AbCollector(Collector):
                     families[m.AB_EFFECT_RELATIVE].add_metric([*key, name], r.relative)
         yield from families.values()
         not_kept = CounterMetricFamily(m.AB_NOT_KEPT.name, m.AB_NOT_KEPT.doc, labels=list(m.AB_NOT_KEPT.labels))
-        overflow, without_epoch, held = self.state.with_ledgers(
-            lambda ledgers: (ledgers.overflow, ledgers.without_epoch, ledgers.nbytes()))
-        not_kept.add_metric(["experiments"], overflow)
-        not_kept.add_metric(["no_epoch"], without_epoch)
+        counts, held = self.state.with_ledgers(lambda ledgers: (
+            {"experiments": ledgers.overflow, "no_epoch": ledgers.without_epoch, "too_old": ledgers.too_old,
+             "rating_unknown_experiment": ledgers.unjoined}, ledgers.nbytes()))
+        for reason, count in counts.items():
+            not_kept.add_metric([reason], count)
         yield not_kept
         yield GaugeMetricFamily(m.AB_LEDGER_BYTES.name, m.AB_LEDGER_BYTES.doc, value=held)
