@@ -111,6 +111,9 @@ def gateway(
         help="YAML limits per API key and model, re-read when it changes [INFERWATCH_GATEWAY_LIMITS_FILE].")] = None,
     experiment_file: Annotated[Optional[Path], typer.Option(
         help="YAML experiments: variants and weights per public model [INFERWATCH_GATEWAY_EXPERIMENT_FILE].")] = None,
+    redis_url: Annotated[Optional[str], typer.Option(
+        help="Redis shared by the gateway's replicas: weights, feedback memory, limits "
+             "[INFERWATCH_GATEWAY_REDIS_URL]; none keeps them in this process.")] = None,
     log_level: str = "warning",
 ) -> None:
     """Run the instrumented OpenAI-compatible gateway. Every setting also reads INFERWATCH_GATEWAY_*."""
@@ -125,7 +128,7 @@ def gateway(
     settings = _settings(GatewaySettings, "gateway", host=host, port=port, upstream_url=upstream_url,
                          variant=variant, otlp_endpoint=otlp_endpoint, otlp_protocol=otlp_protocol,
                          trace_sample_ratio=trace_sample_ratio, drift_url=drift_url, limits_file=limits_file,
-                         experiment_file=experiment_file)
+                         experiment_file=experiment_file, redis_url=redis_url)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         app = create_app(settings)

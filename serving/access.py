@@ -10,31 +10,34 @@ from __future__ import annotations
 import hmac
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 
 from inferwatch.serving import errors
-from inferwatch.serving.admission import ANONYMOUS, Admission, PolicyFile, Rejection, key_id
+from inferwatch.serving.admission import ANONYMOUS, Admission, PolicyFile, Rejection, Ticket, key_id
 from inferwatch.serving.errors import CLIENT_CLOSED, GatewayError
 from inferwatch.serving.split import FORCE_TOKEN_HEADER
 from inferwatch.serving.metrics import GatewayMetrics
 from inferwatch.serving.request import RequestState
 from inferwatch.serving.settings import GatewaySettings
+from inferwatch.serving.shared_limits import SharedAdmission
+from inferwatch.serving.shared_state import SharedState
 from inferwatch.serving.sse import StreamAccount
 
 log = logging.getLogger(__name__)
 
 
 class Access:
-    def __init__(self, settings: GatewaySettings, metrics: GatewayMetrics) -> None:
+    def __init__(self, settings: GatewaySettings, metrics: GatewayMetrics, shared: SharedState | None = None) -> None:
         self.metrics = metrics
         self._keys = [k.get_secret_value().encode() for k in settings.api_keys]
         self._key_ids = [key_id(k.get_secret_value()) for k in settings.api_keys]
         self._admin_token = settings.admin_token.get_secret_value().encode() if settings.admin_token else None
         self.limits: PolicyFile | None = None
-        self.admission: Admission | None = None
+        self.admission: Admission | SharedAdmission | None = None
         if settings.limits_file is not None:
             self.limits = PolicyFile(settings.limits_file, self._limits_error)
-            self.admission = Admission(self.limits.policy)
+            self.admission = (Admission(self.limits.policy) if shared is None
+                              else SharedAdmission(shared, self.limits.policy))
 
     def _limits_error(self, message: str) -> None:
         log.error("limits file: %s", message)
@@ -73,12 +76,23 @@ class Access:
 
     # -- admission -------------------------------------------------------------------
 
-    def admit(self, state: RequestState) -> None:
-        """Take an admission ticket for the request, or refuse it with a 429 and when to retry."""
+    def admit(self, state: RequestState) -> Awaitable[None] | None:
+        """Take an admission ticket for the request, or refuse it with a 429 and when to retry.
+        With shared limits, an awaitable when the replica must first take a lease (bounded by
+        the Redis timeout); otherwise done on return."""
         if self.admission is None or self.limits is None:
-            return
+            return None
         self.admission.policy = self.limits.current()
         verdict = self.admission.admit(state.key, state.model)
+        if isinstance(verdict, (Ticket, Rejection)):
+            self._settle(state, verdict)
+            return None
+        return self._settle_later(state, verdict)
+
+    async def _settle_later(self, state: RequestState, verdict: Awaitable[Ticket | Rejection]) -> None:
+        self._settle(state, await verdict)
+
+    def _settle(self, state: RequestState, verdict: Ticket | Rejection) -> None:
         if isinstance(verdict, Rejection):
             self.metrics.admission_rejected.labels(state.model, verdict.scope, verdict.limit).inc()
             raise GatewayError(429, "rate_limit_exceeded", verdict.message, error_type=errors.RATE_LIMIT,

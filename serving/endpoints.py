@@ -30,6 +30,7 @@ from inferwatch.serving.feedback import AnswerMemory, FeedbackSink, parse_rating
 from inferwatch.serving.metrics import UNROUTED, GatewayMetrics
 from inferwatch.serving.proxy import upstream_unavailable
 from inferwatch.serving.routing import Experiments
+from inferwatch.serving.shared_state import SharedStateUnavailable
 from inferwatch.serving.split import ExperimentError
 from inferwatch.serving.upstream import Upstream
 
@@ -92,26 +93,29 @@ class Endpoints:
             raise GatewayError(404, "feedback_disabled", "Feedback is off: this gateway runs with "
                                "INFERWATCH_GATEWAY_FEEDBACK_MEMORY=0.", error_type=errors.NOT_FOUND)
         rating = parse_rating(await _request_body(request, self.max_body_bytes))
-        answer = self.answers.find(rating.response_id)
+        try:
+            answer = await self.answers.lookup(rating.response_id)
+        except SharedStateUnavailable:
+            raise GatewayError(503, "shared_state_unavailable", f"No answer with id '{rating.response_id[:80]}' "
+                               "went through this gateway replica, and the replicas' shared state (Redis) does not "
+                               "answer to say whether another one gave it; retry later.",
+                               error_type=errors.UPSTREAM) from None
         if answer is None:
             raise unknown_answer(rating.response_id, self.answers)
-        if answer.rated:
-            raise GatewayError(409, "already_rated", f"The answer '{rating.response_id[:80]}' has been rated "
-                               "already; each answer counts once.", param="response_id")
         if self.feedback_sink is None:
             raise GatewayError(503, "feedback_unavailable", "Feedback has nowhere to go: set "
                                "INFERWATCH_GATEWAY_DRIFT_URL.", error_type=errors.UPSTREAM)
+        if not await self.answers.claim(rating.response_id, answer):
+            raise GatewayError(409, "already_rated", f"The answer '{rating.response_id[:80]}' has been rated "
+                               "already; each answer counts once.", param="response_id")
         a = answer.assignment
         record = {"model": answer.model, "variant": answer.variant, "experiment": a.experiment if a else None,
                   "epoch": a.epoch if a else None, "unit": a.unit if a else None, "score": rating.score,
                   "at": time.time()}
-        # marked before the await: a concurrent rating of the same answer sees it and gets
-        # the 409, instead of passing the check while this one is still on its way to drift
-        answer.rated = True
         try:
             await self.feedback_sink.send([record])
         except BaseException as exc:  # the drift service's failure (or a cancel): the client may retry
-            answer.rated = False
+            await asyncio.shield(self.answers.unclaim(rating.response_id, answer))
             if not isinstance(exc, Exception):
                 raise
             self.metrics.feedback.labels(answer.model, answer.variant, "undelivered").inc()
@@ -153,6 +157,10 @@ class Endpoints:
         except OSError as exc:
             raise GatewayError(500, "not_persisted", f"The weights could not be saved ({exc}); nothing changed.",
                                error_type=errors.UPSTREAM) from None
+        except SharedStateUnavailable as exc:
+            raise GatewayError(503, "shared_state_unavailable", f"The replicas' shared weights could not be changed "
+                               f"({exc}); nothing changed on any replica. Retry when Redis answers "
+                               "(inferwatch_gateway_shared_state_up).", error_type=errors.UPSTREAM) from None
         return JSONResponse(new.describe())
 
     async def render_metrics(self, request: Request) -> Response:

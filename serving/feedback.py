@@ -18,6 +18,8 @@ import aiohttp
 import orjson
 
 from inferwatch.serving.errors import NOT_FOUND, GatewayError
+from inferwatch.serving.shared_answers import SharedAnswers
+from inferwatch.serving.shared_state import SharedStateUnavailable
 from inferwatch.serving.split import Assignment
 
 MAX_ID_CHARS = 256
@@ -35,10 +37,12 @@ class Answer:
 
 
 class AnswerMemory:
-    """Response id → ``Answer`` for the last ``maxsize`` answers of the last ``ttl_s`` seconds."""
+    """Response id → ``Answer`` for the last ``maxsize`` answers of the last ``ttl_s`` seconds;
+    with ``shared``, also written for the other replicas (serving/shared_answers.py)."""
 
-    def __init__(self, maxsize: int, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.maxsize, self.ttl_s, self.clock = maxsize, ttl_s, clock
+    def __init__(self, maxsize: int, ttl_s: float, clock: Callable[[], float] = time.monotonic,
+                 shared: SharedAnswers | None = None) -> None:
+        self.maxsize, self.ttl_s, self.clock, self.shared = maxsize, ttl_s, clock, shared
         self._answers: OrderedDict[str, Answer] = OrderedDict()
 
     def remember(self, response_id: str, model: str, variant: str, assignment: Assignment | None) -> None:
@@ -46,6 +50,43 @@ class AnswerMemory:
         answers[response_id] = Answer(model, variant, assignment, self.clock())
         if len(answers) > self.maxsize:
             answers.popitem(last=False)
+        if self.shared is not None:
+            self.shared.remember(response_id, model, variant, assignment)
+
+    async def lookup(self, response_id: str) -> Answer | None:
+        """This replica's answer, else another replica's (``SharedStateUnavailable`` when only
+        Redis could say)."""
+        answer = self.find(response_id)
+        if answer is not None or self.shared is None:
+            return answer
+        found = await self.shared.find(response_id)
+        if found is None:
+            return None
+        model, variant, assignment, _ = found
+        return Answer(model, variant, assignment, self.clock())
+
+    async def claim(self, response_id: str, answer: Answer) -> bool:
+        """Whether this rating is the answer's first: across replicas through Redis, or by this
+        replica's own mark while Redis does not answer. Marked before the caller's await, so a
+        concurrent rating of the same answer gets the 409 instead of also passing."""
+        if self.shared is not None:
+            try:
+                first = await self.shared.claim(response_id)
+            except SharedStateUnavailable:
+                first = not answer.rated
+        else:
+            first = not answer.rated
+        answer.rated = answer.rated or first
+        return first
+
+    async def unclaim(self, response_id: str, answer: Answer) -> None:
+        """The rating did not reach the drift service: the answer may be rated again."""
+        answer.rated = False
+        if self.shared is not None:
+            try:
+                await self.shared.unclaim(response_id)
+            except SharedStateUnavailable:
+                pass  # the claim expires with the TTL; the client's retry gets a 409 until then
 
     def find(self, response_id: str) -> Answer | None:
         answer = self._answers.get(response_id)

@@ -13,6 +13,7 @@ together; the roles live in modules named for what they hold.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -32,6 +33,9 @@ from inferwatch.serving.proxy import Proxy
 from inferwatch.serving.recording import Recorder
 from inferwatch.serving.routing import Experiments
 from inferwatch.serving.settings import GatewaySettings
+from inferwatch.serving.shared_answers import SharedAnswers
+from inferwatch.serving.shared_limits import SYNC_S, SharedAdmission
+from inferwatch.serving.shared_state import SharedState, every
 from inferwatch.serving.tracing import ServerSpans, build_tracer_provider, get_tracer
 from inferwatch.serving.upstream import Upstream
 from inferwatch.serving.validation import ROUTE_PATHS
@@ -43,10 +47,14 @@ class Gateway:
                  feedback_sink: FeedbackSink | None = None) -> None:
         self.settings = settings
         self.registry = registry
-        self.metrics: GatewayMetrics = create_metrics(registry)
+        self.metrics: GatewayMetrics = create_metrics(registry, shared_state=settings.redis_url is not None)
+        self.shared = (SharedState(settings.redis_url.get_secret_value(), settings.redis_key_prefix,
+                                   settings.redis_timeout_s, self.metrics.shared_state_up,
+                                   self.metrics.shared_state_errors)
+                       if settings.redis_url is not None else None)
         self.metrics.build.info({"version": __version__, "variant": settings.variant, "upstream": settings.upstream_url})
         self.upstream = Upstream(settings, self.metrics)
-        self.experiments = (Experiments(settings.experiment_file, settings, self.metrics, self.upstream)
+        self.experiments = (Experiments(settings.experiment_file, settings, self.metrics, self.upstream, self.shared)
                             if settings.experiment_file is not None else None)
         self.tracer_provider: TracerProvider | None = build_tracer_provider(settings, span_exporter)
         tracer = get_tracer(self.tracer_provider)
@@ -61,9 +69,12 @@ class Gateway:
         if feedback_sink is None and settings.drift_url:
             feedback_sink = FeedbackSink(settings.drift_url, drift_token)
         self.feedback_sink = feedback_sink
-        answers = AnswerMemory(settings.feedback_memory, settings.feedback_ttl_s) if settings.feedback_memory \
-            else None
-        self.access = Access(settings, self.metrics)
+        answers = AnswerMemory(settings.feedback_memory, settings.feedback_ttl_s,
+                               shared=SharedAnswers(self.shared, settings.feedback_ttl_s) if self.shared else None) \
+            if settings.feedback_memory else None
+        self.answers = answers
+        self.access = Access(settings, self.metrics, self.shared)
+        self._limits_sync: asyncio.Task | None = None
         self.recorder = Recorder(self.metrics, self.features, answers)
         self.upstream.on_models = lambda models: self.recorder.served(models, settings.variant)
         self.proxy = Proxy(settings, self.upstream, self.experiments, self.access, self.recorder, tracer,
@@ -72,6 +83,10 @@ class Gateway:
                                    self.access, answers, feedback_sink)
 
     async def start(self) -> None:
+        if self.shared is not None:
+            await self.shared.start()
+            if isinstance(self.access.admission, SharedAdmission):
+                self._limits_sync = asyncio.create_task(every(SYNC_S, self.access.admission.sync, "limits sync"))
         await self.upstream.start()
         if self.experiments is not None:
             await self.experiments.start()
@@ -81,6 +96,11 @@ class Gateway:
     async def stop(self) -> None:
         if self.features is not None:
             await self.features.stop()
+        if self.shared is not None:
+            if self._limits_sync is not None:
+                self._limits_sync.cancel()
+            if self.answers is not None and self.answers.shared is not None:
+                await self.answers.shared.flush()
         await self.upstream.close()
         if self.experiments is not None:
             await self.experiments.close()
@@ -88,6 +108,8 @@ class Gateway:
             await self.feedback_sink.close()
         if self.tracer_provider is not None:
             self.tracer_provider.shutdown()
+        if self.shared is not None:
+            await self.shared.close()
 
 
 def create_app(settings: GatewaySettings, registry: CollectorRegistry | None = None, *,

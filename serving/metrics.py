@@ -62,12 +62,16 @@ class GatewayMetrics:
     limits_reload_errors: Counter
     assignments: Counter
     experiment_weight: Gauge
+    experiment_epoch: Gauge
     feedback: Counter
+    shared_state_up: Gauge
+    shared_state_errors: Counter
     build: Info
 
 
-def create_metrics(registry: CollectorRegistry) -> GatewayMetrics:
-    """Register the gateway's metrics on ``registry`` (one registry per app, per test)."""
+def create_metrics(registry: CollectorRegistry, shared_state: bool = True) -> GatewayMetrics:
+    """Register the gateway's metrics on ``registry`` (one registry per app, per test); the
+    shared state's only with ``shared_state`` (a gateway without Redis has none to report)."""
 
     def hist(name: str, doc: str, labels: tuple[str, ...], buckets: tuple[float, ...]) -> Histogram:
         return Histogram(name, doc, labels, namespace=NAMESPACE, buckets=buckets, registry=registry)
@@ -150,6 +154,20 @@ def create_metrics(registry: CollectorRegistry) -> GatewayMetrics:
         experiment_weight=Gauge(
             "experiment_weight_ratio", "The share of an experiment's traffic each variant is configured to get.",
             ("model", "experiment", "variant"), namespace=NAMESPACE, registry=registry,
+        ),
+        experiment_epoch=Gauge(
+            "experiment_epoch", "The weight epoch this replica routes an experiment by (it grows with every weight "
+            "change); replicas that share state through Redis agree on it within a second.",
+            ("model", "experiment"), namespace=NAMESPACE, registry=registry,
+        ),
+        shared_state_up=Gauge(
+            "shared_state_up", "1 while the shared state (Redis) answers; 0 from its first failure until it answers "
+            "again (weights stay the last known, limits local, feedback local). Absent without "
+            "INFERWATCH_GATEWAY_REDIS_URL.", namespace=NAMESPACE, registry=registry if shared_state else None,
+        ),
+        shared_state_errors=Counter(
+            "shared_state_errors", "Operations on the shared state (Redis) that failed or ran past their timeout, by "
+            "operation.", ("operation",), namespace=NAMESPACE, registry=registry if shared_state else None,
         ),
         feedback=Counter(
             "feedback", "User ratings of answers by outcome: positive (score >= 0.5), negative, or undelivered "

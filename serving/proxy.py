@@ -130,7 +130,9 @@ class Proxy:
         served = None
         if self.experiments is not None:
             served = self.experiments.route(exchange.headers, state, req, self.access.may_force)
-        self.access.admit(state)
+        pending = self.access.admit(state)
+        if pending is not None:
+            await pending
         payload, changed = upstream_payload(req, self.settings.capture_logprobs)
         if served is not None:
             payload, changed = {**payload, "model": served}, True

@@ -20,7 +20,9 @@ from inferwatch.serving import errors
 from inferwatch.serving.admission import ANONYMOUS
 from inferwatch.serving.errors import GatewayError
 from inferwatch.serving.request import RequestState
-from inferwatch.serving.split import FORCE_HEADER, FORCE_TOKEN_HEADER, Split, resolve_weights
+from inferwatch.serving.shared_state import SharedState, SharedStateUnavailable, every
+from inferwatch.serving.shared_weights import POLL_S, SharedWeights
+from inferwatch.serving.split import FORCE_HEADER, FORCE_TOKEN_HEADER, Split, parse_experiments, resolve_weights
 from inferwatch.serving.weights_store import describe_change, load_splits, save_weights
 from inferwatch.serving.metrics import GatewayMetrics
 from inferwatch.serving.settings import GatewaySettings
@@ -61,14 +63,20 @@ class Experiments:
     so a request sees one set of weights from start to end."""
 
     def __init__(self, experiment_file: Path, settings: GatewaySettings, metrics: GatewayMetrics,
-                 default: Upstream) -> None:
+                 default: Upstream, shared: SharedState | None = None) -> None:
         self.file = experiment_file
-        self.splits: dict[str, Split] = load_splits(experiment_file)
-        try:  # the epoch the file's weights start is kept too: an edit of the file later starts the next
-            save_weights(experiment_file, self.splits)
-        except OSError as exc:
-            log.warning("experiment state not saved at start (%s): an edit of the file's weights before the first "
-                        "weight change will reuse epoch numbers", exc)
+        self.shared: SharedWeights | None = None
+        if shared is not None:  # the file is only read; the weights in force come from Redis at start
+            spec = parse_experiments(experiment_file.read_text(), str(experiment_file))
+            self.shared = SharedWeights(shared, spec, str(experiment_file))
+            self.splits: dict[str, Split] = {model: Split.of(model, exp) for model, exp in spec.experiments.items()}
+        else:
+            self.splits = load_splits(experiment_file)
+            try:  # the epoch the file's weights start is kept too: an edit of the file later starts the next
+                save_weights(experiment_file, self.splits)
+            except OSError as exc:
+                log.warning("experiment state not saved at start (%s): an edit of the file's weights before the "
+                            "first weight change will reuse epoch numbers", exc)
         self.upstreams: dict[str, Upstream] = {default.base_url: default}
         for split in self.splits.values():
             for v in split.variants:
@@ -81,19 +89,42 @@ class Experiments:
         self.counters: dict[str, tuple[Counter, ...]] = {
             model: tuple(metrics.assignments.labels(model, v.name) for v in split.variants)
             for model, split in self.splits.items()}
-        self._weights = metrics.experiment_weight
+        self._weights, self._epochs = metrics.experiment_weight, metrics.experiment_epoch
         for split in self.splits.values():
             self._publish(split)
         self._lock = asyncio.Lock()
+        self._sync: asyncio.Task | None = None
 
     def _publish(self, split: Split) -> None:
         for v, w in zip(split.variants, split.weights):
             self._weights.labels(split.model, split.name, v.name).set(w)
+        self._epochs.labels(split.model, split.name).set(split.epoch)
+
+    def _adopt(self, new: Split) -> None:
+        self.splits = {**self.splits, new.model: new}
+        self._publish(new)
 
     async def start(self) -> None:
         await asyncio.gather(*(u.start() for u in self.upstreams.values() if u is not self._default))
+        if self.shared is not None:
+            try:
+                for split in (await self.shared.load()).values():
+                    self._adopt(split)
+            except SharedStateUnavailable as exc:
+                log.error("STARTING DEGRADED: %s. Routing by the experiment file's weights (%s) until Redis answers; "
+                          "then by the weights in force there.", exc, self.file)
+            self._sync = asyncio.create_task(every(POLL_S, self._poll, "experiment weights sync"))
+
+    async def _poll(self) -> None:
+        assert self.shared is not None
+        for new in (await self.shared.poll(self.splits)).values():
+            async with self._lock:
+                log.warning("%s (synced from Redis)", describe_change(self.splits[new.model], new))
+                self._adopt(new)
 
     async def close(self) -> None:
+        if self._sync is not None:
+            self._sync.cancel()
         await asyncio.gather(*(u.close() for u in self.upstreams.values() if u is not self._default))
 
     def describe(self) -> dict:
@@ -102,16 +133,17 @@ class Experiments:
     async def set_weights(self, model: str, given: object) -> Split:
         """Apply new weights to ``model``'s experiment: checked, persisted, then routed by,
         and logged. ``ExperimentError`` (nothing changed) for a change the experiment cannot
-        take; ``KeyError`` for a model without one; ``OSError`` if it could not be persisted."""
+        take; ``KeyError`` for a model without one; ``OSError`` if it could not be persisted, or
+        ``SharedStateUnavailable`` if the replicas' shared weights could not be changed."""
         async with self._lock:
             split = self.splits[model]
-            weights = resolve_weights(split, given)  # type: ignore[arg-type]
-            new = split.with_weights(weights)
-            changed = {**self.splits, model: new}
-            await asyncio.to_thread(save_weights, self.file, changed)
-            self.splits = changed
-            self._publish(new)
-            log.warning("%s", describe_change(split, new))
+            if self.shared is not None:  # SharedStateUnavailable: nothing changed anywhere
+                new = await self.shared.set(split, given)
+            else:
+                new = split.with_weights(resolve_weights(split, given))  # type: ignore[arg-type]
+                await asyncio.to_thread(save_weights, self.file, {**self.splits, model: new})
+                log.warning("%s", describe_change(split, new))
+            self._adopt(new)
             return new
 
 

@@ -9,6 +9,8 @@ from typing import Annotated
 
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from inferwatch.serving.shared_state import check_redis_url
+
 
 class GatewaySettings(BaseSettings):
     """Everything the gateway process reads from its environment.
@@ -73,11 +75,28 @@ class GatewaySettings(BaseSettings):
     drift_url: str | None = Field(None, description="drift service base URL; records are sent to its ingest")
     drift_token: SecretStr | None = None
 
+    # Shared state (serving/shared_state.py): with a Redis URL, replicas behind one load
+    # balancer share experiment weights, the answers remembered for feedback and admission
+    # limits. None: all of it in this process (one gateway).
+    redis_url: SecretStr | None = Field(None, description="redis://[:password@]host:port/db or rediss://...")
+    redis_key_prefix: str = Field("inferwatch", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$",
+                                  description="keys are <prefix>:...; two fleets may share a Redis")
+    # The longest a request waits on Redis (a lease of admission allowance, a rating's
+    # lookup); past it the gateway goes on without it. Background syncing waits longer.
+    redis_timeout_s: float = Field(0.005, gt=0, le=5)
+
     @field_validator("api_keys", mode="before")
     @classmethod
     def _split_keys(cls, value: object) -> object:
         if isinstance(value, str):
             return [k.strip() for k in value.split(",") if k.strip()]
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            check_redis_url(value.get_secret_value())
         return value
 
     @field_validator("upstream_url", "drift_url")

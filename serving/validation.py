@@ -38,6 +38,9 @@ class ParsedRequest:
     n: int = 1  # choices asked for: vLLM processes (and counts) the prompt once per choice
 
 
+MAX_CHOICES = 128  # OpenAI's own bound on n
+
+
 def parse_request(route: Route, body: bytes, models: Mapping[str, ModelInfo], max_tokens_limit: int) -> ParsedRequest:
     try:
         payload = orjson.loads(body)
@@ -90,9 +93,11 @@ def parse_request(route: Route, body: bytes, models: Mapping[str, ModelInfo], ma
     n = payload.get("n", 1)
     if n is None:
         n = 1
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        # vLLM would coerce "2" or 2.0 and answer n choices; counting and admission need the number
-        raise GatewayError(400, "invalid_n", "Field 'n' must be a whole number of choices, 1 or more.", param="n")
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CHOICES:
+        # vLLM would coerce "2" or 2.0 and answer n choices; counting and admission need the
+        # number (JSON integers past 64 bits arrive as floats, and are refused here too)
+        raise GatewayError(400, "invalid_n", f"Field 'n' must be a whole number of choices from 1 to {MAX_CHOICES}.",
+                           param="n")
     choices = n
 
     return ParsedRequest(route, model, stream, client_wants_usage, client_wants_logprobs, max_tokens, payload,

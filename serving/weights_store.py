@@ -23,7 +23,7 @@ from pathlib import Path
 
 import orjson
 
-from inferwatch.serving.split import ExperimentFile, Split, parse_experiments
+from inferwatch.serving.split import ExperimentFile, ExperimentSpec, Split, parse_experiments
 
 log = logging.getLogger(__name__)
 
@@ -36,28 +36,50 @@ def load_splits(experiment_file: Path) -> dict[str, Split]:
     """The experiments of the file, with the weights the state file kept where it applies."""
     spec = parse_experiments(experiment_file.read_text(), str(experiment_file))
     saved = _read_state(state_path(experiment_file))
-    splits: dict[str, Split] = {}
-    for model, exp in spec.experiments.items():
-        names = [v.name for v in exp.variants]
-        file_weights = [v.weight for v in exp.variants]
-        entry = saved.get(model)
-        if (isinstance(entry, dict) and entry.get("experiment") == exp.name and entry.get("variants") == names
-                and entry.get("file_weights") == file_weights and _weights_ok(entry.get("weights"), len(names))):
-            splits[model] = Split.of(model, exp, tuple(entry["weights"]), _epoch(entry))
-            log.warning("experiment %s (model %s): weights %s from %s", exp.name, model,
-                        _show(splits[model]), state_path(experiment_file))
-        else:
-            same = isinstance(entry, dict) and entry.get("experiment") == exp.name
-            splits[model] = Split.of(model, exp, epoch=_epoch(entry) + 1 if same else 0)
-            if entry is not None:  # say so: a rollback kept in the state file would otherwise vanish silently
-                weights = entry.get("weights") if isinstance(entry, dict) else None
-                log.warning("experiment %s (model %s): saved weights %s (experiment %s) not applied: the file's "
-                            "experiment, variants or weights changed since; weights %s from %s", exp.name, model,
-                            ", ".join(f"{w:g}" for w in weights) if isinstance(weights, list) and _weights_ok(weights, len(weights))
-                            else "?",
-                            entry.get("experiment") if isinstance(entry, dict) else "?", _show(splits[model]),
-                            experiment_file)
-    return splits
+    return {model: split_from_state(model, exp, saved.get(model), str(state_path(experiment_file)),
+                                    str(experiment_file))[0]
+            for model, exp in spec.experiments.items()}
+
+
+def split_from_state(model: str, exp: ExperimentSpec, entry: object, where: str, source: str) -> tuple[Split, bool]:
+    """The split to start with from saved state ``entry`` (from the state file or Redis), and
+    whether the entry applied: only to the same experiment, variants and file weights."""
+    names = [v.name for v in exp.variants]
+    file_weights = [v.weight for v in exp.variants]
+    if (isinstance(entry, dict) and entry.get("experiment") == exp.name and entry.get("variants") == names
+            and entry.get("file_weights") == file_weights and _weights_ok(entry.get("weights"), len(names))):
+        split = Split.of(model, exp, tuple(entry["weights"]), _epoch(entry))
+        log.warning("experiment %s (model %s): weights %s, epoch %d, from %s", exp.name, model, _show(split),
+                    split.epoch, where)
+        return split, True
+    same = isinstance(entry, dict) and entry.get("experiment") == exp.name
+    split = Split.of(model, exp, epoch=_epoch(entry) + 1 if same else 0)
+    if entry is not None:  # say so: a rollback kept in the state would otherwise vanish silently
+        weights = entry.get("weights") if isinstance(entry, dict) else None
+        log.warning("experiment %s (model %s): saved weights %s (experiment %s) not applied: the file's "
+                    "experiment, variants or weights changed since; weights %s from %s", exp.name, model,
+                    ", ".join(f"{w:g}" for w in weights) if isinstance(weights, list) and _weights_ok(weights, len(weights))
+                    else "?",
+                    entry.get("experiment") if isinstance(entry, dict) else "?", _show(split), source)
+    return split, False
+
+
+def running_state(entry: object, split: Split) -> tuple[tuple[float, ...], int] | None:
+    """The weights and epoch ``entry`` sets for a running ``split``: any entry of the same
+    experiment and variants, whatever file weights it started from (replicas mid-way through a
+    rollout of an edited file still route alike); None for anything else."""
+    if (isinstance(entry, dict) and entry.get("experiment") == split.name
+            and entry.get("variants") == [v.name for v in split.variants]
+            and _weights_ok(entry.get("weights"), len(split.variants))):
+        return tuple(float(w) for w in entry["weights"]), _epoch(entry)
+    return None
+
+
+def state_entry(split: Split, exp: ExperimentSpec) -> dict:
+    """What is kept of ``split`` (file ``exp``): enough to tell, at the next start, whether it still applies."""
+    return {"experiment": split.name, "variants": [v.name for v in split.variants],
+            "file_weights": [v.weight for v in exp.variants], "weights": list(split.weights),
+            "epoch": split.epoch, "saved_at": time.time()}
 
 
 def save_weights(experiment_file: Path, splits: dict[str, Split]) -> None:
@@ -68,9 +90,7 @@ def save_weights(experiment_file: Path, splits: dict[str, Split]) -> None:
         exp = spec.experiments.get(model)
         if exp is None or exp.name != split.name:
             continue  # the file moved on since the gateway started: its next start uses the file
-        doc[model] = {"experiment": split.name, "variants": [v.name for v in split.variants],
-                      "file_weights": [v.weight for v in exp.variants], "weights": list(split.weights),
-                      "epoch": split.epoch, "saved_at": time.time()}
+        doc[model] = state_entry(split, exp)
     target = state_path(experiment_file)
     fd, tmp = tempfile.mkstemp(prefix=target.name + ".", dir=target.parent)
     try:

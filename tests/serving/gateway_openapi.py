@@ -11,6 +11,7 @@ what vLLM makes of them is vLLM's contract, not the gateway's."""
 from __future__ import annotations
 
 from inferwatch.serving.feedback import MAX_ID_CHARS
+from inferwatch.serving.validation import MAX_CHOICES
 
 ERROR = {"$ref": "#/components/schemas/Error"}
 SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string", "minLength": 1}}}
@@ -30,7 +31,7 @@ def _generation(route: str, models: list[str], max_tokens: int) -> dict:
         "stream_options": {"type": ["object", "null"], "description": "include_usage: whether the client gets the "
                                                                       "usage chunk (read as true or false)"},
         "max_tokens": limit,
-        "n": {"type": ["integer", "null"], "minimum": 1},
+        "n": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_CHOICES},
     }
     if route == "chat":
         properties["messages"] = {"type": "array", "minItems": 1, "description": "the messages, vLLM's to check"}
