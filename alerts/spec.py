@@ -304,6 +304,24 @@ ALERTS = (
           summary="Gateway {{ $labels.instance }} drops feature records",
           description="{{ $value | humanize }} feature records/s are dropped on {{ $labels.instance }} "
                       "(queue full or drift service failing): drift runs on a partial sample."),
+    # Replicas sharing weights through Redis agree within a second; routing by different
+    # weights for minutes means one of them lost Redis (or runs another experiment file).
+    Alert("GatewayReplicasDisagreeOnWeights",
+          f'max by (model, experiment, variant) ({m("inferwatch_gateway_experiment_weight_ratio")})'
+          f' - min by (model, experiment, variant) ({m("inferwatch_gateway_experiment_weight_ratio")}) > 0',
+          "warning", for_="2m", dashboard=uids.SERVING,
+          summary="Gateway replicas route {{ $labels.model }} by different weights",
+          description="The replicas of the gateway give variant {{ $labels.variant }} of experiment "
+                      "{{ $labels.experiment }} ({{ $labels.model }}) weights up to {{ $value }} "
+                      "apart for 2m: sticky users flip between variants and the A/B sample ratio holds. A replica "
+                      "has lost the shared state (Redis) or runs another experiment file."),
+    Alert("GatewaySharedStateDown",
+          f'{m("inferwatch_gateway_shared_state_up")} == 0',
+          "warning", for_="5m", dashboard=uids.SERVING,
+          summary="Gateway {{ $labels.instance }} cannot reach its shared state (Redis)",
+          description="The gateway at {{ $labels.instance }} has had no answer from Redis for 5m. Requests are "
+                      "served: it routes by the last weights it knew, enforces limits at its share of the fleet's, "
+                      "and keeps feedback to its own answers; weight changes through it are refused (503)."),
     Alert("DriftIngestStalled",
           f'sum(rate({m("inferwatch_gateway_feature_records_total")}{{outcome="queued"}}[10m])) > 0'
           f' unless on () sum(rate({m("inferwatch_drift_ingested_records_total")}[10m])) > 0'

@@ -31,7 +31,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.procs import running  # noqa: E402
 from tests.support.gateway_metrics import populated_registry  # noqa: E402
+from tests.support.redis_server import RedisServer  # noqa: E402
 from tests.support.servers import metric_sum  # noqa: E402
 from tests.support.sockets import free_port  # noqa: E402
 
@@ -70,10 +71,15 @@ BASELINE: Path | None = None  # --baseline: another checkout whose gateway runs 
 
 
 def gateway(port: int, upstream_port: int, otlp: str | None = None, sample_ratio: float = 1.0,
-            production_sink: str | None = None, tree: Path | None = None):
+            production_sink: str | None = None, tree: Path | None = None, limits: Path | None = None,
+            redis_url: str | None = None):
     """This checkout's gateway, or with ``tree`` that checkout's (run from its own folder)."""
     env = {"INFERWATCH_GATEWAY_UPSTREAM_URL": f"http://127.0.0.1:{upstream_port}",
            "INFERWATCH_GATEWAY_MAX_TOKENS_LIMIT": "32768"}
+    if limits:
+        env["INFERWATCH_GATEWAY_LIMITS_FILE"] = str(limits)
+    if redis_url:
+        env["INFERWATCH_GATEWAY_REDIS_URL"] = redis_url
     if otlp:
         env["INFERWATCH_GATEWAY_OTLP_ENDPOINT"] = otlp
         env["INFERWATCH_GATEWAY_TRACE_SAMPLE_RATIO"] = str(sample_ratio)
@@ -87,6 +93,26 @@ def gateway(port: int, upstream_port: int, otlp: str | None = None, sample_ratio
                 f"{str(tree)!r}); runpy.run_module('inferwatch', run_name='__main__', alter_sys=True)",
                 "gateway", "--port", str(port)]
     return running("gateway", argv, f"http://127.0.0.1:{port}/health", cpus=GATEWAY_CPU, env=env)
+
+
+# Limits a busy gateway would have, each enforced on every request: per key and per model,
+# requests and tokens per minute and requests in flight, high enough that none refuses here.
+# With Redis, the request limit's leases come back a few times a second at this rate.
+SHARED_LIMITS = """
+default_key: {requests_per_minute: 600000, tokens_per_minute: 600000000, max_in_flight: 10000}
+default_model: {requests_per_minute: 600000, tokens_per_minute: 600000000, max_in_flight: 10000}
+"""
+
+
+@contextmanager
+def redis_server():
+    """Debian's redis-server on the load's core, as the mock upstream (another host's work)."""
+    server = RedisServer(Path(tempfile.mkdtemp(prefix="inferwatch-bench-redis-"))).start()
+    try:
+        os.sched_setaffinity(server.proc.pid, {int(LOAD_CPU)})
+        yield server
+    finally:
+        server.stop()
 
 
 def baseline_gateway(port: int, upstream_port: int, **kwargs):
@@ -203,7 +229,7 @@ def med(runs: list[dict], key: str) -> float:
 
 def latency_table(runs: int, seconds: float) -> list[str]:
     ports = {name: free_port() for name in ("mock", "nginx", "gateway", "production", "traced", "litellm",
-                                            "baseline", "baseline-production")}
+                                            "baseline", "baseline-production", "limits", "shared")}
     sink = OTLPSink()
     rows = ["| concurrency | path | p50 | p99 | added p50 | added p99 | req/s | proxy CPU/req (user + sys) "
             "| CPU/req vs nginx |", "|---|---|---|---|---|---|---|---|---|"]
@@ -218,6 +244,15 @@ def latency_table(runs: int, seconds: float) -> list[str]:
                                                 sample_ratio=0.1, production_sink=sink.base)).pid, True),
                    ("gateway + tracing (all)", ports["traced"],
                     stack.enter_context(gateway(ports["traced"], ports["mock"], otlp=sink.endpoint)).pid, False)]
+        if shutil.which("redis-server"):
+            limits = Path(tempfile.mkdtemp(prefix="inferwatch-bench-limits-")) / "limits.yaml"
+            limits.write_text(SHARED_LIMITS)
+            redis = stack.enter_context(redis_server())
+            targets += [("gateway + limits, in process", ports["limits"],
+                         stack.enter_context(gateway(ports["limits"], ports["mock"], limits=limits)).pid, False),
+                        ("gateway + limits, shared in Redis", ports["shared"],
+                         stack.enter_context(gateway(ports["shared"], ports["mock"], limits=limits,
+                                                     redis_url=redis.url)).pid, False)]
         if BASELINE is not None:
             targets += [("gateway (baseline)", ports["baseline"],
                          stack.enter_context(baseline_gateway(ports["baseline"], ports["mock"])).pid, False),
@@ -247,6 +282,15 @@ def latency_table(runs: int, seconds: float) -> list[str]:
                 ratio = f"{med(r, 'cpu_per_req') / floor:.1f}×" if pid else "—"
                 rows.append(f"| {conns} | {name} | {p50 * 1e3:.3f} ms | {p99 * 1e3:.3f} ms | {added[0]} | "
                             f"{added[1]} | {med(r, 'rps'):,.0f} | {cpu} | {ratio} |")
+            if "gateway + limits, shared in Redis" in results:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{ports['shared']}/metrics").read().decode()
+                if metric_sum(text, "inferwatch_gateway_shared_state_up") != 1 \
+                        or metric_sum(text, "inferwatch_gateway_shared_state_errors_total") != 0:
+                    raise RuntimeError("the Redis row ran without Redis (shared_state_up 0 or errors counted)")
+                change = (med(results["gateway + limits, shared in Redis"], "cpu_per_req")
+                          / med(results["gateway + limits, in process"], "cpu_per_req") - 1)
+                rows.append(f"| {conns} | Redis vs in process (limits, feedback memory) | | | | | | "
+                            f"{change:+.1%} CPU/req | |")
             if BASELINE is not None:
                 for name, base in (("gateway", "gateway (baseline)"),
                                    ("gateway (production)", "gateway (production, baseline)")):
@@ -340,6 +384,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--seconds", type=int, default=4)
     parser.add_argument("--baseline", type=Path, help="a checkout of an earlier commit whose gateway runs beside")
+    parser.add_argument("--latency-only", action="store_true", help="only the non-streaming table")
     args = parser.parse_args()
     global BASELINE
     if args.baseline is not None:
@@ -351,6 +396,8 @@ def main() -> None:
     os.sched_setaffinity(0, {int(LOAD_CPU)})  # this driver (and its OTLP sink) stays off the gateway's core
     print(f"## Non-streaming chat completions (median of {args.runs} runs x {args.seconds:g}s)\n")
     print("\n".join(latency_table(args.runs, args.seconds)))
+    if args.latency_only:
+        return
     print(f"\n## Streaming: CPU per relayed chunk (median of {args.runs} runs)\n")
     print("\n".join(stream_table(args.runs, args.seconds)))
     print("\n## /metrics render\n")

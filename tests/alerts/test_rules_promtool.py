@@ -140,6 +140,17 @@ SCENARIOS = [
              {selector("inferwatch_gateway_feature_records_total", {**GW, "outcome": "dropped_full"}): "0+60x30 1800x20",
               selector("inferwatch_gateway_feature_records_total", {**GW, "outcome": "sent"}): "0+600x50"},
              quiet_at=("5m",), fires_at="25m", labels=warn(instance="gw:8080"), value="1", resolved_at="45m"),
+    Scenario("gateway replicas route by different weights", "GatewayReplicasDisagreeOnWeights",
+             {selector("inferwatch_gateway_experiment_weight_ratio",
+                       {**GW, "instance": f"gw{i}:8080", "model": "m1", "experiment": "e1", "variant": "v2"}): series
+              for i, series in enumerate(("0.1x2 0.5x6 0.9x12", "0.1x3 0.5x5 0.9x12", "0.1x2 0.5x15 0.9x5"))},
+             # a replica one scrape behind a change (3m) is no disagreement; one that misses the
+             # next change for 9 minutes (10m-18m) is
+             quiet_at=("4m", "6m", "11m"), fires_at="13m", labels=warn(model="m1", experiment="e1", variant="v2"),
+             value="0.4", resolved_at="20m"),
+    Scenario("gateway without its shared state", "GatewaySharedStateDown",
+             {selector("inferwatch_gateway_shared_state_up", GW): "1x3 0x3 1x2 0x10 1x3"},
+             quiet_at=("5m", "9m", "14m"), fires_at="17m", labels=warn(**GW), value="0", resolved_at="23m"),
     Scenario("drift service ingests nothing", "DriftIngestStalled",
              {selector("inferwatch_gateway_feature_records_total", {**GW, "outcome": "queued"}): "0+60x40",
               selector("inferwatch_drift_ingested_records_total", {"job": "inferwatch-drift", "instance": "d:8090"}):
