@@ -87,6 +87,27 @@ def engine() -> list:
     ]
 
 
+def replicas() -> list:
+    """Gateway replicas sharing state (docs/replicas.md): what each routes and sends by."""
+    gw = 'instance=~"$gateway"'
+    return [
+        timeseries_panel("Shared state (Redis) up", "short",
+                         q(f'min by (instance) ({m("inferwatch_gateway_shared_state_up")}{{{gw}}})', "{{instance}}"),
+                         description="1 while a replica's Redis answers; at 0 it routes by its last weights and "
+                                     "enforces limits at its share. Empty for gateways without Redis."),
+        timeseries_panel("Experiment weights by replica", "percentunit",
+                         q(f'max by (instance, model, variant) ({m("inferwatch_gateway_experiment_weight_ratio")}'
+                           f'{{{gw}}})', "{{instance}} {{model}} {{variant}}"),
+                         description="The weights each replica routes by; replicas sharing Redis agree within a "
+                                     "second (GatewayReplicasDisagreeOnWeights fires after 2 minutes apart)."),
+        timeseries_panel("Feature records waiting, per drift service", "short",
+                         q(f'sum by (destination) ({m("inferwatch_gateway_feature_queue_depth")}{{{gw}}})',
+                           "{{destination}}"),
+                         description="Records held for each drift service (a pair gets everything): a backlog "
+                                     "that grows is a drift service down or slow; it gets them when back."),
+    ]
+
+
 def build():
     return dashboard(
         uids.SERVING, "inferwatch / LLM serving", "RED and token-level metrics at the gateway; vLLM's engine.",
@@ -94,4 +115,4 @@ def build():
          query_variable("variant", "Variant", f'label_values({REQ}{{model=~"$model"}}, variant)'),
          query_variable("gateway", "Gateway", f'label_values(up{{job="{JOB_GATEWAY}"}}, instance)'),
          query_variable("vllm", "vLLM", f'label_values(up{{job="{JOB_VLLM}"}}, instance)')],
-        [("Users (gateway)", users()), ("Engine (vLLM)", engine())])
+        [("Users (gateway)", users()), ("Engine (vLLM)", engine()), ("Replicas (gateway)", replicas())])

@@ -106,7 +106,9 @@ def gateway(
     otlp_endpoint: Annotated[Optional[str], typer.Option(help="OTLP endpoint; none disables tracing.")] = None,
     otlp_protocol: Annotated[Optional[str], typer.Option(help="http/protobuf or grpc.")] = None,
     trace_sample_ratio: Annotated[Optional[float], typer.Option(help="Share of new traces sampled, 0..1.")] = None,
-    drift_url: Annotated[Optional[str], typer.Option(help="Drift service base URL for feature records.")] = None,
+    drift_url: Annotated[Optional[list[str]], typer.Option(
+        help="Drift service base URL for feature records and ratings; repeat it for a drift pair, each gets "
+             "everything [INFERWATCH_GATEWAY_DRIFT_URL, INFERWATCH_GATEWAY_DRIFT_URLS].")] = None,
     limits_file: Annotated[Optional[Path], typer.Option(
         help="YAML limits per API key and model, re-read when it changes [INFERWATCH_GATEWAY_LIMITS_FILE].")] = None,
     experiment_file: Annotated[Optional[Path], typer.Option(
@@ -127,7 +129,7 @@ def gateway(
 
     settings = _settings(GatewaySettings, "gateway", host=host, port=port, upstream_url=upstream_url,
                          variant=variant, otlp_endpoint=otlp_endpoint, otlp_protocol=otlp_protocol,
-                         trace_sample_ratio=trace_sample_ratio, drift_url=drift_url, limits_file=limits_file,
+                         trace_sample_ratio=trace_sample_ratio, drift_urls=drift_url or None, limits_file=limits_file,
                          experiment_file=experiment_file, redis_url=redis_url)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -31,6 +31,7 @@ from inferwatch.serving.metrics import UNROUTED, GatewayMetrics
 from inferwatch.serving.proxy import upstream_unavailable
 from inferwatch.serving.routing import Experiments
 from inferwatch.serving.shared_state import SharedStateUnavailable
+from inferwatch.serving.shared_weights import ExperimentConflict
 from inferwatch.serving.split import ExperimentError
 from inferwatch.serving.upstream import Upstream
 
@@ -157,6 +158,8 @@ class Endpoints:
         except OSError as exc:
             raise GatewayError(500, "not_persisted", f"The weights could not be saved ({exc}); nothing changed.",
                                error_type=errors.UPSTREAM) from None
+        except ExperimentConflict as exc:
+            raise GatewayError(409, "experiment_conflict", str(exc), param="model") from None
         except SharedStateUnavailable as exc:
             raise GatewayError(503, "shared_state_unavailable", f"The replicas' shared weights could not be changed "
                                f"({exc}); nothing changed on any replica. Retry when Redis answers "

@@ -1,9 +1,17 @@
-"""Per-request feature records for the drift service, behind a bounded queue.
+"""Per-request feature records for the drift service, behind a bounded queue per drift
+service.
 
 The record is the drift service's contract (drift/feature_record.py): the gateway fills
 its fields, the drift service checks them. A slow or dead drift service must never slow
 or fail a request: ``FeatureQueue.submit`` never waits, records beyond the buffer's size
 are dropped and counted, and sending happens in batches on a background task.
+
+A batch the drift service could not take (down, restarting, 5xx, timeout) stays at the
+head of its queue and is sent again with backoff, so a drift service back within the
+queue's size of records misses nothing; only a batch it refuses for good (a 4xx: invalid,
+unauthorized, too large) is dropped. With several drift services (a pair, as Prometheus
+runs for high availability) each has its own queue: one down or slow neither slows nor
+drops what goes to the other (``FeatureFanout``).
 """
 
 from __future__ import annotations
@@ -22,10 +30,24 @@ log = logging.getLogger(__name__)
 
 
 class FeatureSink(Protocol):
-    async def send(self, batch: list[FeatureRecord]) -> None:
-        """Deliver a batch or raise; the queue counts a raised batch as dropped."""
+    async def send(self, batch: list) -> None:
+        """Deliver a batch or raise: ``SinkRejected`` drops it, anything else retries it."""
 
     async def close(self) -> None: ...
+
+
+class SinkRejected(Exception):
+    """The destination refused the batch for good (a 4xx other than 408 and 429): sending it
+    again cannot help."""
+
+
+def raise_for_status(status: int, text: str, what: str) -> None:
+    if status < 300:
+        return
+    message = f"{what} answered {status}: {text[:300]}"
+    if 400 <= status < 500 and status not in (408, 429):
+        raise SinkRejected(message)
+    raise RuntimeError(message)
 
 
 class MemorySink:
@@ -56,9 +78,7 @@ class HttpSink:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
         async with self._session.post(self.url, data=ingest_body(batch), headers=self._headers) as resp:
-            if resp.status >= 300:
-                text = (await resp.text())[:300]
-                raise RuntimeError(f"drift ingest answered {resp.status}: {text}")
+            raise_for_status(resp.status, await resp.text() if resp.status >= 300 else "", "drift ingest")
 
     async def close(self) -> None:
         if self._session is not None:
@@ -74,17 +94,23 @@ class FeatureQueue:
     timeout per request, measurable in bench/gateway_overhead.py)."""
 
     def __init__(self, sink: FeatureSink, metrics: GatewayMetrics, *, maxsize: int, batch_size: int,
-                 flush_s: float) -> None:
+                 flush_s: float, destination: str = "drift", kind: str = "features") -> None:
         self.sink = sink
-        self._pending: deque[FeatureRecord] = deque()
+        self._pending: deque = deque()
         self._maxsize = maxsize
         self._batch_size = batch_size
         self._flush_s = flush_s
-        self._queued = metrics.feature_records.labels("queued")
-        self._sent = metrics.feature_records.labels("sent")
-        self._dropped_full = metrics.feature_records.labels("dropped_full")
-        self._dropped_error = metrics.feature_records.labels("dropped_send_error")
-        metrics.feature_queue_depth.set_function(self._pending.__len__)
+        self._destination = destination
+        counted, depth = ((metrics.feature_records, metrics.feature_queue_depth) if kind == "features"
+                          else (metrics.rating_deliveries, metrics.rating_queue_depth))
+        self._queued = counted.labels("queued", destination)
+        self._sent = counted.labels("sent", destination)
+        self._dropped_full = counted.labels("dropped_full", destination)
+        self._dropped_error = counted.labels("dropped_send_error", destination)
+        self._send_failures = metrics.delivery_failures.labels(kind, destination)
+        self.submitted = 0  # records taken into the queue, ever
+        self.done = 0  # records that left it: sent, or dropped after they were taken
+        depth.labels(destination).set_function(self._pending.__len__)
         self._due: asyncio.Event | None = None  # set when a batch is full or a record has waited flush_s
         self._expired = False
         self._timer: asyncio.TimerHandle | None = None
@@ -96,6 +122,7 @@ class FeatureQueue:
             self._dropped_full.inc()
             return
         pending.append(record)
+        self.submitted += 1
         self._queued.inc()
         if self._due is None:
             return  # not started, or stopping: the drain sends it
@@ -129,14 +156,13 @@ class FeatureQueue:
         try:
             async with asyncio.timeout(drain_timeout_s):
                 while self._pending:
-                    await self._send(self._take_batch())
+                    if not await self._send_head(min(self._batch_size, len(self._pending))):
+                        await asyncio.sleep(RETRY_FIRST_S)
         except TimeoutError:
             pass
+        if self._pending:
+            self._drop_head(len(self._pending), "not delivered before the gateway stopped")
         await self.sink.close()
-
-    def _take_batch(self, limit: int | None = None) -> list[FeatureRecord]:
-        pending = self._pending
-        return [pending.popleft() for _ in range(min(limit or self._batch_size, len(pending)))]
 
     async def _run(self) -> None:
         due, pending = self._due, self._pending
@@ -149,20 +175,65 @@ class FeatureQueue:
                 count = len(pending)
             else:  # full batches only
                 count = len(pending) - len(pending) % self._batch_size
-            while count > 0:
-                batch = self._take_batch(min(count, self._batch_size))
-                count -= len(batch)
-                await self._send(batch)
+            backoff = RETRY_FIRST_S
+            while count > 0 and pending:
+                size = min(count, self._batch_size, len(pending))
+                if await self._send_head(size):
+                    count -= size
+                    backoff = RETRY_FIRST_S
+                else:  # still at the head: again after a pause, with what arrived meanwhile
+                    await asyncio.sleep(backoff)
+                    backoff = min(RETRY_MAX_S, backoff * 2)
+                    count = len(pending)
             if pending and self._timer is None:
                 self._timer = asyncio.get_running_loop().call_later(self._flush_s, self._expire)
 
-    async def _send(self, batch: list[FeatureRecord]) -> None:
-        if not batch:
-            return
+    async def _send_head(self, size: int) -> bool:
+        """Send the first ``size`` records; they leave the queue once delivered or refused for
+        good. False when they stay for another try."""
+        pending = self._pending
+        batch = [pending[i] for i in range(size)]
         try:
             await self.sink.send(batch)
+        except SinkRejected as exc:
+            self._drop_head(size, exc)
+            return True
         except Exception as exc:  # the sink's failure must stay the sink's problem
-            self._dropped_error.inc(len(batch))
-            log.warning("dropped %d feature records: %s", len(batch), exc)
-        else:
-            self._sent.inc(len(batch))
+            self._send_failures.inc()
+            log.warning("%d records for %s not delivered, will retry: %s", len(batch), self._destination, exc)
+            return False
+        for _ in range(size):
+            pending.popleft()
+        self.done += size
+        self._sent.inc(size)
+        return True
+
+    def _drop_head(self, size: int, reason: object) -> None:
+        for _ in range(size):
+            self._pending.popleft()
+        self.done += size
+        self._dropped_error.inc(size)
+        log.warning("dropped %d records for %s: %s", size, self._destination, reason)
+
+
+RETRY_FIRST_S = 0.25
+RETRY_MAX_S = 10.0
+
+
+class FeatureFanout:
+    """Each record to every drift service's own queue."""
+
+    def __init__(self, queues: list[FeatureQueue]) -> None:
+        self.queues = queues
+        self._submits = [q.submit for q in queues]
+
+    def submit(self, record: FeatureRecord) -> None:
+        for submit in self._submits:
+            submit(record)
+
+    def start(self) -> None:
+        for q in self.queues:
+            q.start()
+
+    async def stop(self, drain_timeout_s: float = 2.0) -> None:
+        await asyncio.gather(*(q.stop(drain_timeout_s) for q in self.queues))

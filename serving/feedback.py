@@ -8,6 +8,7 @@ rating to the drift service with that join; the A/B verdict's feedback guardrail
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections import OrderedDict
@@ -18,7 +19,9 @@ import aiohttp
 import orjson
 
 from inferwatch.serving.errors import NOT_FOUND, GatewayError
-from inferwatch.serving.shared_answers import SharedAnswers
+from inferwatch.serving.features import FeatureQueue, raise_for_status
+from inferwatch.serving.metrics import GatewayMetrics
+from inferwatch.serving.shared_answers import FLUSH_S, SharedAnswers
 from inferwatch.serving.shared_state import SharedStateUnavailable
 from inferwatch.serving.split import Assignment
 
@@ -60,6 +63,9 @@ class AnswerMemory:
         if answer is not None or self.shared is None:
             return answer
         found = await self.shared.find(response_id)
+        if found is None:  # given by another replica a moment ago: its batch may be on the way
+            await asyncio.sleep(2 * FLUSH_S)
+            found = await self.shared.find(response_id)
         if found is None:
             return None
         model, variant, assignment, _ = found
@@ -74,6 +80,8 @@ class AnswerMemory:
                 first = await self.shared.claim(response_id)
             except SharedStateUnavailable:
                 first = not answer.rated
+                if first:
+                    self.shared.claimed_here(response_id)
         else:
             first = not answer.rated
         answer.rated = answer.rated or first
@@ -159,9 +167,59 @@ class FeedbackSink:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
         async with self._session.post(self.url, data=orjson.dumps({"records": records}), headers=self._headers) as r:
-            if r.status >= 300:
-                raise RuntimeError(f"drift feedback answered {r.status}: {(await r.text())[:300]}")
+            raise_for_status(r.status, await r.text() if r.status >= 300 else "", "drift feedback")
 
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+class FeedbackFanout:
+    """A rating to every drift service at once. The client's rating is taken once any of them
+    took it (a drift pair survives losing one); each that did not gets it later through a
+    bounded queue of its own, retried as feature records are (serving/features.py), and only
+    after the records that service was owed when the rating came: a drift service joins a
+    rating to an experiment it has records of, so a rating must not overtake them."""
+
+    def __init__(self, sinks: dict[str, FeedbackSink], metrics: GatewayMetrics, maxsize: int,
+                 features: dict[str, FeatureQueue]) -> None:
+        self.sinks, self.features = sinks, features
+        self.queues = {dest: FeatureQueue(_AfterRecords(sink, features.get(dest)), metrics, maxsize=maxsize,
+                                          batch_size=100, flush_s=0.5, destination=dest, kind="ratings")
+                       for dest, sink in sinks.items()}
+
+    def start(self) -> None:
+        for q in self.queues.values():
+            q.start()
+
+    async def send(self, records: list[dict]) -> None:
+        """Deliver to at least one drift service or raise the first failure (nothing queued:
+        the client is told to retry)."""
+        dests = list(self.sinks)
+        results = await asyncio.gather(*(self.sinks[d].send(records) for d in dests), return_exceptions=True)
+        failed = [(d, r) for d, r in zip(dests, results) if isinstance(r, BaseException)]
+        if len(failed) == len(dests):
+            raise failed[0][1]
+        for dest, _ in failed:
+            owed = self.features[dest].submitted if dest in self.features else 0
+            for record in records:
+                self.queues[dest].submit((owed, record))
+
+    async def close(self) -> None:
+        await asyncio.gather(*(q.stop() for q in self.queues.values()))  # each closes its sink
+
+
+class _AfterRecords:
+    """Sends queued ``(records owed, rating)`` pairs once the feature queue has delivered (or
+    given up on) the records owed; until then the batch stays queued, as after a failure."""
+
+    def __init__(self, sink: FeedbackSink, features: FeatureQueue | None) -> None:
+        self.sink, self.features = sink, features
+
+    async def send(self, items: list[tuple[int, dict]]) -> None:
+        if self.features is not None and items[-1][0] > self.features.done:
+            raise RuntimeError(f"waiting for {items[-1][0] - self.features.done} feature records to go first")
+        await self.sink.send([record for _, record in items])
+
+    async def close(self) -> None:
+        await self.sink.close()

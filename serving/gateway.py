@@ -26,8 +26,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from inferwatch import __version__
 from inferwatch.serving.access import Access
 from inferwatch.serving.endpoints import Endpoints
-from inferwatch.serving.features import FeatureQueue, FeatureSink, HttpSink
-from inferwatch.serving.feedback import AnswerMemory, FeedbackSink
+from inferwatch.serving.features import FeatureFanout, FeatureQueue, FeatureSink, HttpSink
+from inferwatch.serving.feedback import AnswerMemory, FeedbackFanout, FeedbackSink
 from inferwatch.serving.metrics import GatewayMetrics, create_metrics
 from inferwatch.serving.proxy import Proxy
 from inferwatch.serving.recording import Recorder
@@ -59,15 +59,20 @@ class Gateway:
         self.tracer_provider: TracerProvider | None = build_tracer_provider(settings, span_exporter)
         tracer = get_tracer(self.tracer_provider)
         drift_token = settings.drift_token.get_secret_value() if settings.drift_token else None
-        if feature_sink is None and settings.drift_url:
-            feature_sink = HttpSink(settings.drift_url, drift_token)
-        self.features = (
-            FeatureQueue(feature_sink, self.metrics, maxsize=settings.feature_queue_size,
-                         batch_size=settings.feature_batch_size, flush_s=settings.feature_flush_s)
-            if feature_sink is not None else None
-        )
-        if feedback_sink is None and settings.drift_url:
-            feedback_sink = FeedbackSink(settings.drift_url, drift_token)
+        queue_options = {"maxsize": settings.feature_queue_size, "batch_size": settings.feature_batch_size,
+                         "flush_s": settings.feature_flush_s}
+        destinations = settings.drift_destinations
+        self.features: FeatureQueue | FeatureFanout | None = None
+        queues: dict[str, FeatureQueue] = {}
+        if feature_sink is not None:
+            self.features = FeatureQueue(feature_sink, self.metrics, **queue_options)
+        elif destinations:
+            queues = {url: FeatureQueue(HttpSink(url, drift_token), self.metrics, destination=url, **queue_options)
+                      for url in destinations}
+            self.features = FeatureFanout(list(queues.values()))
+        if feedback_sink is None and destinations:
+            feedback_sink = FeedbackFanout({url: FeedbackSink(url, drift_token) for url in destinations},
+                                           self.metrics, settings.feature_queue_size, queues)
         self.feedback_sink = feedback_sink
         answers = AnswerMemory(settings.feedback_memory, settings.feedback_ttl_s,
                                shared=SharedAnswers(self.shared, settings.feedback_ttl_s) if self.shared else None) \
@@ -92,6 +97,8 @@ class Gateway:
             await self.experiments.start()
         if self.features is not None:
             self.features.start()
+        if isinstance(self.feedback_sink, FeedbackFanout):
+            self.feedback_sink.start()
 
     async def stop(self) -> None:
         if self.features is not None:

@@ -58,6 +58,9 @@ class GatewayMetrics:
     upstream_up: Gauge
     feature_records: Counter
     feature_queue_depth: Gauge
+    rating_deliveries: Counter
+    rating_queue_depth: Gauge
+    delivery_failures: Counter
     admission_rejected: Counter
     limits_reload_errors: Counter
     assignments: Counter
@@ -131,11 +134,28 @@ def create_metrics(registry: CollectorRegistry, shared_state: bool = True) -> Ga
             ("upstream",), namespace=NAMESPACE, registry=registry,
         ),
         feature_records=Counter(
-            "feature_records", "Feature records by outcome: queued, sent, dropped_full, dropped_send_error.",
-            ("outcome",), namespace=NAMESPACE, registry=registry,
+            "feature_records", "Feature records by outcome and drift service (destination): queued, sent, "
+            "dropped_full (its queue was full), dropped_send_error (refused for good with a 4xx, or still unsent "
+            "when the gateway stopped). A batch the drift service could not take is retried, not dropped.",
+            ("outcome", "destination"), namespace=NAMESPACE, registry=registry,
         ),
         feature_queue_depth=Gauge(
-            "feature_queue_depth", "Feature records waiting to be sent.", namespace=NAMESPACE, registry=registry,
+            "feature_queue_depth", "Feature records waiting to be sent, per drift service.", ("destination",),
+            namespace=NAMESPACE, registry=registry,
+        ),
+        rating_deliveries=Counter(
+            "rating_deliveries", "Ratings a drift service missed when the client's rating was taken by another "
+            "(a drift pair), delivered later through its queue, by outcome as feature records.",
+            ("outcome", "destination"), namespace=NAMESPACE, registry=registry,
+        ),
+        rating_queue_depth=Gauge(
+            "rating_queue_depth", "Ratings waiting to reach a drift service that missed them.", ("destination",),
+            namespace=NAMESPACE, registry=registry,
+        ),
+        delivery_failures=Counter(
+            "delivery_failures", "Sends of a batch of feature records or ratings to a drift service that failed "
+            "and will be retried, by kind and destination.", ("kind", "destination"), namespace=NAMESPACE,
+            registry=registry,
         ),
         admission_rejected=Counter(
             "admission_rejected", "Requests answered 429 by admission control, by the limit that refused them: "

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable
 
 from inferwatch.serving.errors import CLIENT_CLOSED, status_class
-from inferwatch.serving.features import FeatureQueue, FeatureRecord
+from inferwatch.serving.features import FeatureFanout, FeatureQueue, FeatureRecord
 from inferwatch.serving.feedback import AnswerMemory
 from inferwatch.serving.metrics import GatewayMetrics, RouteSeries, observe_many
 from inferwatch.serving.request import RequestState
@@ -23,7 +23,8 @@ from inferwatch.serving.validation import ROUTE_PATHS
 
 
 class Recorder:
-    def __init__(self, metrics: GatewayMetrics, features: FeatureQueue | None, answers: AnswerMemory | None) -> None:
+    def __init__(self, metrics: GatewayMetrics, features: FeatureQueue | FeatureFanout | None,
+                 answers: AnswerMemory | None) -> None:
         self.metrics, self.features, self.answers = metrics, features, answers
         self._route_series: dict[tuple[str, str, str], RouteSeries] = {}
 

@@ -119,8 +119,9 @@ class Experiments:
         assert self.shared is not None
         for new in (await self.shared.poll(self.splits)).values():
             async with self._lock:
-                log.warning("%s (synced from Redis)", describe_change(self.splits[new.model], new))
-                self._adopt(new)
+                if new.epoch > self.splits[new.model].epoch:  # a change through this replica may have passed it
+                    log.warning("%s (synced from Redis)", describe_change(self.splits[new.model], new))
+                    self._adopt(new)
 
     async def close(self) -> None:
         if self._sync is not None:

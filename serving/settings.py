@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator
 from typing import Annotated
@@ -73,6 +74,9 @@ class GatewaySettings(BaseSettings):
     feature_batch_size: int = Field(500, ge=1)
     feature_flush_s: float = Field(1.0, gt=0)
     drift_url: str | None = Field(None, description="drift service base URL; records are sent to its ingest")
+    # A drift pair (or more): every record and rating goes to each, through a queue of its own
+    # (drift_url, if set too, is one of them). Comma-separated in the environment.
+    drift_urls: Annotated[list[str], NoDecode] = Field(default_factory=list, max_length=8)
     drift_token: SecretStr | None = None
 
     # Shared state (serving/shared_state.py): with a Redis URL, replicas behind one load
@@ -107,3 +111,27 @@ class GatewaySettings(BaseSettings):
         if not value.startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://")
         return value.rstrip("/")
+
+    @field_validator("drift_urls", mode="before")
+    @classmethod
+    def _split_urls(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = [u.strip() for u in value.split(",") if u.strip()]
+        if isinstance(value, list):
+            for u in value:
+                if not isinstance(u, str) or not u.startswith(("http://", "https://")) or any(c.isspace() for c in u) \
+                        or not urlsplit(u).hostname:
+                    raise ValueError(f"each drift URL must be http(s)://host[:port], separated by commas; got "
+                                     f"{str(u)[:100]!r}")
+            if len({u.rstrip("/") for u in value}) != len(value):
+                raise ValueError("a drift URL is listed twice: each replica would get every record twice")
+            return [u.rstrip("/") for u in value]
+        return value
+
+    @property
+    def drift_destinations(self) -> list[str]:
+        """Every drift service that gets each record and rating."""
+        urls = list(self.drift_urls)
+        if self.drift_url and self.drift_url not in urls:
+            urls.insert(0, self.drift_url)
+        return urls

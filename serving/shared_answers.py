@@ -12,7 +12,12 @@ of ``INFERWATCH_GATEWAY_FEEDBACK_TTL_S``, or shorten it.
 
 Each answer counts once across replicas: a rating claims ``<prefix>:rated:<id>`` with
 ``SET NX`` before it is forwarded, and gives the claim back if the drift service did not
-take it.
+take it. A replica that rates its own answer while Redis does not answer claims it on its
+own and writes the claim when Redis answers again, so no other replica rates it after.
+
+Rating is not on the path of an inference request: its Redis calls wait up to the
+background bound (1 s), not the 5 ms a request may wait, so a busy moment is no 503 and
+no second count.
 """
 
 from __future__ import annotations
@@ -25,11 +30,13 @@ from collections.abc import Callable
 import orjson
 from redis.asyncio import Redis
 
-from inferwatch.serving.shared_state import BACKGROUND_TIMEOUT_S, SharedState
+from inferwatch.serving.shared_state import BACKGROUND_TIMEOUT_S, SharedState, SharedStateUnavailable
 from inferwatch.serving.split import Assignment
 
 FLUSH_S = 0.02
 HOUR_S = 3600
+MAX_HELD = 100_000  # answers and claims kept for Redis while it does not answer
+RETRY_S = 1.0
 
 # (model, variant, assignment, wall-clock seconds when given)
 Remembered = tuple[str, str, Assignment | None, float]
@@ -39,6 +46,7 @@ class SharedAnswers:
     def __init__(self, shared: SharedState, ttl_s: float, wall: Callable[[], float] = time.time) -> None:
         self.shared, self.ttl_s, self.wall = shared, ttl_s, wall
         self._pending: dict[str, bytes] = {}
+        self._claims: list[str] = []  # ratings claimed here while Redis did not answer
         self._flushing: asyncio.Task | None = None
         self._hours = math.ceil(ttl_s / HOUR_S) + 1
 
@@ -47,6 +55,15 @@ class SharedAnswers:
         self._pending[response_id] = orjson.dumps(
             (model, variant, a.experiment, a.epoch, a.weight, a.unit, self.wall()) if a else
             (model, variant, None, None, None, None, self.wall()))
+        self._schedule()
+
+    def claimed_here(self, response_id: str) -> None:
+        """A rating claimed without Redis: written there with the next flush that succeeds."""
+        if len(self._claims) < MAX_HELD:
+            self._claims.append(response_id)
+        self._schedule()
+
+    def _schedule(self) -> None:
         if self._flushing is None:
             self._flushing = asyncio.get_running_loop().create_task(self._flush_soon())
 
@@ -58,23 +75,33 @@ class SharedAnswers:
         await self.flush()
 
     async def flush(self) -> None:
-        """Write what is pending (dropped if Redis fails: those answers stay rateable through
-        this replica only, and the error is counted)."""
+        """Write what is pending; while Redis fails, keep it (up to ``MAX_HELD``) and try again
+        every ``RETRY_S``: answers given and ratings claimed during an outage reach the other
+        replicas when it ends."""
         pending, self._pending = self._pending, {}
-        if not pending:
+        claims, self._claims = self._claims, []
+        if not pending and not claims:
             return
         key = self.shared.key("answers", str(int(self.wall() // HOUR_S)))
 
         async def write(client: Redis) -> None:
             async with client.pipeline(transaction=False) as pipe:
-                pipe.hset(key, mapping=pending)
-                pipe.expire(key, int(self.ttl_s) + HOUR_S)
+                if pending:
+                    pipe.hset(key, mapping=pending)
+                    pipe.expire(key, int(self.ttl_s) + HOUR_S)
+                for rid in claims:
+                    pipe.set(self.shared.key("rated", rid), self.shared.replica, nx=True, ex=int(self.ttl_s) + 1)
                 await pipe.execute()
 
         try:
             await self.shared.run("answers_write", write, BACKGROUND_TIMEOUT_S)
-        except Exception:  # noqa: BLE001 - counted and logged by the link
-            pass
+        except SharedStateUnavailable:  # counted and logged by the link; all of it waits for the next try
+            self._claims.extend(claims[:MAX_HELD - len(self._claims)])
+            for rid, value in pending.items():
+                if len(self._pending) >= MAX_HELD:
+                    break
+                self._pending.setdefault(rid, value)
+            asyncio.get_running_loop().call_later(RETRY_S, self._schedule)
 
     async def find(self, response_id: str) -> Remembered | None:
         """The answer another replica gave, if any within the TTL (raises ``SharedStateUnavailable``)."""
@@ -89,7 +116,7 @@ class SharedAnswers:
                     pipe.hget(self.shared.key("answers", str(h)), response_id)
                 return await pipe.execute()
 
-        for raw in await self.shared.run("answers_find", read):
+        for raw in await self.shared.run("answers_find", read, BACKGROUND_TIMEOUT_S):
             if raw is not None:
                 found = _decode(raw)
                 return found if self.wall() - found[3] <= self.ttl_s else None
@@ -99,7 +126,8 @@ class SharedAnswers:
         """True if this rating is the answer's first (raises ``SharedStateUnavailable``)."""
         key = self.shared.key("rated", response_id)
         return bool(await self.shared.run("rating_claim",
-                                          lambda c: c.set(key, self.shared.replica, nx=True, ex=int(self.ttl_s) + 1)))
+                                          lambda c: c.set(key, self.shared.replica, nx=True, ex=int(self.ttl_s) + 1),
+                                          BACKGROUND_TIMEOUT_S))
 
     async def unclaim(self, response_id: str) -> None:
         key = self.shared.key("rated", response_id)

@@ -73,12 +73,13 @@ return {granted, tostring(level)}
 """
 
 # Slots in flight: KEYS[1] maps replica -> "held:when". Take ARGV[2] > 0 slots if the limit
-# ARGV[3] allows (all or nothing), give back -ARGV[2], or (0) say the slots held are still
-# held; holders silent for ARGV[4] seconds are gone. Returns the slots granted.
+# ARGV[3] allows (all or nothing; with ARGV[5] = 1, whatever it says: slots already in use),
+# give back -ARGV[2], or (0) say the slots held are still held; holders silent for ARGV[4]
+# seconds are gone. Returns the slots granted.
 SLOTS = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-local me, change, limit, stale = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local me, change, limit, stale, force = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 local entries = redis.call('HGETALL', KEYS[1])
 local others, mine = 0, 0
 for i = 1, #entries, 2 do
@@ -95,7 +96,7 @@ for i = 1, #entries, 2 do
 end
 local granted = 0
 if change > 0 then
-  if others + mine + change <= limit then granted = change end
+  if force == '1' or others + mine + change <= limit then granted = change end
   mine = mine + granted
 else
   mine = math.max(0, mine + change)
@@ -118,13 +119,16 @@ class _Shared:
     lease_used_at: float = 0.0
     taking: asyncio.Task | None = None
     tokens_level: float | None = None  # the shared tokens level last learned (None: not yet)
+    tokens_learned_at: float = 0.0
     tokens_unsent: int = 0  # tokens used here and not yet charged
+    owed: int = 0  # requests admitted without a lease (Redis slower than the bound): charged later
     in_flight: int = 0  # this replica's requests in flight
     slots: int = 0  # slots this replica holds (a free one is a request it may start without asking)
     slots_used_at: float = 0.0
     taking_slot: asyncio.Task | None = None
     requests_exhausted_until: float = 0.0  # the shared bucket said empty: refuse locally until then
     slots_exhausted_until: float = 0.0  # no slot was free anywhere: refuse until then (a moment)
+    forced_slots: int = 0  # slots taken without asking (Redis slower than the bound): told to Redis at the next sync
     limits: Limits = field(default_factory=Limits)
 
 
@@ -187,8 +191,12 @@ class SharedAdmission:
                              f"Rate limit reached for {what}: {rpm:g} requests per minute. "
                              f"Retry in {math.ceil(wait)}s.")
         tpm = limits.tokens_per_minute
-        if tpm is not None and acc.tokens_level is not None and acc.tokens_level - acc.tokens_unsent <= 0:
-            wait = (1 - (acc.tokens_level - acc.tokens_unsent)) * 60.0 / tpm
+        if tpm is not None and acc.tokens_level is not None:
+            # the level learned, refilled since as the shared bucket refills, less what is not charged yet
+            level = min(max(tpm, 1.0), acc.tokens_level + (now - acc.tokens_learned_at) * tpm / 60.0)
+            left = level - acc.tokens_unsent
+        if tpm is not None and acc.tokens_level is not None and left <= 0:
+            wait = (1 - left) * 60.0 / tpm
             return Rejection(scope, "tokens_per_minute", wait,
                              f"Rate limit reached for {what}: {tpm:g} tokens per minute. Retry in {math.ceil(wait)}s.")
         return None
@@ -221,7 +229,7 @@ class SharedAdmission:
                 return
             granted = await self.shared.run(
                 "limits_lease", lambda c: self._slots(keys=[self._key(scope, name, "in_flight")],
-                                                      args=[self.shared.replica, 1, limit, STALE_S], client=c),
+                                                      args=[self.shared.replica, 1, limit, STALE_S, 0], client=c),
                 BACKGROUND_TIMEOUT_S)
             acc.slots += int(granted)
             if not granted:  # every slot is held: refuse here for a moment rather than ask per request
@@ -238,7 +246,9 @@ class SharedAdmission:
                 "limits_lease", lambda c: self._bucket(keys=[self._key(scope, name, "requests")],
                                                        args=[rpm, max(rpm, 1.0), lease_size(rpm), "take"], client=c),
                 BACKGROUND_TIMEOUT_S)
-            acc.lease += int(granted)
+            repaid = min(acc.owed, int(granted))
+            acc.owed -= repaid
+            acc.lease += int(granted) - repaid
             if not granted:  # empty: refuse here until one request's worth has come back
                 acc.requests_exhausted_until = time.monotonic() + (1 - float(level)) * 60.0 / rpm
         finally:
@@ -254,8 +264,34 @@ class SharedAdmission:
                     if not isinstance(verdict, list):
                         return verdict
                     await asyncio.gather(*(asyncio.shield(take) for take in verdict))
-        except (TimeoutError, SharedStateUnavailable):
+        except SharedStateUnavailable:
             return self._admit_locally(key, model)
+        except TimeoutError:
+            if not self.shared.up:
+                return self._admit_locally(key, model)
+            return self._admit_owing(key, model)
+
+    def _admit_owing(self, key: str, model: str) -> Ticket | Rejection:
+        """Redis answers, but slower than a request may wait: admit it now against the shared
+        allowance still, as a debt (the lease on its way repays it, else the next sync charges
+        it, past zero) and a slot taken whatever the limit (the others then see it). So the
+        fleet is over a limit by at most the requests admitted this way and still running."""
+        now = time.monotonic()
+        accounts = []
+        for scope, name in (("key", key), ("model", model)):
+            acc = self._accounts[(scope, name)]
+            refusal = self._refusal(scope, name, acc, acc.limits, now)
+            if refusal is not None:
+                return refusal
+            accounts.append((scope, name, acc))
+        for scope, name, acc in accounts:
+            if acc.limits.requests_per_minute is not None and acc.lease < 1:
+                acc.owed += 1
+                acc.lease += 1  # spent at once by _take
+            if acc.limits.max_in_flight is not None and acc.in_flight >= acc.slots:
+                acc.slots += 1
+                acc.forced_slots += 1
+        return self._take(key, model, accounts, now)
 
     def _admit_locally(self, key: str, model: str) -> Ticket | Rejection:
         shares = (self.policy, self.shared.replicas)
@@ -282,15 +318,24 @@ class SharedAdmission:
         for (scope, name), acc in list(self._accounts.items()):
             limits = acc.limits
             tpm = limits.tokens_per_minute
-            if tpm is not None and (acc.tokens_unsent or acc.tokens_level is None):
+            if tpm is not None and (acc.tokens_unsent or acc.tokens_level is None or acc.tokens_level < tpm):
+                # charge what was used; with nothing to charge, learn how far the bucket refilled
+                # (a replica that refuses everything uses nothing and must still see the refill)
                 unsent = acc.tokens_unsent
                 _, level = await self.shared.run(
                     "limits_sync", lambda c: self._bucket(keys=[self._key(scope, name, "tokens")],
                                                           args=[tpm, max(tpm, 1.0), unsent, "charge"], client=c),
                     BACKGROUND_TIMEOUT_S)
                 acc.tokens_unsent -= unsent
-                acc.tokens_level = float(level)
+                acc.tokens_level, acc.tokens_learned_at = float(level), time.monotonic()
             rpm = limits.requests_per_minute
+            if rpm is not None and acc.owed and acc.taking is None:
+                owed = acc.owed
+                await self.shared.run(
+                    "limits_sync", lambda c: self._bucket(keys=[self._key(scope, name, "requests")],
+                                                          args=[rpm, max(rpm, 1.0), owed, "charge"], client=c),
+                    BACKGROUND_TIMEOUT_S)
+                acc.owed -= owed
             if rpm is not None and acc.lease > 0 and acc.taking is None and now - acc.lease_used_at > LEASE_IDLE_S:
                 back, acc.lease = acc.lease, 0
                 await self.shared.run(
@@ -298,11 +343,20 @@ class SharedAdmission:
                                                           args=[rpm, max(rpm, 1.0), back, "put"], client=c),
                     BACKGROUND_TIMEOUT_S)
             limit = limits.max_in_flight
+            if limit is not None and acc.forced_slots and acc.taking_slot is None:
+                forced = acc.forced_slots
+                await self.shared.run(  # held already: counted whatever the limit says
+                    "limits_sync", lambda c: self._slots(keys=[self._key(scope, name, "in_flight")],
+                                                         args=[self.shared.replica, forced, limit, STALE_S, 1],
+                                                         client=c),
+                    BACKGROUND_TIMEOUT_S)
+                acc.forced_slots -= forced
             if limit is not None and acc.slots and acc.taking_slot is None:
                 idle = acc.slots - acc.in_flight if now - acc.slots_used_at > LEASE_IDLE_S else 0
                 await self.shared.run(  # give back idle slots, or say the ones held still are
                     "limits_sync", lambda c: self._slots(keys=[self._key(scope, name, "in_flight")],
-                                                         args=[self.shared.replica, -idle, limit, STALE_S], client=c),
+                                                         args=[self.shared.replica, -idle, limit, STALE_S, 0],
+                                                         client=c),
                     BACKGROUND_TIMEOUT_S)
                 acc.slots -= idle
 

@@ -19,7 +19,7 @@ import math
 import random
 from dataclasses import dataclass
 from hashlib import blake2b
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
 import orjson
 import yaml
@@ -113,11 +113,13 @@ class Variant:
     rename: tuple[bytes, bytes] | None  # (upstream's "model":"served", the client's "model":"public")
 
 
-@dataclass(frozen=True, slots=True)
-class Assignment:
+class Assignment(NamedTuple):
     """What a request's record and its remembered answer carry of the split that routed it:
     the drift service groups records by experiment and epoch, checks the sample ratio
-    against the epoch's weights, and takes the hashed unit as the unit of analysis."""
+    against the epoch's weights, and takes the hashed unit as the unit of analysis.
+
+    Immutable as a tuple: one is made per assigned request, and a frozen dataclass costs
+    three times as much to make (bench/ab_split.py)."""
 
     experiment: str
     epoch: int
@@ -215,7 +217,7 @@ def resolve_weights(split: Split, given: Mapping[str, object]) -> tuple[float, .
         rest = 1.0 - total
         if rest < -WEIGHT_TOLERANCE:
             raise ExperimentError(f"the weights given add up to {total:g}, more than 1", "weights")
-        weights[missing[0]] = max(0.0, rest)
+        weights[missing[0]] = max(0.0, round(rest, 12))  # 1 - 0.8 is 0.19999999999999996 otherwise
     elif abs(total - 1) > WEIGHT_TOLERANCE:
         raise ExperimentError(f"the weights must add up to 1, got {total:g}", "weights")
     return tuple(weights[n] for n in names)

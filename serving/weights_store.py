@@ -67,12 +67,22 @@ def split_from_state(model: str, exp: ExperimentSpec, entry: object, where: str,
 def running_state(entry: object, split: Split) -> tuple[tuple[float, ...], int] | None:
     """The weights and epoch ``entry`` sets for a running ``split``: any entry of the same
     experiment and variants, whatever file weights it started from (replicas mid-way through a
-    rollout of an edited file still route alike); None for anything else."""
+    rollout of an edited file still route alike); None for anything else, an entry whose
+    epoch is not a count included."""
+    epoch = entry.get("epoch") if isinstance(entry, dict) else None
     if (isinstance(entry, dict) and entry.get("experiment") == split.name
             and entry.get("variants") == [v.name for v in split.variants]
-            and _weights_ok(entry.get("weights"), len(split.variants))):
-        return tuple(float(w) for w in entry["weights"]), _epoch(entry)
+            and _weights_ok(entry.get("weights"), len(split.variants))
+            and isinstance(epoch, int) and not isinstance(epoch, bool) and epoch >= 0):
+        return tuple(float(w) for w in entry["weights"]), epoch
     return None
+
+
+def foreign(entry: object, split: Split) -> bool:
+    """A well-formed entry of another experiment or other variants under this model: a replica
+    with another experiment file wrote it."""
+    return (isinstance(entry, dict) and isinstance(entry.get("experiment"), str) and isinstance(entry.get("variants"), list)
+            and (entry["experiment"] != split.name or entry["variants"] != [v.name for v in split.variants]))
 
 
 def state_entry(split: Split, exp: ExperimentSpec) -> dict:

@@ -28,6 +28,7 @@ from inferwatch.serving.settings import GatewaySettings
 from inferwatch.supervise import ManagedProcess
 from tests.conftest import TINY_MODEL_NAME
 from tests.support.feature_records import body, records
+from tests.support.redis_server import RedisServer
 from tests.support.fleet import FakeProcess, fleet
 from tests.support.servers import AppServer, GatewayServer
 from tests.support.sockets import free_port
@@ -49,9 +50,21 @@ def prometheus(vllm_server, otlp_receiver, tmp_path_factory):
     exporter_http = make_server(exporter)
     import threading
     threading.Thread(target=exporter_http.serve_forever, daemon=True).start()
-    with AppServer(drift_app(DriftSettings(db_path=":memory:"))) as drift, \
+    # an experiment (no traffic needed: each replica exports the weights it routes by) and a
+    # Redis the gateway shares its state through, for the replicas row
+    experiments = tmp / "experiments.yaml"
+    experiments.write_text(f"""
+experiments:
+  tiny-ab:
+    name: live
+    variants:
+      - {{name: v1, upstream_url: "{vllm_server.url}", model: {TINY_MODEL_NAME}, weight: 0.9}}
+      - {{name: v2, upstream_url: "{vllm_server.url}", model: {TINY_MODEL_NAME}, weight: 0.1}}
+""")
+    with RedisServer(tmp / "redis") as redis, AppServer(drift_app(DriftSettings(db_path=":memory:"))) as drift, \
             GatewayServer(GatewaySettings(upstream_url=vllm_server.url, drift_url=drift.url, feature_flush_s=0.2,
-                                          capture_logprobs=True, otlp_endpoint=otlp_receiver.endpoint)) as gateway:
+                                          capture_logprobs=True, otlp_endpoint=otlp_receiver.endpoint,
+                                          experiment_file=experiments, redis_url=redis.url)) as gateway:
         rules = tmp / "rules"
         write(cap_interval(rule_files(), "5s"), rules)
         target = lambda url: url.removeprefix("http://")  # noqa: E731

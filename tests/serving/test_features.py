@@ -18,8 +18,9 @@ def record(i: int = 0) -> FeatureRecord:
                          tpot_s=0.02, e2e_s=1.0, finish_reason="stop", mean_logprob=-1.25)
 
 
-def counts(registry: CollectorRegistry) -> dict[str, float]:
-    return {o: registry.get_sample_value("inferwatch_gateway_feature_records_total", {"outcome": o}) or 0
+def counts(registry: CollectorRegistry, destination: str = "drift") -> dict[str, float]:
+    return {o: registry.get_sample_value("inferwatch_gateway_feature_records_total",
+                                         {"outcome": o, "destination": destination}) or 0
             for o in ("queued", "sent", "dropped_full", "dropped_send_error")}
 
 
@@ -54,7 +55,7 @@ def test_full_queue_drops_and_counts_without_waiting():
         for i in range(20):
             queue.submit(record(i))
         assert loop.time() - t0 < 0.05  # submit never waits for the sink
-        assert registry.get_sample_value("inferwatch_gateway_feature_queue_depth") == 5
+        assert registry.get_sample_value("inferwatch_gateway_feature_queue_depth", {"destination": "drift"}) == 5
         await queue.stop()
         return registry, sink
 

@@ -13,6 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import orjson
 import pytest
 import requests
 from pydantic import ValidationError
@@ -160,7 +161,8 @@ def test_an_answer_given_by_one_replica_is_rated_once_through_any_other(redis_se
         for i in range(20):
             r = chat(a, f"user-{i}")
             ids.append((r.json()["id"], r.headers["x-inferwatch-variant"]))
-        time.sleep(0.1)  # answers reach Redis in batches (FLUSH_S)
+        # rated at once through the others: answers reach Redis in batches every 20 ms, and a
+        # lookup that misses looks again after that
 
         def rate(gw, rid):
             return requests.post(gw.url + "/v1/feedback", json={"response_id": rid, "thumbs": "up"}, timeout=5)
@@ -180,7 +182,6 @@ def test_an_answer_given_by_one_replica_is_rated_once_through_any_other(redis_se
 
         feedback.fail = True  # the drift service did not take it: the claim is given back, any replica may retry
         r = chat(a, "user-x")
-        time.sleep(0.1)
         assert rate(b, r.json()["id"]).status_code == 503
         feedback.fail = False
         assert rate(c, r.json()["id"]).status_code == 200
@@ -297,17 +298,26 @@ def test_redis_down_or_silent_fails_no_request_and_the_gateway_recovers_by_itsel
                 assert weights(a) == weights(b) == (1, {"v1": 0.8, "v2": 0.2})  # nothing changed
                 errors = metric_sum(a.metrics_text(), "inferwatch_gateway_shared_state_errors_total")
                 assert errors > 0
+                own = chat(a, "rated-in-the-outage").json()["id"]
+                assert requests.post(a.url + "/v1/feedback", json={"response_id": own, "thumbs": "up"},
+                                     timeout=5).status_code == 200  # its own answer, claimed on its own
             finally:
                 server.resume()
             eventually(lambda: all(metric_sum(g.metrics_text(), "inferwatch_gateway_shared_state_up") == 1
                                    for g in (a, b)), timeout_s=5)
+            # the claim made without Redis reached it: no other replica rates that answer again
+            eventually(lambda: requests.post(b.url + "/v1/feedback", json={"response_id": own, "thumbs": "up"},
+                                             timeout=5).status_code == 409, timeout_s=5)
             assert put_weights(b, {"v2": 0}).status_code == 200
             eventually(lambda: weights(a) == (2, {"v1": 1.0, "v2": 0.0}), timeout_s=1.0)
 
             server.stop()  # gone: connections refused
-            server.start()  # back empty (no persistence): the replicas write back what they route by
-            eventually(lambda: server.client().get("down:experiment:chat") is not None, timeout_s=5)
-            assert weights(a) == weights(b) == (2, {"v1": 1.0, "v2": 0.0})
+            with replica(server.url, "down", stubs, experiment_file, **extra) as c:  # starts without it: the file's
+                assert weights(c) == (0, {"v1": 0.9, "v2": 0.1})
+                server.start()  # back empty (no persistence): the fleet's latest weights win, never the file's
+                eventually(lambda: weights(c) == (2, {"v1": 1.0, "v2": 0.0}), timeout_s=5)
+                assert weights(a) == weights(b) == (2, {"v1": 1.0, "v2": 0.0})
+                assert orjson.loads(server.client().get("down:experiment:chat"))["epoch"] == 2
 
 
 def test_an_unreachable_redis_at_start_starts_degraded_and_loudly(stubs, experiment_file, caplog):
@@ -340,3 +350,76 @@ def test_limits_key_ids_are_shared_by_name(redis_server, prefix, stubs, tmp_path
         plain = [ask((a, b)[i % 2], "plain").status_code for i in range(8)]
         assert plain.count(200) == 3 and plain.count(429) == 5  # 3 across both replicas, not 3 each
         assert {ask((a, b)[i % 2], "vip").status_code for i in range(10)} == {200}
+
+
+def test_a_replica_that_refused_for_tokens_admits_again_once_the_bucket_refilled(redis_server, prefix, stubs,
+                                                                                 tmp_path):
+    """Refusing uses no tokens, so nothing is charged: the replicas must still learn the refill."""
+    limits = tmp_path / "limits.yaml"
+    limits.write_text("models: {ok: {tokens_per_minute: 600}}\n")  # 10 tokens a second; an answer uses 4
+    with replica(redis_server.url, prefix, stubs, limits_file=limits) as a, \
+            replica(redis_server.url, prefix, stubs, limits_file=limits) as b:
+        statuses = []
+        while 429 not in statuses[-3:]:
+            statuses.append(ask_model_ok((a, b)[len(statuses) % 2]).status_code)
+            assert len(statuses) < 400
+        refused_at = time.monotonic()
+        assert statuses.count(200) >= 150  # the first minute's 600 tokens, then the refill
+        eventually(lambda: {ask_model_ok(a).status_code, ask_model_ok(b).status_code} == {200}, timeout_s=10)
+        assert time.monotonic() - refused_at < 10  # not locked out for good
+
+
+def test_requests_admitted_while_redis_is_slower_than_the_bound_are_still_charged(redis_server, prefix, stubs,
+                                                                                 tmp_path):
+    """A bound shorter than any Redis answer: every request that finds its lease empty is
+    admitted owing; the debts reach the shared bucket, so the fleet's rate still follows the limit."""
+    per_minute = 600
+    limits = tmp_path / "limits.yaml"
+    limits.write_text(f"default_key: {{requests_per_minute: {per_minute}}}\n")
+    extra = {"limits_file": limits, "api_keys": ["k1"], "redis_timeout_s": 1e-6}
+    with replica(redis_server.url, prefix, stubs, **extra) as a, replica(redis_server.url, prefix, stubs, **extra) as b:
+        results = _hammer((a, b), 12.0, "k1")
+        admitted = sorted(t for t, s in results if s == 200)
+        after = [t for t in admitted[per_minute:] if t > admitted[per_minute - 1] + 0.5]
+        slope = float(np.polyfit(after, np.arange(len(after)), 1)[0])
+        assert abs(slope / (per_minute / 60) - 1) <= 0.15, (slope, len(after))
+        for g in (a, b):
+            assert metric_sum(g.metrics_text(), "inferwatch_gateway_shared_state_up") == 1
+
+
+def test_epochs_only_grow_a_damaged_or_emptied_redis_is_repaired_from_the_fleet(redis_server, prefix, stubs,
+                                                                                experiment_file):
+    key = f"{prefix}:experiment:chat"
+    with replica(redis_server.url, prefix, stubs, experiment_file) as a, \
+            replica(redis_server.url, prefix, stubs, experiment_file) as b:
+        for w in (0.2, 0.3, 0.4):
+            assert put_weights(a, {"v2": w}).status_code == 200
+        eventually(lambda: weights(b) == (3, {"v1": 0.6, "v2": 0.4}), timeout_s=1.0)
+        redis_server.client().set(key, b"garbage{")  # damaged by hand
+        with replica(redis_server.url, prefix, stubs, experiment_file) as c:  # starts from the file: epoch 0
+            eventually(lambda: weights(c) == (3, {"v1": 0.6, "v2": 0.4}), timeout_s=2.0)  # then takes the fleet's
+            assert weights(a) == weights(b) == (3, {"v1": 0.6, "v2": 0.4})  # nobody went back
+        eventually(lambda: orjson.loads(redis_server.client().get(key))["epoch"] == 3, timeout_s=2.0)
+        redis_server.client().delete(key)  # emptied: written back
+        eventually(lambda: orjson.loads(redis_server.client().get(key) or b"{}").get("epoch") == 3, timeout_s=2.0)
+
+
+def test_a_weight_change_refuses_to_overwrite_another_experiment_files_weights(redis_server, prefix, stubs,
+                                                                               experiment_file, tmp_path):
+    """Replicas mid-way through a rollout of another experiment file: the one started last wrote
+    its experiment (as a new file's experiment replaces the old); a change through a replica
+    of the other file is refused, not written over it."""
+    other = tmp_path / "other.yaml"
+    other.write_text(experiment_file.read_text().replace("name: v2", "name: v3"))
+    with replica(redis_server.url, prefix, stubs, experiment_file) as a, \
+            replica(redis_server.url, prefix, stubs, other) as c:
+        refused = put_weights(a, {"v2": 0.5})
+        assert refused.status_code == 409 and refused.json()["error"]["code"] == "experiment_conflict"
+        assert "different experiment files" in refused.json()["error"]["message"]
+        ok = requests.put(f"{c.url}/admin/experiments/chat/weights", json={"weights": {"v3": 0.3}}, headers=AUTH,
+                          timeout=5)
+        assert ok.status_code == 200
+        time.sleep(0.5)
+        assert weights(a) == (0, {"v1": 0.9, "v2": 0.1})  # its own file's weights: the alert's business
+        entry = orjson.loads(redis_server.client().get(f"{prefix}:experiment:chat"))
+        assert entry["variants"] == ["v1", "v3"] and entry["weights"] == [0.7, 0.3]

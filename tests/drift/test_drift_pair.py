@@ -1,0 +1,137 @@
+"""A drift pair, the way Prometheus runs for high availability: the gateway sends every
+feature record and rating to each drift service through a queue of its own. One down
+neither slows nor drops what goes to the other; back, it gets everything it missed (the
+gateway held it), and then both give the same windows, verdicts and A/B decision.
+
+Real drift services (their apps under uvicorn, SQLite on disk), the real gateway, a stub
+upstream for answers."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import requests
+
+from inferwatch.drift.service import DriftSettings, create_app
+from inferwatch.serving.settings import GatewaySettings
+from tests.support.servers import AppServer, GatewayServer, metric_sum
+from tests.support.sockets import free_port
+from tests.support.stub_upstream import StubUpstream
+from tests.support.waiting import eventually
+
+CHAT = "/v1/chat/completions"
+USERS = 40
+
+
+@pytest.fixture(scope="module")
+def stub():
+    with StubUpstream() as s:
+        yield s
+
+
+def drift_app(tmp_path, name: str):
+    return create_app(DriftSettings(db_path=str(tmp_path / f"{name}.sqlite3")))
+
+
+def ingested(drift: AppServer) -> float:
+    return metric_sum(drift.metrics_text(), "inferwatch_drift_ingested_records_total")
+
+
+def without_clock(doc: object) -> object:
+    """The JSON with what depends on when it was asked (the clock, ages) left out."""
+    if isinstance(doc, dict):
+        return {k: without_clock(v) for k, v in doc.items()
+                if not (k.endswith("_at") or k in ("now", "age_s", "window_end", "window_start", "generated"))}
+    if isinstance(doc, list):
+        return [without_clock(v) for v in doc]
+    return doc
+
+
+def views(drift: AppServer) -> dict:
+    ab = requests.get(f"{drift.url}/v1/ab/chat", params={"control": "v1", "treatment": "v2", "min_units": 10},
+                      timeout=10)
+    assert ab.status_code == 200, ab.text
+    return {"drift": without_clock(requests.get(drift.url + "/v1/drift", timeout=10).json()),
+            "ab": without_clock(ab.json())}
+
+
+def test_one_drift_service_down_costs_the_other_nothing_and_it_catches_up_when_back(stub, tmp_path):
+    experiments = tmp_path / "experiments.yaml"
+    experiments.write_text(f"""
+experiments:
+  chat:
+    name: pair
+    variants:
+      - {{name: v1, upstream_url: "{stub.url}", model: ok, weight: 0.5}}
+      - {{name: v2, upstream_url: "{stub.url}", model: ok, weight: 0.5}}
+""")
+    b_port = free_port()
+    b_url = f"http://127.0.0.1:{b_port}"
+    with AppServer(drift_app(tmp_path, "a")) as a:
+        settings = GatewaySettings(upstream_url=stub.url, drift_urls=[a.url, b_url], feature_flush_s=0.05,
+                                   experiment_file=experiments)
+        with GatewayServer(settings) as gw:
+            took, ids = [], []
+            started = time.time()
+            for i in range(USERS):  # B is down the whole time
+                t0 = time.monotonic()
+                r = requests.post(gw.url + CHAT, json={"model": "chat", "user": f"user-{i}",
+                                                       "messages": [{"role": "user", "content": "hi"}]}, timeout=10)
+                took.append(time.monotonic() - t0)
+                assert r.status_code == 200
+                ids.append(r.json()["id"])
+            assert sorted(took)[USERS // 2] < 0.05
+            for rid in ids[:10]:
+                fb = requests.post(gw.url + "/v1/feedback", json={"response_id": rid, "thumbs": "up"}, timeout=10)
+                assert fb.status_code == 200, fb.text  # taken by A
+            eventually(lambda: ingested(a) == USERS, timeout_s=10)
+            text = gw.metrics_text()
+            assert metric_sum(text, "inferwatch_gateway_feature_records_total", outcome="sent", destination=a.url) \
+                == USERS
+            assert metric_sum(text, "inferwatch_gateway_feature_queue_depth", destination=b_url) == USERS  # held
+            assert metric_sum(text, "inferwatch_gateway_rating_queue_depth", destination=b_url) == 10
+            assert metric_sum(text, "inferwatch_gateway_delivery_failures_total", destination=b_url) > 0
+            assert metric_sum(text, "inferwatch_gateway_feature_records_total", outcome="dropped_send_error") == 0
+
+            with AppServer(drift_app(tmp_path, "b"), port=b_port) as b:  # B is back, on its address
+                eventually(lambda: ingested(b) == USERS, timeout_s=20)  # within the retry backoff (10 s at most)
+                eventually(lambda: metric_sum(gw.metrics_text(), "inferwatch_gateway_rating_queue_depth",
+                                              destination=b_url) == 0, timeout_s=20)
+                # a baseline reaches both the documented way: the same POST to each replica
+                window = {"model": "chat", "variant": "v1", "from": started - 60, "to": time.time() + 1}
+                for drift in (a, b):
+                    r = requests.post(drift.url + "/v1/baselines", json=window, timeout=10)
+                    assert r.status_code in (200, 201), r.text
+                baselines = [without_clock(requests.get(d.url + "/v1/baselines", timeout=10).json()) for d in (a, b)]
+                assert baselines[0] == baselines[1] and baselines[0]
+                first, second = views(a), views(b)
+                assert first["ab"]["units"] == {"control": first["ab"]["units"]["control"],
+                                                "treatment": USERS - first["ab"]["units"]["control"]}
+                assert first["ab"]["metrics"]["feedback"]["n"] == second["ab"]["metrics"]["feedback"]["n"]
+                assert sum(first["ab"]["metrics"]["feedback"]["n"].values()) == 10
+                assert first == second
+            text = gw.metrics_text()
+            assert metric_sum(text, "inferwatch_gateway_feature_records_total", outcome="sent", destination=b_url) \
+                == USERS
+            assert metric_sum(text, "inferwatch_gateway_feature_records_total", outcome="dropped_full") == 0
+
+
+def test_a_rating_neither_drift_service_takes_is_refused_and_not_queued(stub, tmp_path):
+    down = [f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"]
+    settings = GatewaySettings(upstream_url=stub.url, drift_urls=down, feature_flush_s=0.05)
+    with GatewayServer(settings) as gw:
+        r = requests.post(gw.url + CHAT, json={"model": "ok", "messages": [{"role": "user", "content": "hi"}]},
+                          timeout=10)
+        fb = requests.post(gw.url + "/v1/feedback", json={"response_id": r.json()["id"], "thumbs": "up"}, timeout=10)
+        assert fb.status_code == 503 and fb.json()["error"]["code"] == "feedback_unavailable"
+        assert metric_sum(gw.metrics_text(), "inferwatch_gateway_rating_queue_depth") == 0  # the client retries
+
+
+@pytest.mark.parametrize("urls", ["http://a:1,http://a:1", "http://a:1,ftp://b", "http://a:1 http://b:2", "http://"])
+def test_drift_urls_that_cannot_work_are_refused_at_start(urls, monkeypatch):
+    from pydantic import ValidationError
+    monkeypatch.setenv("INFERWATCH_GATEWAY_DRIFT_URLS", urls)
+    with pytest.raises(ValidationError) as info:
+        GatewaySettings()
+    assert "drift_urls" in str(info.value)
