@@ -20,7 +20,9 @@ class GatewaySettings(BaseSettings):
     The instance is frozen so no code path can change configuration behind a test's back.
     """
 
-    model_config = SettingsConfigDict(env_prefix="INFERWATCH_GATEWAY_", frozen=True, extra="forbid")
+    # hide_input_in_errors: a refused value is never echoed (a Redis URL or a key carries a secret)
+    model_config = SettingsConfigDict(env_prefix="INFERWATCH_GATEWAY_", frozen=True, extra="forbid",
+                                      hide_input_in_errors=True)
 
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=1, le=65535)

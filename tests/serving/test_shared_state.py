@@ -331,11 +331,12 @@ def test_an_unreachable_redis_at_start_starts_degraded_and_loudly(stubs, experim
 
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:6379", "redis://h:port", "redis://", "redis://h:6379/zero",
-                                 "redis://h:70000"])
+                                 "redis://h:70000", "redis://:s3cret@h:port"])
 def test_a_redis_url_that_cannot_be_used_is_refused_at_start(url):
     with pytest.raises(ValidationError) as info:
         GatewaySettings(redis_url=url)
     assert "redis_url" in str(info.value) and ("redis://" in str(info.value) or "Redis URL" in str(info.value))
+    assert "s3cret" not in str(info.value)  # the refused value is never echoed: it may carry a password
 
 
 def test_limits_key_ids_are_shared_by_name(redis_server, prefix, stubs, tmp_path):
