@@ -8,6 +8,7 @@ upstream for answers."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -22,6 +23,8 @@ from tests.support.waiting import eventually
 
 CHAT = "/v1/chat/completions"
 USERS = 40
+# what in the HTML report depends on when it was drawn: dates and times, ages in seconds
+CLOCK = re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d(:\d\d(\.\d+)?)?(Z|[+-]\d\d:?\d\d| UTC)?|\b\d+(\.\d+)? ?s ago\b")
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +114,8 @@ experiments:
                 assert first["ab"]["metrics"]["feedback"]["n"] == second["ab"]["metrics"]["feedback"]["n"]
                 assert sum(first["ab"]["metrics"]["feedback"]["n"].values()) == 10
                 assert first == second
+                reports = [re.sub(CLOCK, "<time>", requests.get(d.url + "/report", timeout=30).text) for d in (a, b)]
+                assert reports[0] == reports[1] and "pair" in reports[0]  # the HTML report too, clock aside
             text = gw.metrics_text()
             assert metric_sum(text, "inferwatch_gateway_feature_records_total", outcome="sent", destination=b_url) \
                 == USERS
