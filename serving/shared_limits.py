@@ -128,6 +128,7 @@ class _Shared:
     taking_slot: asyncio.Task | None = None
     requests_exhausted_until: float = 0.0  # the shared bucket said empty: refuse locally until then
     slots_exhausted_until: float = 0.0  # no slot was free anywhere: refuse until then (a moment)
+    slots_told_at: float = 0.0  # when Redis last heard that the slots held are still held
     forced_slots: int = 0  # slots taken without asking (Redis slower than the bound): told to Redis at the next sync
     limits: Limits = field(default_factory=Limits)
 
@@ -353,12 +354,14 @@ class SharedAdmission:
                 acc.forced_slots -= forced
             if limit is not None and acc.slots and acc.taking_slot is None:
                 idle = acc.slots - acc.in_flight if now - acc.slots_used_at > LEASE_IDLE_S else 0
-                await self.shared.run(  # give back idle slots, or say the ones held still are
-                    "limits_sync", lambda c: self._slots(keys=[self._key(scope, name, "in_flight")],
-                                                         args=[self.shared.replica, -idle, limit, STALE_S, 0],
-                                                         client=c),
-                    BACKGROUND_TIMEOUT_S)
-                acc.slots -= idle
+                if idle or now - acc.slots_told_at > STALE_S / 3:  # give back idle slots, or say the held still are
+                    await self.shared.run(
+                        "limits_sync", lambda c: self._slots(keys=[self._key(scope, name, "in_flight")],
+                                                             args=[self.shared.replica, -idle, limit, STALE_S, 0],
+                                                             client=c),
+                        BACKGROUND_TIMEOUT_S)
+                    acc.slots -= idle
+                    acc.slots_told_at = now
 
 
 def lease_size(per_minute: float) -> int:
