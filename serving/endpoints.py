@@ -106,7 +106,13 @@ class Endpoints:
         if self.feedback_sink is None:
             raise GatewayError(503, "feedback_unavailable", "Feedback has nowhere to go: set "
                                "INFERWATCH_GATEWAY_DRIFT_URL.", error_type=errors.UPSTREAM)
-        if not await self.answers.claim(rating.response_id, answer):
+        try:
+            first = await self.answers.claim(rating.response_id, answer)
+        except SharedStateUnavailable:
+            raise GatewayError(503, "shared_state_unavailable", f"The answer '{rating.response_id[:80]}' was given "
+                               "by another gateway replica, and the replicas' shared state (Redis) does not answer to "
+                               "say whether it was rated already; retry later.", error_type=errors.UPSTREAM) from None
+        if not first:
             raise GatewayError(409, "already_rated", f"The answer '{rating.response_id[:80]}' has been rated "
                                "already; each answer counts once.", param="response_id")
         a = answer.assignment

@@ -72,18 +72,22 @@ class AnswerMemory:
         return Answer(model, variant, assignment, self.clock())
 
     async def claim(self, response_id: str, answer: Answer) -> bool:
-        """Whether this rating is the answer's first: across replicas through Redis, or by this
-        replica's own mark while Redis does not answer. Marked before the caller's await, so a
-        concurrent rating of the same answer gets the 409 instead of also passing."""
+        """Whether this rating is the answer's first: across replicas through Redis, or, for this
+        replica's own answer while Redis does not answer, by its own mark (another replica's
+        answer then raises ``SharedStateUnavailable``: a 503, not a guess)."""
+        if answer.rated:
+            return False
         if self.shared is not None:
             try:
                 first = await self.shared.claim(response_id)
             except SharedStateUnavailable:
-                first = not answer.rated
+                if self._answers.get(response_id) is not answer:
+                    raise  # another replica's answer: only Redis can say whether it was rated
+                first = not answer.rated  # this replica's own: its mark, written to Redis later
                 if first:
                     self.shared.claimed_here(response_id)
         else:
-            first = not answer.rated
+            first = True
         answer.rated = answer.rated or first
         return first
 
@@ -91,6 +95,7 @@ class AnswerMemory:
         """The rating did not reach the drift service: the answer may be rated again."""
         answer.rated = False
         if self.shared is not None:
+            self.shared.forget_claim(response_id)
             try:
                 await self.shared.unclaim(response_id)
             except SharedStateUnavailable:

@@ -48,6 +48,7 @@ class SharedAnswers:
         self._pending: dict[str, bytes] = {}
         self._claims: list[str] = []  # ratings claimed here while Redis did not answer
         self._flushing: asyncio.Task | None = None
+        self._retry_armed = False
         self._hours = math.ceil(ttl_s / HOUR_S) + 1
 
     def remember(self, response_id: str, model: str, variant: str, assignment: Assignment | None) -> None:
@@ -63,25 +64,42 @@ class SharedAnswers:
             self._claims.append(response_id)
         self._schedule()
 
-    def _schedule(self) -> None:
+    def _schedule(self, retry: bool = False) -> None:
+        """Flush soon; while Redis is down only the retry timer does (every ``RETRY_S``)."""
+        if retry:
+            self._retry_armed = False
+        if not (retry or self.shared.up):
+            if not self._retry_armed:
+                self._retry_armed = True
+                asyncio.get_running_loop().call_later(RETRY_S, self._schedule, True)
+            return
         if self._flushing is None:
             self._flushing = asyncio.get_running_loop().create_task(self._flush_soon())
 
     async def _flush_soon(self) -> None:
+        """One flush at a time: what arrives meanwhile waits for the next (a silent Redis would
+        otherwise get a new connection every ``FLUSH_S``)."""
         try:
             await asyncio.sleep(FLUSH_S)
+            ok = await self.flush()
         finally:
             self._flushing = None
-        await self.flush()
+        if ok and (self._pending or self._claims):
+            self._schedule()
 
-    async def flush(self) -> None:
+    def forget_claim(self, response_id: str) -> None:
+        """A claim made here and given back before it reached Redis."""
+        if response_id in self._claims:
+            self._claims.remove(response_id)
+
+    async def flush(self) -> bool:
         """Write what is pending; while Redis fails, keep it (up to ``MAX_HELD``) and try again
         every ``RETRY_S``: answers given and ratings claimed during an outage reach the other
         replicas when it ends."""
         pending, self._pending = self._pending, {}
         claims, self._claims = self._claims, []
         if not pending and not claims:
-            return
+            return True
         key = self.shared.key("answers", str(int(self.wall() // HOUR_S)))
 
         async def write(client: Redis) -> None:
@@ -101,7 +119,11 @@ class SharedAnswers:
                 if len(self._pending) >= MAX_HELD:
                     break
                 self._pending.setdefault(rid, value)
-            asyncio.get_running_loop().call_later(RETRY_S, self._schedule)
+            if not self._retry_armed:
+                self._retry_armed = True
+                asyncio.get_running_loop().call_later(RETRY_S, self._schedule, True)
+            return False
+        return True
 
     async def find(self, response_id: str) -> Remembered | None:
         """The answer another replica gave, if any within the TTL (raises ``SharedStateUnavailable``)."""

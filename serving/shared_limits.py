@@ -72,34 +72,37 @@ redis.call('EXPIRE', KEYS[1], math.ceil((cap - level) * 60 / rate) + 60)
 return {granted, tostring(level)}
 """
 
-# Slots in flight: KEYS[1] maps replica -> "held:when". Take ARGV[2] > 0 slots if the limit
-# ARGV[3] allows (all or nothing; with ARGV[5] = 1, whatever it says: slots already in use),
-# give back -ARGV[2], or (0) say the slots held are still held; holders silent for ARGV[4]
-# seconds are gone. Returns the slots granted.
+# Slots in flight: KEYS[1] maps replica -> "held:when". A replica says how many slots it
+# wants to hold in all (ARGV[2]); it gets them if the limit ARGV[3] allows what the others
+# hold plus that (or always, with ARGV[5] = 1: giving back, saying what it holds, or slots
+# already in use), else keeps ARGV[6]. Absolute counts, not changes: a call lost or
+# repeated, or an entry dropped meanwhile, is repaired by the next. Holders silent for
+# ARGV[4] seconds are gone. Returns 1 if granted.
 SLOTS = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-local me, change, limit, stale, force = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+local me, want, limit, stale, force, keep = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]),
+  ARGV[5], tonumber(ARGV[6])
 local entries = redis.call('HGETALL', KEYS[1])
-local others, mine = 0, 0
+local others = 0
 for i = 1, #entries, 2 do
-  local v = entries[i + 1]
-  local sep = string.find(v, ':', 1, true)
-  local held, at = tonumber(string.sub(v, 1, sep - 1)), tonumber(string.sub(v, sep + 1))
-  if entries[i] == me then
-    mine = held
-  elseif now - at > stale then
-    redis.call('HDEL', KEYS[1], entries[i])
-  else
-    others = others + held
+  if entries[i] ~= me then
+    local v = entries[i + 1]
+    local sep = string.find(v, ':', 1, true)
+    local held = sep and tonumber(string.sub(v, 1, sep - 1)) or 0
+    local at = sep and tonumber(string.sub(v, sep + 1)) or 0
+    if now - at > stale then
+      redis.call('HDEL', KEYS[1], entries[i])
+    else
+      others = others + held
+    end
   end
 end
 local granted = 0
-if change > 0 then
-  if force == '1' or others + mine + change <= limit then granted = change end
-  mine = mine + granted
-else
-  mine = math.max(0, mine + change)
+local mine = keep
+if force == '1' or others + want <= limit then
+  granted = 1
+  mine = want
 end
 redis.call('HSET', KEYS[1], me, mine .. ':' .. now)
 redis.call('EXPIRE', KEYS[1], math.ceil(stale) + 1)
@@ -228,9 +231,11 @@ class SharedAdmission:
             limit = acc.limits.max_in_flight
             if limit is None:
                 return
+            held = acc.slots
             granted = await self.shared.run(
                 "limits_lease", lambda c: self._slots(keys=[self._key(scope, name, "in_flight")],
-                                                      args=[self.shared.replica, 1, limit, STALE_S, 0], client=c),
+                                                      args=[self.shared.replica, held + 1, limit, STALE_S, 0, held],
+                                                      client=c),
                 BACKGROUND_TIMEOUT_S)
             acc.slots += int(granted)
             if not granted:  # every slot is held: refuse here for a moment rather than ask per request
@@ -314,54 +319,58 @@ class SharedAdmission:
                 acc.tokens_unsent += tokens
 
     async def sync(self) -> None:
-        """Charge tokens used, give back idle leases and slots, keep the slots held alive."""
+        """Charge tokens used and debts, give back idle leases and slots, say what slots are held."""
         now = time.monotonic()
         for (scope, name), acc in list(self._accounts.items()):
-            limits = acc.limits
-            tpm = limits.tokens_per_minute
-            if tpm is not None and (acc.tokens_unsent or acc.tokens_level is None or acc.tokens_level < tpm):
-                # charge what was used; with nothing to charge, learn how far the bucket refilled
-                # (a replica that refuses everything uses nothing and must still see the refill)
-                unsent = acc.tokens_unsent
-                _, level = await self.shared.run(
-                    "limits_sync", lambda c: self._bucket(keys=[self._key(scope, name, "tokens")],
-                                                          args=[tpm, max(tpm, 1.0), unsent, "charge"], client=c),
-                    BACKGROUND_TIMEOUT_S)
-                acc.tokens_unsent -= unsent
-                acc.tokens_level, acc.tokens_learned_at = float(level), time.monotonic()
-            rpm = limits.requests_per_minute
-            if rpm is not None and acc.owed and acc.taking is None:
-                owed = acc.owed
+            try:
+                await self._sync_account(scope, name, acc, now)
+            except SharedStateUnavailable:
+                if not self.shared.up:
+                    return  # Redis is down: the next pass, after it answers
+                # Redis refused this account's call: the others still get theirs
+
+    async def _sync_account(self, scope: Scope, name: str, acc: _Shared, now: float) -> None:
+        limits = acc.limits
+        tpm = limits.tokens_per_minute
+        if tpm is not None and (acc.tokens_unsent or acc.tokens_level is None or acc.tokens_level < tpm):
+            # charge what was used; with nothing to charge, learn how far the bucket refilled
+            # (a replica that refuses everything uses nothing and must still see the refill)
+            unsent = acc.tokens_unsent
+            _, level = await self.shared.run(
+                "limits_sync", lambda c: self._bucket(keys=[self._key(scope, name, "tokens")],
+                                                      args=[tpm, max(tpm, 1.0), unsent, "charge"], client=c),
+                BACKGROUND_TIMEOUT_S)
+            acc.tokens_unsent -= unsent
+            acc.tokens_level, acc.tokens_learned_at = float(level), time.monotonic()
+        rpm = limits.requests_per_minute
+        if rpm is not None and acc.owed and acc.taking is None:
+            owed = acc.owed
+            await self.shared.run(
+                "limits_sync", lambda c: self._bucket(keys=[self._key(scope, name, "requests")],
+                                                      args=[rpm, max(rpm, 1.0), owed, "charge"], client=c),
+                BACKGROUND_TIMEOUT_S)
+            acc.owed -= owed
+        if rpm is not None and acc.lease > 0 and acc.taking is None and now - acc.lease_used_at > LEASE_IDLE_S:
+            back, acc.lease = acc.lease, 0
+            await self.shared.run(
+                "limits_sync", lambda c: self._bucket(keys=[self._key(scope, name, "requests")],
+                                                      args=[rpm, max(rpm, 1.0), back, "put"], client=c),
+                BACKGROUND_TIMEOUT_S)
+        limit = limits.max_in_flight
+        if limit is not None and acc.taking_slot is None and (acc.slots or acc.forced_slots):
+            idle = max(0, acc.slots - acc.in_flight) if now - acc.slots_used_at > LEASE_IDLE_S else 0
+            if idle or acc.forced_slots or now - acc.slots_told_at > STALE_S / 3:
+                # what this replica holds, in all: slots given back idle are gone before the
+                # await (a request meanwhile asks for one), slots taken owing are counted
+                acc.slots -= idle
+                acc.forced_slots = 0
+                held = acc.slots
                 await self.shared.run(
-                    "limits_sync", lambda c: self._bucket(keys=[self._key(scope, name, "requests")],
-                                                          args=[rpm, max(rpm, 1.0), owed, "charge"], client=c),
-                    BACKGROUND_TIMEOUT_S)
-                acc.owed -= owed
-            if rpm is not None and acc.lease > 0 and acc.taking is None and now - acc.lease_used_at > LEASE_IDLE_S:
-                back, acc.lease = acc.lease, 0
-                await self.shared.run(
-                    "limits_sync", lambda c: self._bucket(keys=[self._key(scope, name, "requests")],
-                                                          args=[rpm, max(rpm, 1.0), back, "put"], client=c),
-                    BACKGROUND_TIMEOUT_S)
-            limit = limits.max_in_flight
-            if limit is not None and acc.forced_slots and acc.taking_slot is None:
-                forced = acc.forced_slots
-                await self.shared.run(  # held already: counted whatever the limit says
                     "limits_sync", lambda c: self._slots(keys=[self._key(scope, name, "in_flight")],
-                                                         args=[self.shared.replica, forced, limit, STALE_S, 1],
+                                                         args=[self.shared.replica, held, limit, STALE_S, 1, held],
                                                          client=c),
                     BACKGROUND_TIMEOUT_S)
-                acc.forced_slots -= forced
-            if limit is not None and acc.slots and acc.taking_slot is None:
-                idle = acc.slots - acc.in_flight if now - acc.slots_used_at > LEASE_IDLE_S else 0
-                if idle or now - acc.slots_told_at > STALE_S / 3:  # give back idle slots, or say the held still are
-                    await self.shared.run(
-                        "limits_sync", lambda c: self._slots(keys=[self._key(scope, name, "in_flight")],
-                                                             args=[self.shared.replica, -idle, limit, STALE_S, 0],
-                                                             client=c),
-                        BACKGROUND_TIMEOUT_S)
-                    acc.slots -= idle
-                    acc.slots_told_at = now
+                acc.slots_told_at = now
 
 
 def lease_size(per_minute: float) -> int:

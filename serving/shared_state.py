@@ -27,7 +27,7 @@ from prometheus_client import Counter, Gauge
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import ConnectionError, RedisError, TimeoutError as RedisTimeoutError
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,11 @@ class SharedState:
         except (RedisError, OSError, TimeoutError) as exc:
             reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             self._errors.labels(op).inc()
+            if not isinstance(exc, (ConnectionError, OSError, TimeoutError, RedisTimeoutError)):
+                # Redis answered, with an error (a script's, a transaction that kept conflicting):
+                # this operation failed, the link is not down
+                log.warning("shared state (Redis) refused %s: %s", op, reason)
+                raise SharedStateUnavailable(f"Redis refused {op}: {reason}") from None
             if self._failing is None:
                 self._failing = reason
                 log.error("shared state (Redis) unavailable at %s: %s; going on with what this replica knows",
@@ -130,7 +135,7 @@ class SharedState:
                 return (await pipe.execute())[2]
 
         entries = await self.run("heartbeat", call, BACKGROUND_TIMEOUT_S)
-        gone = [r for r, at in entries.items() if wall - float(at) > REPLICA_STALE_S]
+        gone = [r for r, at in entries.items() if wall - _seconds(at) > REPLICA_STALE_S]
         self.replicas = max(1, len(entries) - len(gone))
         if gone:
             await self.run("heartbeat", lambda c: c.hdel(key, *gone), BACKGROUND_TIMEOUT_S)
@@ -143,6 +148,14 @@ class SharedState:
         except SharedStateUnavailable:
             pass
         await self.client.aclose()
+
+
+def _seconds(value: bytes) -> float:
+    """A heartbeat's time; anything unreadable (written by hand) counts as long gone."""
+    try:
+        return float(value)
+    except ValueError:
+        return 0.0
 
 
 async def every(interval_s: float, step: Callable[[], Awaitable[None]], name: str) -> None:

@@ -59,24 +59,42 @@ class SharedWeights:
         models = list(self.keys)
 
         async def read_and_settle(client: Redis) -> dict[str, Split]:
-            raw = await client.mget([self.keys[m] for m in models])
-            splits, writes = {}, {}
-            for model, value in zip(models, raw):
-                entry = _decode(value)
-                if value is not None and not isinstance(entry, dict):
-                    log.error("experiment (model %s): the entry in Redis (%s) cannot be read; starting from the "
-                              "file, and replicas routing by a later epoch will write theirs over it", model,
-                              self.keys[model])
-                split, applied = split_from_state(model, self.spec.experiments[model], entry,
-                                                  f"Redis ({self.keys[model]})", self.source)
-                splits[model] = split
-                if not applied:
-                    writes[self.keys[model]] = self._entry(split)
-            if writes:
-                await client.mset(writes)
-            return splits
+            keys = [self.keys[m] for m in models]
+            async with client.pipeline(transaction=True) as pipe:
+                for _ in range(MAX_TRANSACTION_ATTEMPTS):
+                    try:  # as one transaction: a change made meanwhile is never written over
+                        await pipe.watch(*keys)
+                        raw = await pipe.mget(keys)
+                        splits, writes = self._settle(models, raw)
+                        if writes:
+                            pipe.multi()
+                            pipe.mset(writes)
+                            await pipe.execute()
+                        else:
+                            await pipe.reset()
+                        return splits
+                    except WatchError:
+                        continue
+            raise WatchError(f"the experiment keys changed under {MAX_TRANSACTION_ATTEMPTS} attempts in a row")
 
         return await self.shared.run("weights_load", read_and_settle, BACKGROUND_TIMEOUT_S)
+
+    def _settle(self, models: list[str], raw: list[bytes | None]) -> tuple[dict[str, Split], dict[str, bytes]]:
+        """The splits to start with from what Redis holds, and the entries to write for the ones
+        it holds none applying to this file (a new experiment, an edited file: the next epoch)."""
+        splits, writes = {}, {}
+        for model, value in zip(models, raw):
+            entry = _decode(value)
+            if value is not None and not isinstance(entry, dict):
+                log.error("experiment (model %s): the entry in Redis (%s) cannot be read; starting from the "
+                          "file, and replicas routing by a later epoch will write theirs over it", model,
+                          self.keys[model])
+            split, applied = split_from_state(model, self.spec.experiments[model], entry,
+                                              f"Redis ({self.keys[model]})", self.source)
+            splits[model] = split
+            if not applied:
+                writes[self.keys[model]] = self._entry(split)
+        return splits, writes
 
     async def poll(self, splits: Mapping[str, Split]) -> dict[str, Split]:
         """The splits whose entry in Redis has a later epoch than ``splits`` (raises

@@ -306,8 +306,15 @@ def test_redis_down_or_silent_fails_no_request_and_the_gateway_recovers_by_itsel
             eventually(lambda: all(metric_sum(g.metrics_text(), "inferwatch_gateway_shared_state_up") == 1
                                    for g in (a, b)), timeout_s=5)
             # the claim made without Redis reached it: no other replica rates that answer again
-            eventually(lambda: requests.post(b.url + "/v1/feedback", json={"response_id": own, "thumbs": "up"},
-                                             timeout=5).status_code == 409, timeout_s=5)
+            seen: list[int] = []
+
+            def rated_elsewhere() -> bool:
+                seen.append(requests.post(b.url + "/v1/feedback", json={"response_id": own, "thumbs": "up"},
+                                          timeout=5).status_code)
+                return seen[-1] == 409
+
+            eventually(rated_elsewhere, timeout_s=5)
+            assert 200 not in seen, seen  # never counted a second time on the way
             assert put_weights(b, {"v2": 0}).status_code == 200
             eventually(lambda: weights(a) == (2, {"v1": 1.0, "v2": 0.0}), timeout_s=1.0)
 
@@ -424,3 +431,34 @@ def test_a_weight_change_refuses_to_overwrite_another_experiment_files_weights(r
         assert weights(a) == (0, {"v1": 0.9, "v2": 0.1})  # its own file's weights: the alert's business
         entry = orjson.loads(redis_server.client().get(f"{prefix}:experiment:chat"))
         assert entry["variants"] == ["v1", "v3"] and entry["weights"] == [0.7, 0.3]
+
+
+def test_slots_held_are_told_again_after_redis_lost_them(redis_server, prefix, stubs, tmp_path):
+    """Counts are absolute: an entry dropped (a restart, a long silence) is rebuilt within a
+    second by the replica that holds the slots, and the limit holds again across replicas."""
+    limits = tmp_path / "limits.yaml"
+    limits.write_text("models: {stall_stream: {max_in_flight: 4}}\n")
+    extra = {"limits_file": limits, "upstream_stream_idle_timeout_s": 30.0}
+
+    def start(gw) -> requests.Response:
+        return requests.post(gw.url + "/v1/chat/completions", stream=True, timeout=10, json={
+            "model": "stall_stream", "messages": [{"role": "user", "content": "hi"}], "stream": True})
+
+    with replica(redis_server.url, prefix, stubs, **extra) as a, replica(redis_server.url, prefix, stubs, **extra) as b:
+        held = [start(a) for _ in range(2)]
+        try:
+            assert [r.status_code for r in held] == [200, 200]
+            key = f"{prefix}:limit:model:stall_stream:in_flight"
+            redis_server.client().delete(key)  # Redis forgets who holds what
+            eventually(lambda: sum(int(v.split(b":")[0]) for v in redis_server.client().hgetall(key).values()) == 2,
+                       timeout_s=3)
+            with ThreadPoolExecutor(4) as pool:
+                more = list(pool.map(lambda _: start(b), range(4)))
+            try:
+                assert sorted(r.status_code for r in more) == [200, 200, 429, 429]
+            finally:
+                for r in more:
+                    r.close()
+        finally:
+            for r in held:
+                r.close()
