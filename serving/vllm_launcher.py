@@ -21,6 +21,9 @@ from inferwatch.supervise import ManagedProcess
 class VLLMConfig:
     model: str  # a local folder or a model id vLLM can load
     served_model_name: str
+    # More names the same engine answers to (vLLM's --served-model-name takes several; its
+    # metrics carry the first): two experiment variants on one engine are an exact A/A.
+    aliases: tuple[str, ...] = ()
     host: str = "127.0.0.1"
     port: int = 8000
     max_model_len: int = 512
@@ -40,7 +43,7 @@ def command(cfg: VLLMConfig) -> list[str]:
     argv = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", cfg.model,
-        "--served-model-name", cfg.served_model_name,
+        "--served-model-name", cfg.served_model_name, *cfg.aliases,
         "--host", cfg.host,
         "--port", str(cfg.port),
         "--max-model-len", str(cfg.max_model_len),

@@ -2,18 +2,21 @@
 feedback into a real drift service, its /v1/ab verdict asked as a controller would (no
 weights, no start), a killed canary and a rollback through the admin endpoint.
 
-Three servers serve the same tiny model under different served names: the control and its
-twin with a 32-token context (identical), the canary with 96. Clients that set no
-max_tokens get answers to the end of the context, so the canary answers about three times
-longer: a real difference in answer length, and so in end-to-end latency; nothing else
-differs. The twin is the A/A: a few hundred users of unequal activity at 10 % and at 50 %.
+Two servers serve the same tiny model: the control with a 32-token context, the canary
+with 96. Clients that set no max_tokens get answers to the end of the context, so the
+canary answers about three times longer: a real difference in answer length, and so in
+end-to-end latency; nothing else differs. The A/A splits a few hundred users of unequal
+activity at 10 % and at 50 % between the control and its twin: the same engine under a
+second served name. Two engine processes are not twins on a 2-core box: under load the
+kernel's placement of their threads made one of them three times slower in a CI run
+(+224 % end-to-end, rightly called a rollback), and the question the A/A asks is whether
+the gateway's split and the verdict add a difference, not whether two processes get equal
+CPU. The twin is still a variant of its own: its own upstream model name, assignment,
+feature records and arm in the verdict.
 
 vLLM's CPU build binds each engine's compute threads to cores of its own choosing
 (``VLLM_CPU_OMP_THREADS_BIND=auto``): on a 2-core box it picks core 0 for every server, and
-three engines on one core starve one another unevenly (measured without the gateway: the
-twin's 90th percentile 2.5 s against the control's 1.1 s for 2-token answers, a real
-difference the A/A verdict rightly called). ``nobind`` lets the kernel share both cores
-among them alike (then 0.15 s against 0.15 s per user).
+the engines starve one another. ``nobind`` lets the kernel share both cores among them.
 """
 
 from __future__ import annotations
@@ -43,12 +46,14 @@ MIN_REQUESTS = 30
 
 @pytest.fixture(scope="module")
 def vllms(tiny_model, tmp_path_factory):
-    """Control, canary and the control's twin, started together (startup is most of the cost)."""
+    """The control (also answering as its twin) and the canary, started together (startup is
+    most of the cost)."""
     logs = tmp_path_factory.mktemp("ab-vllm")
     env = dict(os.environ, OMP_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND="nobind")
     servers = []
-    for (name, context), port in zip((("tiny-control", 32), ("tiny-canary", 96), ("tiny-twin", 32)), free_ports(3)):
-        cfg = VLLMConfig(str(tiny_model), name, port=port, dtype="bfloat16", max_model_len=context)
+    for (name, aliases, context), port in zip((("tiny-control", ("tiny-twin",), 32), ("tiny-canary", (), 96)),
+                                              free_ports(2)):
+        cfg = VLLMConfig(str(tiny_model), name, aliases=aliases, port=port, dtype="bfloat16", max_model_len=context)
         proc = vllm_process(cfg, logs / f"{name}.log", env)
         proc.start()
         servers.append(RunningVLLM(cfg, proc))
@@ -84,7 +89,7 @@ def recorded(drift_url: str) -> int:
 
 
 def test_split_verdict_kill_and_rollback(vllms, tmp_path):
-    control, canary, _ = vllms
+    control, canary = vllms
     experiment_file = tmp_path / "experiments.yaml"
     experiment_file.write_text(f"""
 experiments:
@@ -177,13 +182,7 @@ def _users(rng: random.Random, first: int, n: int) -> list[str]:
 def test_identical_servers_at_10_and_50_percent_neither_hold_for_sample_ratio_nor_roll_back(vllms, tmp_path):
     """The A/A through everything real: a few hundred users of unequal activity at 10 %, then
     the same and new users at 50 % (a new weight epoch), each phase judged on its own."""
-    control, _, twin = vllms
-    for server, served in ((control, "tiny-control"), (twin, "tiny-twin")):  # both as warm as each other
-        with ThreadPoolExecutor(6) as pool:
-            warm = list(pool.map(lambda i: requests.post(server.url + "/v1/chat/completions", json={
-                "model": served, "messages": [{"role": "user", "content": f"hi user-{i}"}], "max_tokens": 2},
-                timeout=60).status_code, range(60)))
-        assert set(warm) == {200}
+    control, _ = vllms
     experiment_file = tmp_path / "experiments.yaml"
     experiment_file.write_text(f"""
 experiments:
@@ -191,7 +190,7 @@ experiments:
     name: twins
     variants:
       - {{name: v1, upstream_url: "{control.url}", model: tiny-control, weight: 0.9}}
-      - {{name: v2, upstream_url: "{twin.url}", model: tiny-twin, weight: 0.1}}
+      - {{name: v2, upstream_url: "{control.url}", model: tiny-twin, weight: 0.1}}
 """)
     rng = random.Random(5)
     drift = create_drift_app(DriftSettings(db_path=str(tmp_path / "d.sqlite3")))

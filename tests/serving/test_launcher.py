@@ -33,6 +33,12 @@ def test_command_uses_the_module_entry_point_and_passes_tracing():
     assert "--disable-log-requests" not in argv  # current vLLM refuses to start with it
 
 
+def test_aliases_follow_the_served_name_vllm_labels_its_metrics_with():
+    argv = command(VLLMConfig("/models/tiny", "tiny", aliases=("tiny-twin", "tiny-b")))
+    at = argv.index("--served-model-name")
+    assert argv[at + 1:at + 4] == ["tiny", "tiny-twin", "tiny-b"] and argv[at + 4] == "--host"
+
+
 def test_environment_sets_otlp_protocol_and_keeps_operator_choices():
     cfg = VLLMConfig("m", "m", otlp_traces_endpoint="http://x:4318/v1/traces")
     env = environment(cfg, {"VLLM_CPU_KVCACHE_SPACE": "4", "PATH": "/bin"})
