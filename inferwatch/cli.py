@@ -101,7 +101,7 @@ def vllm(
 def gateway(
     host: Annotated[Optional[str], typer.Option(help="Listen address [INFERWATCH_GATEWAY_HOST].")] = None,
     port: Annotated[Optional[int], typer.Option(help="Listen port [INFERWATCH_GATEWAY_PORT].")] = None,
-    upstream_url: Annotated[Optional[str], typer.Option(help="vLLM base URL [INFERWATCH_GATEWAY_UPSTREAM_URL].")] = None,
+    upstream_url: Annotated[Optional[str], typer.Option(help="vLLM base URL; several replicas comma-separated [INFERWATCH_GATEWAY_UPSTREAM_URL].")] = None,
     variant: Annotated[Optional[str], typer.Option(help="Model version label [INFERWATCH_GATEWAY_VARIANT].")] = None,
     otlp_endpoint: Annotated[Optional[str], typer.Option(help="OTLP endpoint; none disables tracing.")] = None,
     otlp_protocol: Annotated[Optional[str], typer.Option(help="http/protobuf or grpc.")] = None,

@@ -76,8 +76,7 @@ class Endpoints:
     async def list_models(self, request: Request) -> Response:
         self.access.authorize(request.headers)
         try:
-            async with self.upstream.session.get(f"{self.upstream.base_url}/v1/models", headers=self.upstream.headers,
-                                                 timeout=self.upstream.timeout()) as resp:
+            async with self.upstream.get(self.upstream.any_replica(), "/v1/models", self.upstream.timeout()) as resp:
                 raw = await resp.read()
                 if self.experiments is not None and resp.status == 200:
                     raw = self.experiments.with_public_models(raw)

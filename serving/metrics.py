@@ -40,6 +40,15 @@ UPSTREAM_ERROR_REASONS = (
     "bad_response",  # not JSON / not the shape the OpenAI API promises
 )
 
+ENDPOINT_LABELS = ("upstream", "endpoint")
+ENDPOINT_ERROR_REASONS = (
+    "connect",  # refused, unreachable or timed out before any of the request was sent
+    "closed",  # closed the connection after the request was sent, before an answer
+    "http_5xx",
+    "stream_interrupted",
+    "probe",  # its /health did not answer 200
+)
+
 
 @dataclass(frozen=True)
 class GatewayMetrics:
@@ -56,6 +65,12 @@ class GatewayMetrics:
     upstream_errors: Counter
     rejected: Counter
     upstream_up: Gauge
+    endpoint_up: Gauge
+    endpoint_in_flight: Gauge
+    endpoint_requests: Counter
+    endpoint_errors: Counter
+    endpoint_ejections: Counter
+    upstream_retries: Counter
     feature_records: Counter
     feature_queue_depth: Gauge
     rating_deliveries: Counter
@@ -132,6 +147,33 @@ def create_metrics(registry: CollectorRegistry, shared_state: bool = True) -> Ga
         upstream_up=Gauge(
             "upstream_up", "1 if the last model-list probe of the upstream succeeded.",
             ("upstream",), namespace=NAMESPACE, registry=registry,
+        ),
+        # a variant's replicas (serving/upstream_balancer.py): endpoint is ip:port, at most
+        # upstream_max_endpoints per upstream, and a replica gone from DNS takes its series along
+        endpoint_up=Gauge(
+            "upstream_endpoint_up", "1 while the vLLM replica is in rotation; 0 while it is taken out (a failed "
+            "connect, 5xx or broken streams in a row, a failed /health probe) until a probe finds it healthy.",
+            ENDPOINT_LABELS, namespace=NAMESPACE, registry=registry,
+        ),
+        endpoint_in_flight=Gauge(
+            "upstream_endpoint_requests_in_flight", "Requests this gateway has at the vLLM replica now: what "
+            "least-outstanding balancing compares.", ENDPOINT_LABELS, namespace=NAMESPACE, registry=registry,
+        ),
+        endpoint_requests=Counter(
+            "upstream_endpoint_requests", "Requests sent to the vLLM replica, retries included.",
+            ENDPOINT_LABELS, namespace=NAMESPACE, registry=registry,
+        ),
+        endpoint_errors=Counter(
+            "upstream_endpoint_errors", "Failures of the vLLM replica, by reason: " + ", ".join(ENDPOINT_ERROR_REASONS)
+            + ".", (*ENDPOINT_LABELS, "reason"), namespace=NAMESPACE, registry=registry,
+        ),
+        endpoint_ejections=Counter(
+            "upstream_endpoint_ejections", "Times the vLLM replica was taken out of rotation.",
+            ENDPOINT_LABELS, namespace=NAMESPACE, registry=registry,
+        ),
+        upstream_retries=Counter(
+            "upstream_retries", "Requests sent to another replica after one refused the connection (nothing of the "
+            "request had reached vLLM).", ("upstream",), namespace=NAMESPACE, registry=registry,
         ),
         feature_records=Counter(
             "feature_records", "Feature records by outcome and drift service (destination): queued, sent, "

@@ -29,6 +29,7 @@ from inferwatch.serving.exchange import Exchange
 from inferwatch.serving.metrics import UNKNOWN_MODEL, UNROUTED
 from inferwatch.serving.recording import Recorder
 from inferwatch.serving.relay import StreamRelay
+from inferwatch.serving.relay_client import UpstreamResponse
 from inferwatch.serving.request import RequestState
 from inferwatch.serving.routing import Experiments
 from inferwatch.serving.settings import GatewaySettings
@@ -105,6 +106,9 @@ class Proxy:
         from ``cause``), give admission back its ticket with the tokens vLLM used, record it."""
         if reason is not None:
             self.recorder.upstream_error(state, reason, cause)
+        if state.endpoint is not None:
+            state.upstream.balancer.finish(state.endpoint, reason, status)
+            state.endpoint = None
         self.access.release(state, status, account)
         self.recorder.ended(state, status, account, error)
 
@@ -157,9 +161,18 @@ class Proxy:
             return trace.INVALID_SPAN, headers
         span = self.tracer.start_span(f"{OPERATION[req.route]} {req.model}", context=state.ctx, kind=SpanKind.CLIENT,
                                       attributes=request_attributes(req))
-        span.set_attribute("server.address", state.upstream.base_url)
         inject_context(headers, span)
         return span, headers
+
+    @staticmethod
+    async def _send(state: RequestState, span: trace.Span, body: bytes, headers: dict[str, str],
+                    timeout_s: float) -> UpstreamResponse:
+        """The request to one of the variant's replicas; ``settle`` tells the balancer how it ended."""
+        resp, state.endpoint = await state.upstream.balancer.post(state.path, body, headers, timeout_s)
+        if span.is_recording():
+            span.set_attributes({"server.address": state.endpoint.address.ip,
+                                 "server.port": state.endpoint.address.target.port})
+        return resp
 
     async def _unary(self, exchange: Exchange, state: RequestState, req: ParsedRequest, body: bytes) -> None:
         """The whole answer, read from vLLM and handed over. A client that leaves meanwhile
@@ -170,7 +183,7 @@ class Proxy:
             timeout_s = self.settings.upstream_timeout_s
             deadline = time.monotonic() + timeout_s  # the whole answer, headers and body
             try:
-                resp = await state.upstream.pool.post(state.path, body, headers, timeout_s)
+                resp = await self._send(state, span, body, headers, timeout_s)
                 try:
                     raw = await resp.read(deadline)
                 finally:
@@ -233,7 +246,7 @@ class Proxy:
         span, headers = self._upstream_call_span(state, req)
         idle_s = self.settings.upstream_stream_idle_timeout_s
         try:
-            resp = await state.upstream.pool.post(state.path, body, headers, idle_s)
+            resp = await self._send(state, span, body, headers, idle_s)
         except (ConnectionError, TimeoutError) as exc:
             status, reason, failure = classify_failure(exc)
             end_span(span, failure.message)

@@ -12,22 +12,26 @@ vLLM abort the request, which is how a client that goes away stops the engine's 
 from __future__ import annotations
 
 import asyncio
-import ssl
 import time
 from collections import deque
 from typing import Protocol
-from urllib.parse import urlsplit
 
 import httptools
 
 from inferwatch.serving.lazy_timer import SLACK_S, LazyTimer, reached
 
 HIGH_WATER = 1 << 20  # bytes buffered from vLLM before reading pauses (a client slower than vLLM)
-IDLE_KEEP_S = 4.0  # reuse a pooled connection only this long: uvicorn (vLLM's server) closes after 5 s
 
 
 class UpstreamConnectError(ConnectionError):
-    """The request got no response: refused, unreachable, TLS, or closed before an answer."""
+    """The request got no response: refused, unreachable, TLS, or closed before an answer.
+
+    ``request_sent`` says whether any of it was written: only a request vLLM never saw may be
+    sent to another replica (a replica killed while working on it must not run it twice)."""
+
+    def __init__(self, message: str, request_sent: bool = True) -> None:
+        super().__init__(message)
+        self.request_sent = request_sent
 
 
 class UpstreamDisconnected(ConnectionError):
@@ -44,7 +48,15 @@ class BodySink(Protocol):
     def on_error(self, error: ConnectionError) -> None: ...
 
 
-class _Connection(asyncio.Protocol):
+class ConnectionHome(Protocol):
+    """Where a response's connection goes when it ends (serving/upstream_pool.py)."""
+
+    def put(self, conn: UpstreamConnection) -> None: ...
+
+    def discard(self, conn: UpstreamConnection) -> None: ...
+
+
+class UpstreamConnection(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
@@ -116,7 +128,7 @@ class UpstreamResponse:
     End it with ``release`` (the connection goes back to the pool if the response was read
     to its end) or ``close`` (the connection is dropped: vLLM aborts an unfinished request)."""
 
-    def __init__(self, pool: UpstreamPool, conn: _Connection) -> None:
+    def __init__(self, pool: ConnectionHome, conn: UpstreamConnection) -> None:
         self._pool, self._conn = pool, conn
         self.status = 0
         self.keep_alive = False
@@ -276,125 +288,3 @@ class UpstreamResponse:
         self._sink = None
         self._conn.response = None
         self._pool.discard(self._conn)
-
-
-class UpstreamPool:
-    """Keep-alive connections to one vLLM server, at most ``max_connections`` open."""
-
-    def __init__(self, base_url: str, connect_timeout_s: float, max_connections: int) -> None:
-        url = urlsplit(base_url)
-        self.host = url.hostname or "127.0.0.1"
-        self.port = url.port or (443 if url.scheme == "https" else 80)
-        self.ssl = ssl.create_default_context() if url.scheme == "https" else None
-        self.prefix = url.path.rstrip("/").encode()
-        self.host_header = url.netloc.encode()
-        self.connect_timeout_s = connect_timeout_s
-        self._idle: list[_Connection] = []
-        self._waiters: deque[asyncio.Future[_Connection | None]] = deque()
-        self._limit = max_connections
-        self._open = 0
-
-    async def post(self, path: str, body: bytes, headers: dict[str, str], timeout_s: float) -> UpstreamResponse:
-        """Send the request and wait up to ``timeout_s`` for the response's status line.
-
-        A pooled connection that turns out closed before any answer (vLLM's server drops
-        idle ones) is replaced once: nothing of the request reached vLLM."""
-        head = [b"POST %s%s HTTP/1.1\r\nhost: %s\r\ncontent-length: %d\r\n" % (
-            self.prefix, path.encode(), self.host_header, len(body))]
-        head.extend(b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in headers.items())
-        request = b"".join(head) + b"\r\n" + body
-        for attempt in (0, 1):
-            conn, reused = await self._acquire()
-            response = UpstreamResponse(self, conn)
-            conn.response = response
-            assert conn.transport is not None
-            # the deadline counts from the send: a pause of the process between the send and the
-            # wait (a collection of a large heap) must not push it past an answer that came meanwhile
-            deadline = time.monotonic() + timeout_s
-            conn.transport.write(request)
-            try:
-                await response.headers(deadline)
-                return response
-            except UpstreamConnectError:
-                response.close()
-                if not reused or attempt:
-                    raise
-            except BaseException:
-                response.close()
-                raise
-        raise AssertionError("unreachable")
-
-    async def _acquire(self) -> tuple[_Connection, bool]:
-        """A pooled connection, a new one while fewer than the limit are open, or else the
-        first one handed back (or slot freed) while waiting in line."""
-        now = time.monotonic()
-        while self._idle:
-            conn = self._idle.pop()
-            if not conn.lost and now - conn.idle_since < IDLE_KEEP_S:
-                return conn, True
-            self._drop(conn)
-        while self._open >= self._limit:
-            waiter: asyncio.Future[_Connection | None] = asyncio.get_running_loop().create_future()
-            self._waiters.append(waiter)
-            try:
-                handed = await waiter
-            except BaseException:
-                if waiter.done() and not waiter.cancelled() and waiter.result() is not None:
-                    self.put(waiter.result())  # handed over just as we were cancelled: pass it on
-                elif waiter in self._waiters:
-                    self._waiters.remove(waiter)
-                raise
-            if handed is not None:
-                if not handed.lost:
-                    return handed, True
-                self._drop(handed)
-        self._open += 1
-        try:
-            # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns the connection when
-            # the request's cancel (its client left) comes in the loop turn the connect completes
-            # in, and the request then goes to vLLM with nobody left to cut it
-            async with asyncio.timeout(self.connect_timeout_s):
-                conn = await self._connect()
-        except BaseException as exc:
-            self._open -= 1
-            self._hand_over(None)
-            if isinstance(exc, OSError):
-                raise UpstreamConnectError(f"cannot connect to {self.host}:{self.port}: {exc}") from None
-            raise
-        return conn, False
-
-    async def _connect(self) -> _Connection:
-        """A new connection; a refused or reset connect sent nothing of the request and is
-        tried once more (a vLLM that is down refuses the second as fast)."""
-        loop, kwargs = asyncio.get_running_loop(), {"ssl": self.ssl, "server_hostname": self.ssl and self.host}
-        try:
-            return (await loop.create_connection(_Connection, self.host, self.port, **kwargs))[1]
-        except (ConnectionRefusedError, ConnectionResetError):
-            return (await loop.create_connection(_Connection, self.host, self.port, **kwargs))[1]
-
-    def put(self, conn: _Connection) -> None:
-        conn.idle_since = time.monotonic()
-        if not self._hand_over(conn):
-            self._idle.append(conn)
-
-    def discard(self, conn: _Connection) -> None:
-        self._drop(conn)
-
-    def _drop(self, conn: _Connection) -> None:
-        conn.close()
-        self._open -= 1
-        self._hand_over(None)
-
-    def _hand_over(self, conn: _Connection | None) -> bool:
-        """Give a connection (or, with None, a free slot) to the longest waiting request."""
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(conn)
-                return True
-        return False
-
-    def close(self) -> None:
-        for conn in self._idle:
-            conn.close()
-        self._idle.clear()

@@ -16,6 +16,7 @@ from inferwatch.serving.admission import ANONYMOUS, Ticket
 from inferwatch.serving.metrics import UNKNOWN_MODEL
 from inferwatch.serving.split import Assignment
 from inferwatch.serving.upstream import Upstream
+from inferwatch.serving.upstream_balancer import Endpoint
 from inferwatch.serving.validation import ParsedRequest, Route
 
 VARIANT_HEADER = b"x-inferwatch-variant"  # on answers an experiment routed: which variant gave it
@@ -41,6 +42,7 @@ class RequestState:
     response_id: str | None = None  # the answer's id, remembered for feedback
     routed: bool = False  # an experiment chose the variant: the response says which
     forced: bool = False  # the force header picked (or tried to pick) the variant: test traffic, no feature record
+    endpoint: Endpoint | None = None  # the replica the request went to, until it settles
 
     def variant_header(self) -> list[bytes] | None:
         """On answers an experiment routed: which variant gave it."""

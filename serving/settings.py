@@ -6,11 +6,12 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from inferwatch.serving.shared_state import check_redis_url
+from inferwatch.serving.upstream_targets import normalize_upstream
 
 
 class GatewaySettings(BaseSettings):
@@ -26,7 +27,8 @@ class GatewaySettings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=1, le=65535)
-    upstream_url: str = Field("http://127.0.0.1:8000", description="vLLM OpenAI server base URL")
+    upstream_url: str = Field("http://127.0.0.1:8000", description="vLLM OpenAI server base URL; several replicas "
+                              "comma-separated, and a name resolving to several addresses is each of them")
     variant: str = Field("default", min_length=1, max_length=64, description="model version label")
 
     # Limits on what clients may send.
@@ -38,7 +40,18 @@ class GatewaySettings(BaseSettings):
     upstream_connect_timeout_s: float = Field(2.0, gt=0)
     upstream_timeout_s: float = Field(300.0, gt=0)
     upstream_stream_idle_timeout_s: float = Field(60.0, gt=0)
-    upstream_max_connections: int = Field(256, ge=1)
+    upstream_max_connections: int = Field(256, ge=1, description="per replica")
+    # Replicas (serving/upstream_balancer.py): how a request picks one, how often names are
+    # resolved again and replicas probed, when one is taken out and for how long at most.
+    upstream_balance: Literal["least_outstanding", "round_robin"] = "least_outstanding"
+    upstream_resolve_s: float = Field(10.0, gt=0, description="re-resolve upstream names this often")
+    upstream_health_interval_s: float = Field(5.0, gt=0, description="GET /health of each replica this often")
+    upstream_eject_after: int = Field(3, ge=1, description="5xx answers or broken streams in a row that take a "
+                                      "replica out")
+    upstream_eject_max_s: float = Field(10.0, ge=1, description="the longest backoff before an ejected replica "
+                                        "is probed again (it doubles from 1 s with each ejection in a row)")
+    upstream_max_endpoints: int = Field(64, ge=1, le=1024, description="replicas per upstream at most (bounds "
+                                        "the endpoint label)")
     # uvicorn's limit_concurrency, on every route: past this many open connections or requests
     # in progress, a 503 (an OpenAI error on the proxy routes). None: no limit.
     limit_concurrency: int | None = Field(None, ge=1)
@@ -105,7 +118,12 @@ class GatewaySettings(BaseSettings):
             check_redis_url(value.get_secret_value())
         return value
 
-    @field_validator("upstream_url", "drift_url")
+    @field_validator("upstream_url", mode="before")
+    @classmethod
+    def _upstreams(cls, value: object) -> str:
+        return normalize_upstream(value)
+
+    @field_validator("drift_url")
     @classmethod
     def _strip_slash(cls, value: str | None) -> str | None:
         if value is None:

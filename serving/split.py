@@ -25,6 +25,8 @@ import orjson
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from inferwatch.serving.upstream_targets import normalize_upstream
+
 BUCKETS = 10_000  # weights resolve to 1/10,000 of the traffic
 WEIGHT_TOLERANCE = 1e-6
 FORCE_HEADER = "x-inferwatch-variant"  # forces a variant (testing); such requests are not assignments
@@ -44,16 +46,15 @@ class VariantSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(pattern=NAME_PATTERN, description="the variant label on metrics and records")
-    upstream_url: str = Field(description="the vLLM OpenAI server serving it")
+    upstream_url: str = Field(description="the vLLM OpenAI server serving it: one base URL, several "
+                              "comma-separated or a list (replicas), or a name resolving to several addresses")
     model: str = Field(min_length=1, max_length=256, description="the name that upstream serves it under")
     weight: float = Field(ge=0, le=1, allow_inf_nan=False)
 
-    @field_validator("upstream_url")
+    @field_validator("upstream_url", mode="before")
     @classmethod
-    def _url(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")):
-            raise ValueError("must start with http:// or https://")
-        return value.rstrip("/")
+    def _url(cls, value: object) -> str:
+        return normalize_upstream(value)
 
 
 class ExperimentSpec(BaseModel):

@@ -11,16 +11,17 @@ import aiohttp
 import orjson
 
 from inferwatch.serving.metrics import GatewayMetrics
-from inferwatch.serving.relay_client import UpstreamPool
 from inferwatch.serving.settings import GatewaySettings
+from inferwatch.serving.upstream_balancer import Balancer, Endpoint
 from inferwatch.serving.validation import ModelInfo
 
 log = logging.getLogger(__name__)
 
 
 class Upstream:
-    """One vLLM OpenAI server: the proxy routes' connection pool, an aiohttp session for
-    everything else, and its cached model list.
+    """One variant's vLLM OpenAI server, as one replica or several: the proxy routes' balancer
+    over their connection pools (serving/upstream_balancer.py), an aiohttp session for
+    everything else (model lists, health probes), and the cached model list.
 
     The model list is refreshed in the background and on a miss (at most once a second),
     so a model vLLM starts serving is found quickly and an unknown name never costs vLLM
@@ -31,7 +32,8 @@ class Upstream:
     DOWN_RETRY_S = 2.0  # while the upstream is down, so its return shows in upstream_up at once
 
     def __init__(self, settings: GatewaySettings, metrics: GatewayMetrics, base_url: str | None = None) -> None:
-        """``base_url`` defaults to the settings' upstream (an experiment's variant has its own)."""
+        """``base_url`` defaults to the settings' upstream (an experiment's variant has its own);
+        one URL or several, comma-separated."""
         self.base_url = base_url or settings.upstream_url
         self._settings = settings
         self.models: dict[str, ModelInfo] = {}
@@ -39,8 +41,7 @@ class Upstream:
         self.up = True  # as of the last probe
         self._up = metrics.upstream_up.labels(self.base_url)
         self._session: aiohttp.ClientSession | None = None
-        self.pool = UpstreamPool(self.base_url, settings.upstream_connect_timeout_s,
-                                 settings.upstream_max_connections)  # the proxy routes' own client
+        self.balancer = Balancer(self.base_url, settings, metrics, self._probe)  # the proxy routes' own client
         self._refresh_task: asyncio.Task | None = None
         self.on_models: Callable[[Iterable[str]], None] | None = None  # told each model list read
         self._refresh_lock = asyncio.Lock()
@@ -61,6 +62,7 @@ class Upstream:
         return aiohttp.ClientTimeout(total=s.upstream_timeout_s, connect=s.upstream_connect_timeout_s)
 
     async def start(self) -> None:
+        await self.balancer.start()
         await self.refresh_models()
         self._refresh_task = asyncio.get_running_loop().create_task(self._refresh_forever(), name="models-refresh")
 
@@ -68,9 +70,9 @@ class Upstream:
         if self._refresh_task is not None:
             self._refresh_task.cancel()
             await asyncio.gather(self._refresh_task, return_exceptions=True)
+        await self.balancer.close()
         if self._session is not None:
             await self._session.close()
-        self.pool.close()
 
     async def refresh_models(self) -> bool:
         """Re-read /v1/models; True on success. Failure keeps the previous list."""
@@ -78,7 +80,7 @@ class Upstream:
             self._last_refresh = time.monotonic()
             try:
                 timeout = aiohttp.ClientTimeout(total=self._settings.upstream_connect_timeout_s + 3)
-                async with self.session.get(f"{self.base_url}/v1/models", headers=self.headers, timeout=timeout) as r:
+                async with self.get(self.any_replica(), "/v1/models", timeout) as r:
                     r.raise_for_status()
                     data = orjson.loads(await r.read())
                 self.models = {
@@ -105,13 +107,34 @@ class Upstream:
             return False
         return await self.refresh_models()
 
-    async def healthy(self) -> bool:
+    def get(self, endpoint: Endpoint | None, path: str, timeout: aiohttp.ClientTimeout):
+        """GET ``path`` from one replica, at its address with the URL's Host header and TLS name."""
+        if endpoint is None:
+            raise aiohttp.ClientConnectionError(f"no replica of {self.base_url} is known (its name did not resolve)")
+        target = endpoint.address.target
+        headers = {**self.headers, "host": target.netloc}
+        return self.session.get(endpoint.address.url + path, headers=headers, timeout=timeout,
+                                server_hostname=target.host if target.scheme == "https" else None)
+
+    def any_replica(self) -> Endpoint | None:
+        """One in rotation if any, else any known: for what every replica answers alike."""
+        rotation = self.balancer.in_rotation()
+        return rotation[0] if rotation else next(iter(self.balancer.endpoints.values()), None)
+
+    async def _probe(self, endpoint: Endpoint) -> bool:
         try:
             timeout = aiohttp.ClientTimeout(total=self._settings.upstream_connect_timeout_s + 1)
-            async with self.session.get(f"{self.base_url}/health", timeout=timeout) as r:
+            async with self.get(endpoint, "/health", timeout) as r:
                 return r.status == 200
         except (aiohttp.ClientError, TimeoutError):
             return False
+
+    async def healthy(self) -> bool:
+        """Ready when a replica in rotation answers its /health now."""
+        for endpoint in self.balancer.in_rotation()[:3]:
+            if await self._probe(endpoint):
+                return True
+        return False
 
     def unreachable(self, cause: BaseException | None = None) -> None:
         """A request could not reach vLLM: say so in ``upstream_up`` now, and probe again soon

@@ -21,9 +21,6 @@ from inferwatch.supervise import ManagedProcess
 class VLLMConfig:
     model: str  # a local folder or a model id vLLM can load
     served_model_name: str
-    # More names the same engine answers to (vLLM's --served-model-name takes several; its
-    # metrics carry the first): two experiment variants on one engine are an exact A/A.
-    aliases: tuple[str, ...] = ()
     host: str = "127.0.0.1"
     port: int = 8000
     max_model_len: int = 512
@@ -33,6 +30,9 @@ class VLLMConfig:
     cpu_kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE; ignored by the CUDA build
     startup_timeout_s: float = 300.0
     extra_args: tuple[str, ...] = field(default_factory=tuple)
+    # More names the same engine answers to (vLLM's --served-model-name takes several; its
+    # metrics carry the first): two experiment variants on one engine are an exact A/A.
+    aliases: tuple[str, ...] = ()
 
     @property
     def base_url(self) -> str:

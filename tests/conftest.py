@@ -51,7 +51,9 @@ def otlp_receiver():
 def start_vllm(model: Path, log_dir: Path, otlp_endpoint: str | None = None, max_model_len: int = 512) -> RunningVLLM:
     cfg = VLLMConfig(str(model), TINY_MODEL_NAME, port=free_port(), dtype="bfloat16",
                      otlp_traces_endpoint=otlp_endpoint, max_model_len=max_model_len)
-    env = dict(os.environ, OTEL_BSP_SCHEDULE_DELAY="200", OMP_NUM_THREADS="1")
+    # nobind: vLLM's CPU build would pin the engine to core 0, where every other server of the
+    # suite runs too (tests/integration/test_ab_split.py)
+    env = dict(os.environ, OTEL_BSP_SCHEDULE_DELAY="200", OMP_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND="nobind")
     proc = vllm_process(cfg, log_dir / f"vllm-{cfg.port}.log", env)
     proc.start()
     try:

@@ -27,7 +27,7 @@ from contextvars import ContextVar
 import pytest
 import requests
 
-from inferwatch.serving import relay_client
+from inferwatch.serving import relay_client, upstream_pool
 from inferwatch.serving.features import MemorySink
 from inferwatch.serving.settings import GatewaySettings
 from tests.conftest import TINY_MODEL_NAME
@@ -179,7 +179,7 @@ def test_clients_that_leave_as_the_gateway_connects_to_vllm_are_499s_and_cut(vll
     hung_up: list[int] = []
     leaving: list[socket.socket] = []
 
-    class HangingUp(relay_client._Connection):  # noqa: SLF001
+    class HangingUp(relay_client.UpstreamConnection):
         def __init__(self) -> None:
             super().__init__()
             self.client = client.get()  # the protocol factory runs in the request's task
@@ -191,16 +191,16 @@ def test_clients_that_leave_as_the_gateway_connects_to_vllm_are_499s_and_cut(vll
                 _hang_up(sock, index)
                 hung_up.append(index)
 
-    post = relay_client.UpstreamPool.post
+    post = upstream_pool.UpstreamPool.post
 
     async def post_naming_the_client(pool, path, body, headers, timeout_s):
         tag = re.search(rb"leave-(\d+)", body)
         client.set((int(tag[1]), leaving[int(tag[1])]) if tag else None)
         return await post(pool, path, body, headers, timeout_s)
 
-    monkeypatch.setattr(relay_client, "_Connection", HangingUp)
-    monkeypatch.setattr(relay_client.UpstreamPool, "post", post_naming_the_client)
-    monkeypatch.setattr(relay_client.UpstreamPool, "put", relay_client.UpstreamPool.discard)
+    monkeypatch.setattr(upstream_pool, "UpstreamConnection", HangingUp)
+    monkeypatch.setattr(upstream_pool.UpstreamPool, "post", post_naming_the_client)
+    monkeypatch.setattr(upstream_pool.UpstreamPool, "put", upstream_pool.UpstreamPool.discard)
     with Burst(vllm_server) as burst:
         staying = _open(burst.gw, STAYING)
         leaving.extend(_open(burst.gw, LEAVING))

@@ -11,7 +11,7 @@ import pytest
 import uvloop
 
 from inferwatch.serving import relay_client
-from inferwatch.serving.relay_client import UpstreamPool
+from inferwatch.serving.upstream_pool import UpstreamPool
 from inferwatch.serving.settings import GatewaySettings
 from tests.support.servers import GatewayServer, metric_sum
 from tests.support.sockets import connect, post_request, reset
@@ -58,13 +58,13 @@ def test_a_cancel_that_comes_as_the_upstream_connection_is_made_is_not_lost(monk
         pool = UpstreamPool(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", connect_timeout_s=5,
                             max_connections=4)
         task, running = asyncio.current_task(), asyncio.get_running_loop()
-        made = relay_client._Connection.connection_made
+        made = relay_client.UpstreamConnection.connection_made
 
         def leave_in_the_next_turn(self, transport):
             made(self, transport)
             running.call_soon(task.cancel)
 
-        monkeypatch.setattr(relay_client._Connection, "connection_made", leave_in_the_next_turn)
+        monkeypatch.setattr(relay_client.UpstreamConnection, "connection_made", leave_in_the_next_turn)
         cancelled = False
         try:
             async with asyncio.timeout(5):  # not wait_for: it is what is under test

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from inferwatch.serving.relay_client import UpstreamConnectError, UpstreamDisconnected, UpstreamPool
+from inferwatch.serving.relay_client import UpstreamConnectError, UpstreamDisconnected
+from inferwatch.serving.upstream_pool import UpstreamPool
 
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 12\r\n\r\n{\"ok\": true}"
 

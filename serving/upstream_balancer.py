@@ -1,0 +1,305 @@
+"""A variant's vLLM replicas: which one takes each request, and which are out of rotation.
+
+Each request goes to the replica with the fewest requests in flight from this gateway, of
+two drawn at random (power of two choices: near the least loaded without every gateway
+replica herding onto the same one). A replica is taken out of rotation when a connect
+fails, when ``eject_after`` answers in a row are 5xx or broken streams, or when its
+``/health`` probe fails; it comes back when a probe answers 200, after a backoff that
+doubles with each ejection in a row (1 s, 2 s, 4 s ... up to ``upstream_eject_max_s``).
+With every replica out, all of them are tried (Envoy's panic mode): the alternative is
+refusing everything on stale information.
+
+A request is sent to another replica only when the connection could not be made: nothing
+of it reached vLLM, so it cannot run twice. One cut short after it was sent fails.
+
+``Picker`` is the seam for a smarter policy (KV-cache or prefix affinity): it sees the
+replicas in rotation and the request's path and body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
+
+from inferwatch.serving.metrics import GatewayMetrics
+from inferwatch.serving.relay_client import UpstreamConnectError, UpstreamResponse
+from inferwatch.serving.settings import GatewaySettings
+from inferwatch.serving.upstream_pool import UpstreamPool
+from inferwatch.serving.upstream_targets import Address, Target, parse_upstream, resolve
+
+log = logging.getLogger(__name__)
+
+EJECT_BASE_S = 1.0
+PANIC_RESOLVE_MIN_S = 1.0  # with every replica out, resolve names again, at most this often
+MAX_RETRIES = 2  # other replicas tried after a refused connect
+FAILURE_REASONS = frozenset({"http_5xx", "stream_interrupted", "connect"})  # "connect" here: closed before an answer
+
+
+class Endpoint:
+    """One replica: its connection pool, the requests in flight to it from this gateway,
+    and whether it is in rotation."""
+
+    __slots__ = ("address", "pool", "in_flight", "ejected_until", "ejections", "failures_in_row", "next_probe",
+                 "removed", "requests", "_metrics", "_labels")
+
+    def __init__(self, address: Address, settings: GatewaySettings, metrics: GatewayMetrics, upstream: str) -> None:
+        self.address = address
+        self.pool = UpstreamPool(address.target.url, settings.upstream_connect_timeout_s,
+                                 settings.upstream_max_connections, address=address.ip)
+        self.in_flight = 0
+        self.ejected_until = 0.0  # 0: in rotation
+        self.ejections = 0  # in a row, for the backoff; reset by an answer that did not fail
+        self.failures_in_row = 0
+        self.next_probe = 0.0
+        self.removed = False  # gone from DNS: closed once its last request ends
+        self._metrics, self._labels = metrics, (upstream, address.key)
+        metrics.endpoint_in_flight.labels(*self._labels).set_function(lambda: self.in_flight)
+        metrics.endpoint_up.labels(*self._labels).set_function(lambda: 0 if self.ejected_until else 1)
+        self.requests = metrics.endpoint_requests.labels(*self._labels)
+
+    @property
+    def key(self) -> str:
+        return self.address.key
+
+    def error(self, reason: str) -> None:
+        self._metrics.endpoint_errors.labels(*self._labels, reason).inc()
+
+    def ejected(self) -> None:
+        self._metrics.endpoint_ejections.labels(*self._labels).inc()
+
+    def forget(self) -> None:
+        """Take its series off /metrics (the replica is gone: labels stay bounded)."""
+        m = self._metrics
+        for metric in (m.endpoint_up, m.endpoint_in_flight, m.endpoint_requests, m.endpoint_ejections):
+            try:
+                metric.remove(*self._labels)
+            except KeyError:
+                pass
+        for reason in ("connect", "closed", "http_5xx", "stream_interrupted", "probe"):
+            try:
+                m.endpoint_errors.remove(*self._labels, reason)
+            except KeyError:
+                pass
+
+
+class Picker(Protocol):
+    def pick(self, candidates: Sequence[Endpoint], path: str, body: bytes) -> Endpoint: ...
+
+
+class LeastOutstanding:
+    """The fewer in flight of two replicas drawn at random."""
+
+    def __init__(self, rng: random.Random | None = None) -> None:
+        self._rng = rng or random.Random()
+
+    def pick(self, candidates: Sequence[Endpoint], path: str, body: bytes) -> Endpoint:
+        if len(candidates) == 1:
+            return candidates[0]
+        a, b = self._rng.sample(candidates, 2)
+        return b if b.in_flight < a.in_flight else a
+
+
+class RoundRobin:
+    """Each replica in turn, whatever its load: the baseline the benchmark compares with."""
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def pick(self, candidates: Sequence[Endpoint], path: str, body: bytes) -> Endpoint:
+        self._next += 1
+        return candidates[self._next % len(candidates)]
+
+
+PICKERS: dict[str, Callable[[], Picker]] = {"least_outstanding": LeastOutstanding, "round_robin": RoundRobin}
+
+
+class Balancer:
+    """The replicas of one upstream (one URL or several; names resolved to every address)."""
+
+    def __init__(self, spec: str, settings: GatewaySettings, metrics: GatewayMetrics,
+                 probe: Callable[[Endpoint], Awaitable[bool]]) -> None:
+        """``probe(endpoint)`` is awaited for its health: True when ``/health`` answered 200."""
+        self.spec = spec
+        self.targets: tuple[Target, ...] = parse_upstream(spec)
+        self._settings, self._metrics, self._probe = settings, metrics, probe
+        self._picker = PICKERS[settings.upstream_balance]()
+        self._retries = metrics.upstream_retries.labels(spec)
+        self.endpoints: dict[str, Endpoint] = {}
+        self._rotation: list[Endpoint] = []  # in rotation, in the order they came
+        self._next_resolve = 0.0
+        self._last_panic_resolve = float("-inf")
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._set_addresses([Address(t, t.host) for t in self.targets if t.literal])  # names: at start
+
+    # --- the request path ---------------------------------------------------------------
+    async def post(self, path: str, body: bytes, headers: dict[str, str],
+                   timeout_s: float) -> tuple[UpstreamResponse, Endpoint]:
+        """Send the request to a replica; the caller ends it with ``finish(endpoint, reason)``.
+
+        A refused connect takes that replica out and tries another (at most ``MAX_RETRIES``)."""
+        if not self.endpoints:
+            await self.resolve()
+        tried: list[Endpoint] = []
+        error: UpstreamConnectError | None = None
+        while len(tried) <= MAX_RETRIES:
+            candidates = [e for e in self._candidates() if e not in tried]
+            if not candidates:
+                break
+            endpoint = self._picker.pick(candidates, path, body)
+            if tried:
+                self._retries.inc()
+            tried.append(endpoint)
+            endpoint.in_flight += 1
+            endpoint.requests.inc()
+            try:
+                return await endpoint.pool.post(path, body, headers, timeout_s), endpoint
+            except UpstreamConnectError as exc:
+                if exc.request_sent:
+                    self.finish(endpoint, "connect", 503)
+                    raise
+                endpoint.in_flight -= 1
+                endpoint.error("connect")
+                self._eject(endpoint, str(exc))
+                error = exc
+            except BaseException:
+                endpoint.in_flight -= 1
+                self._drain_if_removed(endpoint)
+                raise
+        raise error or UpstreamConnectError(f"no address for {self.spec}: the name did not resolve",
+                                            request_sent=False)
+
+    def finish(self, endpoint: Endpoint, reason: str | None, status: int) -> None:
+        """A request ``post`` gave ``endpoint`` has ended with ``status``; ``reason`` is the
+        upstream error, or None. 5xx answers and broken streams in a row take the replica
+        out; a 2xx ends the run (a client that left, a 4xx or a timeout says nothing)."""
+        endpoint.in_flight -= 1
+        if reason in FAILURE_REASONS:
+            endpoint.error("closed" if reason == "connect" else reason)
+            endpoint.failures_in_row += 1
+            if endpoint.failures_in_row >= self._settings.upstream_eject_after and not endpoint.ejected_until:
+                self._eject(endpoint, f"{endpoint.failures_in_row} failed answers in a row (last: {reason})")
+        elif reason is None and 200 <= status < 300:
+            endpoint.failures_in_row = 0
+            endpoint.ejections = 0
+        self._drain_if_removed(endpoint)
+
+    def _candidates(self) -> list[Endpoint]:
+        if self._rotation:
+            return self._rotation
+        if self.endpoints and time.monotonic() - self._last_panic_resolve >= PANIC_RESOLVE_MIN_S:
+            self._last_panic_resolve = time.monotonic()
+            self._next_resolve = 0.0  # every replica out: perhaps they moved (a pod's new address)
+            self._wake.set()
+        return list(self.endpoints.values())
+
+    # --- rotation -------------------------------------------------------------------------
+    def _eject(self, endpoint: Endpoint, why: str) -> None:
+        now = time.monotonic()
+        endpoint.ejections += 1
+        backoff = min(EJECT_BASE_S * 2 ** (endpoint.ejections - 1), self._settings.upstream_eject_max_s)
+        if not endpoint.ejected_until:
+            log.warning("upstream %s: replica %s out of rotation for %.0f s: %s", self.spec, endpoint.key, backoff, why)
+            endpoint.ejected()
+            if endpoint in self._rotation:
+                self._rotation.remove(endpoint)
+        endpoint.ejected_until = now + backoff
+        endpoint.next_probe = endpoint.ejected_until
+        self._wake.set()
+
+    def _restore(self, endpoint: Endpoint) -> None:
+        log.warning("upstream %s: replica %s back in rotation", self.spec, endpoint.key)
+        endpoint.ejected_until = 0.0
+        endpoint.failures_in_row = 0
+        if endpoint not in self._rotation and not endpoint.removed:
+            self._rotation.append(endpoint)
+
+    def in_rotation(self) -> list[Endpoint]:
+        return list(self._rotation)
+
+    # --- addresses --------------------------------------------------------------------------
+    async def resolve(self) -> None:
+        """Resolve every name again; a name that fails keeps its last addresses."""
+        addresses: list[Address] = []
+        for target in self.targets:
+            try:
+                found = await resolve(target)
+            except OSError as exc:
+                found = [e.address for e in self.endpoints.values() if e.address.target == target]
+                log.warning("upstream %s: cannot resolve %s (%s); keeping %d known address(es)", self.spec,
+                            target.host, exc, len(found))
+            addresses.extend(found)
+        self._set_addresses(addresses)
+        self._next_resolve = time.monotonic() + self._settings.upstream_resolve_s
+
+    def _set_addresses(self, addresses: list[Address]) -> None:
+        limit = self._settings.upstream_max_endpoints
+        keys = list(dict.fromkeys(a.key for a in addresses))
+        if len(keys) > limit:
+            log.warning("upstream %s: %d addresses, using the first %d (upstream_max_endpoints)", self.spec,
+                        len(keys), limit)
+        wanted = {a.key: a for a in addresses if a.key in keys[:limit]}
+        for key in [k for k in self.endpoints if k not in wanted]:
+            endpoint = self.endpoints.pop(key)
+            log.warning("upstream %s: replica %s gone from %s", self.spec, key, endpoint.address.target.host)
+            endpoint.removed = True
+            if endpoint in self._rotation:
+                self._rotation.remove(endpoint)
+            self._drain_if_removed(endpoint)
+        for key, address in wanted.items():
+            if key not in self.endpoints:
+                endpoint = self.endpoints[key] = Endpoint(address, self._settings, self._metrics, self.spec)
+                self._rotation.append(endpoint)  # a new address is a pod that became ready: in at once,
+                endpoint.next_probe = 0.0  # and probed at once
+
+    def _drain_if_removed(self, endpoint: Endpoint) -> None:
+        if endpoint.removed and endpoint.in_flight == 0:
+            endpoint.pool.close()
+            endpoint.forget()
+
+    # --- the background watch ----------------------------------------------------------------
+    async def start(self) -> None:
+        if not all(t.literal for t in self.targets):
+            await self.resolve()
+        else:
+            self._next_resolve = float("inf")
+        self._task = asyncio.get_running_loop().create_task(self._watch(), name=f"replicas {self.spec}")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        for endpoint in self.endpoints.values():
+            endpoint.pool.close()
+
+    async def _watch(self) -> None:
+        """Resolve names again and probe replicas when due: those in rotation every
+        ``upstream_health_interval_s``, those out when their backoff ends."""
+        while True:
+            now = time.monotonic()
+            if now >= self._next_resolve:
+                await self.resolve()
+            due = [e for e in self.endpoints.values() if e.next_probe <= now]
+            if due:
+                results = await asyncio.gather(*(self._probe(e) for e in due))
+                after = time.monotonic()
+                for endpoint, healthy in zip(due, results):
+                    if endpoint.removed:
+                        continue
+                    if healthy:
+                        if endpoint.ejected_until:
+                            self._restore(endpoint)
+                        endpoint.next_probe = after + self._settings.upstream_health_interval_s
+                    else:
+                        endpoint.error("probe")
+                        self._eject(endpoint, "its /health probe did not answer 200")
+            self._wake.clear()
+            next_at = min([self._next_resolve, *(e.next_probe for e in self.endpoints.values())])
+            try:
+                await asyncio.wait_for(self._wake.wait(), max(0.05, next_at - time.monotonic()))
+            except TimeoutError:
+                pass

@@ -1,0 +1,126 @@
+"""One variant over three real vLLM replicas behind the gateway: a replica killed under load
+fails only the requests it had, new requests avoid it at once and come back to it after it
+restarts; a replica that runs one sequence at a time (``--max-num-seqs 1``) gets fewer
+requests than one that batches.
+
+The replicas: the session's vLLM and two more serving the same model under the same name
+(the balancer's choice is all that differs), with compute threads not bound to a core
+(tests/integration/test_ab_split.py says why).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from inferwatch.serving.settings import GatewaySettings
+from inferwatch.serving.vllm_launcher import VLLMConfig, vllm_process
+from tests.conftest import TINY_MODEL_NAME, VLLM_STARTUP_TIMEOUT_S, RunningVLLM
+from tests.support.servers import GatewayServer, metric_sum
+from tests.support.sockets import free_ports
+from tests.support.waiting import eventually
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture(scope="module")
+def replicas(vllm_server, tiny_model, tmp_path_factory):
+    """The session's vLLM, another like it, and one that runs a single sequence at a time."""
+    logs = tmp_path_factory.mktemp("replicas")
+    env = dict(os.environ, OMP_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND="nobind")
+    started = []
+    for port, extra in zip(free_ports(2), ((), ("--max-num-seqs", "1"))):
+        cfg = VLLMConfig(str(tiny_model), TINY_MODEL_NAME, port=port, dtype="bfloat16", extra_args=extra)
+        proc = vllm_process(cfg, logs / f"vllm-{port}.log", env)
+        proc.start()
+        started.append(RunningVLLM(cfg, proc))
+    try:
+        for s in started:
+            s.process.wait_healthy(VLLM_STARTUP_TIMEOUT_S)
+        yield [vllm_server, *started]
+    finally:
+        for s in started:
+            s.process.stop()
+
+
+def endpoint(server: RunningVLLM) -> str:
+    return f"127.0.0.1:{server.config.port}"
+
+
+def sent_to(gw: GatewayServer, server: RunningVLLM) -> float:
+    return metric_sum(gw.metrics_text(), "inferwatch_gateway_upstream_endpoint_requests_total",
+                      endpoint=endpoint(server))
+
+
+def is_up(gw: GatewayServer, server: RunningVLLM) -> bool:
+    return metric_sum(gw.metrics_text(), "inferwatch_gateway_upstream_endpoint_up", endpoint=endpoint(server)) == 1
+
+
+def stream(gw: GatewayServer, i: int) -> tuple[float, float, bool]:
+    """(start, end, whole answer) of a streamed chat answer."""
+    start = time.monotonic()
+    body = {"model": TINY_MODEL_NAME, "messages": [{"role": "user", "content": f"count to {i}"}],
+            "max_tokens": 24, "stream": True}
+    try:
+        r = requests.post(gw.url + "/v1/chat/completions", json=body, timeout=60)
+        whole = r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]") and "error" not in r.text
+    except requests.RequestException:
+        whole = False
+    return start, time.monotonic(), whole
+
+
+def test_a_killed_replica_fails_only_its_requests_and_one_that_batches_less_gets_less(replicas):
+    a, b, single = replicas
+    settings = GatewaySettings(upstream_url=",".join(s.url for s in replicas), upstream_eject_max_s=2,
+                               upstream_health_interval_s=1)
+    with GatewayServer(settings) as gw:
+        # --- kill b under load -----------------------------------------------------------------
+        results: list[tuple[float, float, bool]] = []
+        stop = threading.Event()
+
+        def client(n: int) -> None:
+            i = n
+            while not stop.is_set():
+                results.append(stream(gw, i))
+                i += 6
+
+        with ThreadPoolExecutor(6) as pool:
+            for n in range(6):
+                pool.submit(client, n)
+            eventually(lambda: sent_to(gw, b) >= 5, timeout_s=30)
+            b.process.kill()
+            killed = time.monotonic()
+            time.sleep(2)
+            after_2s = sent_to(gw, b)
+            time.sleep(3)
+            stop.set()
+        failed = [(start, end) for start, end, whole in results if not whole]
+        assert failed, "no request was in flight on the killed replica"
+        assert len(failed) <= 6 and all(start < killed for start, _ in failed), (killed, failed)
+        assert sum(1 for start, _, _ in results if start > killed + 0.5) >= 10  # the others carried on
+        assert sent_to(gw, b) == after_2s and not is_up(gw, b)
+
+        # --- b restarts; meanwhile a and the single-sequence replica share the load -------------
+        b.process.start()
+        before = {id(s): sent_to(gw, s) for s in (a, single)}
+        body = {"model": TINY_MODEL_NAME, "prompt": "one two three", "max_tokens": 16}
+        with ThreadPoolExecutor(8) as pool:
+            codes = list(pool.map(lambda _: requests.post(gw.url + "/v1/completions", json=body,
+                                                          timeout=60).status_code, range(96)))
+        assert set(codes) == {200}
+        share_a, share_single = (sent_to(gw, s) - before[id(s)] for s in (a, single))
+        assert share_single < 0.7 * share_a, (share_a, share_single)
+
+        b.process.wait_healthy(VLLM_STARTUP_TIMEOUT_S)
+        healthy = time.monotonic()
+        eventually(lambda: is_up(gw, b), timeout_s=6)  # its probe's backoff is 2 s at most
+        back_after = time.monotonic() - healthy
+        base = sent_to(gw, b)
+        with ThreadPoolExecutor(6) as pool:
+            assert all(whole for _, _, whole in pool.map(lambda i: stream(gw, i), range(30)))
+        assert sent_to(gw, b) > base, f"back in rotation after {back_after:.1f} s, but sent nothing"

@@ -1,0 +1,332 @@
+"""A variant's replicas, against HTTP servers on loopback: least outstanding against a slow
+replica, a refused connect retried elsewhere, a request cut after it was sent not retried,
+5xx in a row and a failing probe taking a replica out, backoff and return, a name that
+resolves to several addresses and then to fewer.
+
+The replicas are aiohttp servers told to fail on demand (500s, a failing /health, a
+connection closed after the request): what real vLLM cannot be made to do at will. Killing
+and restarting real vLLM replicas is tests/integration/test_replicas_vllm.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import pytest
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from pydantic import ValidationError
+
+from inferwatch.serving.metrics import create_metrics
+from inferwatch.serving.relay_client import UpstreamConnectError
+from inferwatch.serving.settings import GatewaySettings
+from inferwatch.serving.split import VariantSpec
+from inferwatch.serving.upstream_balancer import Balancer, LeastOutstanding
+from inferwatch.serving.upstream_targets import normalize_upstream, one_family
+from tests.support.sockets import free_ports
+
+BODY = b'{"model": "m", "prompt": "hi"}'
+
+
+class Replica:
+    """An OpenAI-ish server that answers POSTs after ``delay_s`` with ``status``, and /health
+    with ``health``; ``close_after_read`` drops the connection once a request is read."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.host, self.port = host, port
+        self.status, self.health, self.delay_s, self.close_after_read = 200, 200, 0.0, False
+        self.requests = 0
+        self.in_flight = self.peak = 0
+        self._runner: web.AppRunner | None = None
+
+    async def _post(self, request: web.Request) -> web.StreamResponse:
+        await request.read()
+        self.requests += 1
+        if self.close_after_read:
+            assert request.transport is not None
+            request.transport.close()
+            raise ConnectionResetError
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        try:
+            await asyncio.sleep(self.delay_s)
+        finally:
+            self.in_flight -= 1
+        return web.json_response({"ok": self.port}, status=self.status)
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(status=self.health)
+
+    async def start(self) -> "Replica":
+        app = web.Application()
+        app.router.add_post("/v1/completions", self._post)
+        app.router.add_get("/health", self._health)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001
+        return self
+
+    async def stop(self) -> None:
+        assert self._runner is not None
+        await self._runner.cleanup()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def settings(**kw) -> GatewaySettings:
+    base = {"upstream_health_interval_s": 0.2, "upstream_connect_timeout_s": 1.0, "upstream_eject_max_s": 2.0}
+    return GatewaySettings(**{**base, **kw})
+
+
+async def balancer_for(spec: str, **kw) -> tuple[Balancer, CollectorRegistry]:
+    import aiohttp
+
+    registry = CollectorRegistry()
+    session = aiohttp.ClientSession()
+
+    async def probe(endpoint) -> bool:
+        try:
+            async with session.get(endpoint.address.url + "/health", timeout=aiohttp.ClientTimeout(total=1)) as r:
+                return r.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+    balancer = Balancer(spec, settings(upstream_url=spec, **kw), create_metrics(registry), probe)
+    balancer.session = session  # closed with the balancer by the test's `closing`
+    await balancer.start()
+    return balancer, registry
+
+
+async def closing(balancer: Balancer) -> None:
+    await balancer.close()
+    await balancer.session.close()
+
+
+async def call(balancer: Balancer) -> tuple[int, str]:
+    """One request through the balancer, ended the way the proxy ends it."""
+    resp, endpoint = await balancer.post("/v1/completions", BODY, {"content-type": "application/json"}, 10)
+    await resp.read(time.monotonic() + 10)
+    resp.release()
+    balancer.finish(endpoint, "http_5xx" if resp.status >= 500 else None, resp.status)
+    return resp.status, endpoint.key
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
+    return registry.get_sample_value("inferwatch_gateway_" + name, labels)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+# --- configuration ---------------------------------------------------------------------------
+
+def test_upstream_lists_are_normalized_and_bad_ones_refused_with_the_reason():
+    assert normalize_upstream(" http://a:8000/ , http://b:8000") == "http://a:8000,http://b:8000"
+    assert normalize_upstream(["http://a:8000", "https://b/v"]) == "http://a:8000,https://b/v"
+    assert GatewaySettings(upstream_url="http://a:1,http://b:2").upstream_url == "http://a:1,http://b:2"
+    spec = VariantSpec(name="v1", upstream_url=["http://a:1", "http://b:2"], model="m", weight=1)
+    assert spec.upstream_url == "http://a:1,http://b:2"
+    for bad, says in (("http://a:1,http://a:1", "listed twice"), ("ftp://a", "http://"),
+                      ("http://a:1 http://b:2", "separate several with commas"), ("http://a:99999", "port"),
+                      ("http://u:secret@a:1", "credentials"), (",", "at least one"), ("http://a:1?x=1", "query")):
+        with pytest.raises(ValidationError) as err:
+            GatewaySettings(upstream_url=bad)
+        assert says in str(err.value)
+        assert "secret" not in str(err.value)
+
+
+def test_a_name_is_one_replica_per_address_of_one_family():
+    v4 = (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.0.1", 80))
+    v4b = (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.0.2", 80))
+    v6 = (socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("fd00::1", 80, 0, 0))
+    assert one_family([v6, v4, v4b, v4]) == ["10.0.0.1", "10.0.0.2"]  # dual stack: one replica per pod
+    assert one_family([v6]) == ["fd00::1"]
+    assert one_family(socket.getaddrinfo("localhost", 80, type=socket.SOCK_STREAM)) in (["127.0.0.1"], ["::1"])
+
+
+# --- choosing a replica -----------------------------------------------------------------------
+
+def test_least_outstanding_sends_fewer_requests_to_a_slow_replica_than_round_robin_does():
+    async def share_of_slow(balance: str) -> float:
+        replicas = [await Replica().start() for _ in range(3)]
+        replicas[0].delay_s = 0.2
+        for r in replicas[1:]:
+            r.delay_s = 0.01
+        balancer, _ = await balancer_for(",".join(r.url for r in replicas), upstream_balance=balance)
+        try:
+            async def client() -> None:
+                for _ in range(10):
+                    await call(balancer)
+            await asyncio.gather(*(client() for _ in range(12)))
+            return replicas[0].requests / sum(r.requests for r in replicas)
+        finally:
+            await closing(balancer)
+            for r in replicas:
+                await r.stop()
+
+    least, robin = run(share_of_slow("least_outstanding")), run(share_of_slow("round_robin"))
+    assert abs(robin - 1 / 3) < 0.02  # each in turn, whatever its load
+    assert least < 0.2, least  # the slow one holds its requests 20 times longer: far fewer go there
+
+
+def test_power_of_two_choices_takes_the_one_with_fewer_in_flight():
+    class E:
+        def __init__(self, n: int) -> None:
+            self.in_flight = n
+
+    picker = LeastOutstanding()
+    busy, idle = E(5), E(0)
+    assert all(picker.pick([busy, idle], "/", b"") is idle for _ in range(50))
+    trio = [E(9), E(0), E(9)]
+    picks = [picker.pick(trio, "/", b"") for _ in range(300)]
+    assert picks.count(trio[1]) > 150  # in both draws that hold it (2 of 3), and never the worse of a pair
+
+
+# --- failures -----------------------------------------------------------------------------------
+
+def test_a_refused_connect_is_retried_on_another_replica_and_the_dead_one_probed_back_in():
+    async def scenario():
+        live = await Replica().start()
+        dead_port = free_ports(1)[0]
+        # round robin's first pick is the second URL: the first request draws the dead replica
+        balancer, registry = await balancer_for(f"{live.url},http://127.0.0.1:{dead_port}",
+                                                upstream_balance="round_robin")
+        dead_key = f"127.0.0.1:{dead_port}"
+        try:
+            answers = [await call(balancer) for _ in range(20)]
+            assert [status for status, _ in answers] == [200] * 20  # nobody saw the dead replica
+            assert {key for _, key in answers} == {f"127.0.0.1:{live.port}"}
+            upstream = balancer.spec
+            assert value(registry, "upstream_endpoint_up", upstream=upstream, endpoint=dead_key) == 0
+            # the first request was sent on to the live one, and then the dead one was out
+            assert value(registry, "upstream_retries_total", upstream=upstream) == 1
+            assert value(registry, "upstream_endpoint_errors_total", upstream=upstream, endpoint=dead_key,
+                         reason="connect") == 1
+            revived = await Replica(port=dead_port).start()
+            deadline = time.monotonic() + 5  # backoff 1 s, 2 s, then a probe finds it
+            while value(registry, "upstream_endpoint_up", upstream=upstream, endpoint=dead_key) != 1:
+                assert time.monotonic() < deadline, "the restarted replica never came back"
+                await asyncio.sleep(0.05)
+            for _ in range(20):
+                await call(balancer)
+            assert revived.requests >= 5
+            await revived.stop()
+        finally:
+            await closing(balancer)
+            await live.stop()
+
+    run(scenario())
+
+
+def test_a_request_cut_after_it_was_sent_is_not_sent_again():
+    async def scenario():
+        cutter, other = await Replica().start(), await Replica().start()
+        cutter.close_after_read = True
+        balancer, registry = await balancer_for(f"{other.url},{cutter.url}", upstream_balance="round_robin")
+        try:
+            with pytest.raises(UpstreamConnectError) as err:
+                await call(balancer)  # round robin's first pick is the second URL
+            assert err.value.request_sent and cutter.requests == 1 and other.requests == 0
+            key = f"127.0.0.1:{cutter.port}"
+            assert value(registry, "upstream_endpoint_errors_total", upstream=balancer.spec, endpoint=key,
+                         reason="closed") == 1
+            assert value(registry, "upstream_endpoint_requests_in_flight", upstream=balancer.spec, endpoint=key) == 0
+        finally:
+            await closing(balancer)
+            await cutter.stop()
+            await other.stop()
+
+    run(scenario())
+
+
+def test_5xx_in_a_row_take_a_replica_out_and_a_failing_probe_does_too():
+    async def scenario():
+        sick, well = await Replica().start(), await Replica().start()
+        sick.status = 500
+        balancer, registry = await balancer_for(f"{sick.url},{well.url}", upstream_balance="round_robin",
+                                                upstream_eject_after=3)
+        sick_key, spec = f"127.0.0.1:{sick.port}", balancer.spec
+        try:
+            statuses = [(await call(balancer))[0] for _ in range(12)]
+            assert statuses.count(500) == 3  # the third in a row took it out
+            assert value(registry, "upstream_endpoint_up", upstream=spec, endpoint=sick_key) == 0
+            sick.status = 200  # fixed; its probe answers 200: back after the 1 s backoff
+            await asyncio.sleep(1.6)
+            assert value(registry, "upstream_endpoint_up", upstream=spec, endpoint=sick_key) == 1
+            before = sick.requests
+            for _ in range(6):
+                await call(balancer)
+            assert sick.requests - before == 3
+
+            well.health = 503  # a replica whose engine died answers /health 503: out without a request
+            await asyncio.sleep(0.6)
+            well_key = f"127.0.0.1:{well.port}"
+            assert value(registry, "upstream_endpoint_up", upstream=spec, endpoint=well_key) == 0
+            assert value(registry, "upstream_endpoint_errors_total", upstream=spec, endpoint=well_key,
+                         reason="probe") >= 1
+            assert {key for _, key in [await call(balancer) for _ in range(6)]} == {sick_key}
+        finally:
+            await closing(balancer)
+            await sick.stop()
+            await well.stop()
+
+    run(scenario())
+
+
+def test_every_replica_out_still_tries_them_all_rather_than_refuse():
+    async def scenario():
+        only = await Replica().start()
+        only.health = 503
+        balancer, registry = await balancer_for(only.url)
+        try:
+            await asyncio.sleep(0.5)
+            assert balancer.in_rotation() == []
+            assert (await call(balancer))[0] == 200  # the probe may be wrong; the request decides
+        finally:
+            await closing(balancer)
+            await only.stop()
+
+    run(scenario())
+
+
+# --- names ------------------------------------------------------------------------------------------
+
+def test_a_name_with_several_addresses_spreads_over_them_and_follows_them_as_they_go(monkeypatch):
+    """The resolver is the only stand-in: a name with several A records needs a DNS server;
+    the replicas are real servers on 127.0.0.2 and 127.0.0.3 (all of 127/8 is loopback)."""
+    port = free_ports(1)[0]
+    answer = {"addresses": ["127.0.0.2", "127.0.0.3"]}
+
+    async def getaddrinfo(self, host, port_, **kw):
+        assert host == "vllm-headless.test"
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, port_)) for ip in answer["addresses"]]
+
+    monkeypatch.setattr(asyncio.BaseEventLoop, "getaddrinfo", getaddrinfo)
+
+    async def scenario():
+        a, b = await Replica("127.0.0.2", port).start(), await Replica("127.0.0.3", port).start()
+        balancer, registry = await balancer_for(f"http://vllm-headless.test:{port}", upstream_resolve_s=0.2)
+        spec = balancer.spec
+        try:
+            keys = {key for _, key in [await call(balancer) for _ in range(20)]}
+            assert keys == {f"127.0.0.2:{port}", f"127.0.0.3:{port}"} and a.requests and b.requests
+            answer["addresses"] = ["127.0.0.2"]  # the pod behind .3 went away
+            await asyncio.sleep(0.6)
+            assert set(balancer.endpoints) == {f"127.0.0.2:{port}"}
+            assert value(registry, "upstream_endpoint_up", upstream=spec, endpoint=f"127.0.0.3:{port}") is None
+            before = b.requests
+            assert all(status == 200 for status, _ in [await call(balancer) for _ in range(5)])
+            assert b.requests == before
+        finally:
+            await closing(balancer)
+            await a.stop()
+            await b.stop()
+
+    run(scenario())
