@@ -199,6 +199,16 @@ ALERTS = (
           description="The gateway's probe of {{ $labels.upstream }} has failed for 1m while vLLM itself "
                       "answers Prometheus: the path from {{ $labels.instance }} to it is broken (network, DNS, "
                       "TLS, API key), and requests through that gateway are answered 503/504."),
+    # One replica of several out while the others serve: requests avoid it, so nothing burns,
+    # but the variant runs short of capacity. All replicas out is GatewayUpstreamDown's page.
+    Alert("GatewayUpstreamReplicaOut",
+          f'max by (upstream, endpoint) ({m("inferwatch_gateway_upstream_endpoint_up")}) == 0'
+          f' unless on (upstream) max by (upstream) ({m("inferwatch_gateway_upstream_up")}) == 0',
+          "warning", for_="10m", dashboard=uids.SERVING,
+          summary="vLLM replica {{ $labels.endpoint }} is out of rotation",
+          description="Every gateway has kept the replica {{ $labels.endpoint }} of {{ $labels.upstream }} out of "
+                      "rotation for 10m (refused connects, 5xx in a row or a failing /health): the other replicas "
+                      "carry its share."),
     # changes(), not increase(): a restart count is small and exact, and extrapolation would
     # turn 2 restarts into 2.01.
     Alert("InferwatchCrashLooping", f'changes({m("inferwatch_supervisor_restarts_total")}[15m]) >= 3',

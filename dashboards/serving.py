@@ -88,7 +88,7 @@ def engine() -> list:
 
 
 def replicas() -> list:
-    """Gateway replicas sharing state (docs/replicas.md): what each routes and sends by."""
+    """Gateway replicas sharing state, and the vLLM replicas they balance over (docs/replicas.md)."""
     gw = 'instance=~"$gateway"'
     return [
         timeseries_panel("Shared state (Redis) up", "short",
@@ -105,6 +105,17 @@ def replicas() -> list:
                            "{{destination}}"),
                          description="Records held for each drift service (a pair gets everything): a backlog "
                                      "that grows is a drift service down or slow; it gets them when back."),
+        timeseries_panel("Requests in flight per vLLM replica", "short",
+                         q(f'sum by (endpoint) ({m("inferwatch_gateway_upstream_endpoint_requests_in_flight")}'
+                           f'{{{gw}}})', "{{endpoint}}"),
+                         description="What least-outstanding balancing compares, summed over the gateways: a "
+                                     "replica that holds more than the others is slower (or batches less)."),
+        timeseries_panel("vLLM replicas out of rotation", "short",
+                         q(f'count by (upstream) ({m("inferwatch_gateway_upstream_endpoint_up")}{{{gw}}} == 0)',
+                           "{{upstream}}"),
+                         description="Replicas a gateway keeps out (refused connects, 5xx in a row, a failing "
+                                     "/health), probed back in within 10 s of answering; "
+                                     "GatewayUpstreamReplicaOut fires after 10 minutes."),
     ]
 
 

@@ -148,6 +148,20 @@ SCENARIOS = [
              # next change for 9 minutes (10m-18m) is
              quiet_at=("4m", "6m", "11m"), fires_at="13m", labels=warn(model="m1", experiment="e1", variant="v2"),
              value="0.4", resolved_at="20m"),
+    Scenario("one vLLM replica out of rotation", "GatewayUpstreamReplicaOut",
+             {**{selector("inferwatch_gateway_upstream_endpoint_up",
+                          {**GW, "instance": gw, "upstream": "http://vllm:8000", "endpoint": "10.0.0.1:8000"}): series
+                 for gw, series in (("gw:8080", "1x3 0x5 1x2 0x15 1x3"), ("gw2:8080", "1x3 0x5 1x3 0x14 1x3"))},
+              selector("inferwatch_gateway_upstream_endpoint_up",
+                       {**GW, "upstream": "http://vllm:8000", "endpoint": "10.0.0.2:8000"}): "1x32",
+              selector("inferwatch_gateway_upstream_up", {**GW, "upstream": "http://vllm:8000"}): "1x32",
+              # the only replica of another upstream is out: that is GatewayUpstreamDown's page, not this
+              selector("inferwatch_gateway_upstream_endpoint_up",
+                       {**GW, "upstream": "http://solo:8000", "endpoint": "10.0.1.1:8000"}): "0x32",
+              selector("inferwatch_gateway_upstream_up", {**GW, "upstream": "http://solo:8000"}): "0x32"},
+             # out 6 minutes, back, then out again on both gateways from 14m (one gateway saw it from 13m)
+             quiet_at=("5m", "9m", "12m", "23m"), fires_at="25m",
+             labels=warn(upstream="http://vllm:8000", endpoint="10.0.0.1:8000"), value="0", resolved_at="31m"),
     Scenario("gateway without its shared state", "GatewaySharedStateDown",
              {selector("inferwatch_gateway_shared_state_up", GW): "1x3 0x3 1x2 0x10 1x3"},
              quiet_at=("5m", "9m", "14m"), fires_at="17m", labels=warn(**GW), value="0", resolved_at="23m"),
