@@ -111,9 +111,9 @@ def replicas() -> list:
                          description="What least-outstanding balancing compares, summed over the gateways: a "
                                      "replica that holds more than the others is slower (or batches less)."),
         timeseries_panel("vLLM replicas out of rotation", "short",
-                         q(f'count by (upstream) ({m("inferwatch_gateway_upstream_endpoint_up")}{{{gw}}} == 0)',
-                           "{{upstream}}"),
-                         description="Replicas a gateway keeps out (refused connects, 5xx in a row, a failing "
+                         q(f'sum by (upstream) (1 - min by (upstream, endpoint) '
+                           f'({m("inferwatch_gateway_upstream_endpoint_up")}{{{gw}}}))', "{{upstream}}"),
+                         description="Replicas some gateway keeps out (refused connects, 5xx in a row, a failing "
                                      "/health), probed back in within 10 s of answering; "
                                      "GatewayUpstreamReplicaOut fires after 10 minutes."),
     ]
