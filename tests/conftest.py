@@ -2,6 +2,14 @@
 
 vLLM (CPU build) takes ~50 s to start on two cores, so one server is shared by every test
 that needs it; tests compare deltas of counters, never absolute values.
+
+Every vLLM of the suite starts with ``VLLM_TEST_ARGS`` and ``VLLM_TEST_ENV``: eager (no
+torch.compile, which costs a start ~50 s more with the cold compile cache of a CI machine,
+for a model too small to gain from it), its worker in the engine's process (one process
+fewer to import torch into), and compute threads not bound to a core (vLLM's CPU build pins
+every engine to core 0 of a 2-core box, where the rest of the suite runs too; see
+tests/integration/test_ab_split.py). The OpenAI API, the metrics and the spans the tests
+look at are the same.
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ from tests.support.sockets import free_port
 
 TINY_MODEL_NAME = "tiny-llama"
 VLLM_STARTUP_TIMEOUT_S = 300
+VLLM_TEST_ARGS = ("--enforce-eager", "--distributed-executor-backend", "uni")
+VLLM_TEST_ENV = {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 
 
 @dataclass
@@ -50,10 +60,8 @@ def otlp_receiver():
 
 def start_vllm(model: Path, log_dir: Path, otlp_endpoint: str | None = None, max_model_len: int = 512) -> RunningVLLM:
     cfg = VLLMConfig(str(model), TINY_MODEL_NAME, port=free_port(), dtype="bfloat16",
-                     otlp_traces_endpoint=otlp_endpoint, max_model_len=max_model_len)
-    # nobind: vLLM's CPU build would pin the engine to core 0, where every other server of the
-    # suite runs too (tests/integration/test_ab_split.py)
-    env = dict(os.environ, OTEL_BSP_SCHEDULE_DELAY="200", OMP_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND="nobind")
+                     otlp_traces_endpoint=otlp_endpoint, max_model_len=max_model_len, extra_args=VLLM_TEST_ARGS)
+    env = dict(os.environ, OTEL_BSP_SCHEDULE_DELAY="200", **VLLM_TEST_ENV)
     proc = vllm_process(cfg, log_dir / f"vllm-{cfg.port}.log", env)
     proc.start()
     try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import queue
+import shlex
 import signal
 import subprocess
 import sys
@@ -28,7 +29,7 @@ import requests
 from inferwatch.alerts.generate import cap_for, rule_files, write
 from inferwatch.alerts.model import seconds
 from inferwatch.deploy.monitoring import FAST_INTERVALS
-from tests.conftest import TINY_MODEL_NAME
+from tests.conftest import TINY_MODEL_NAME, VLLM_TEST_ARGS, VLLM_TEST_ENV
 from tests.exporters.driver import kernel_gpus
 from tests.support.feature_records import body, records
 from tests.support.sockets import free_ports
@@ -108,7 +109,8 @@ def stack(tiny_model, tmp_path_factory):
         [sys.executable, "-m", "inferwatch", "up", "--model", str(tiny_model), "--name", TINY_MODEL_NAME,
          "--dtype", "bfloat16", "--run-dir", str(run_dir), "--rules-dir", str(rules), "--fast-alerting",
          *(arg for name in names for arg in (f"--{name}-port", str(ports[name])))],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **VLLM_TEST_ENV, "INFERWATCH_VLLM_ARGS": shlex.join(VLLM_TEST_ARGS)},
     )
     stack = Stack(proc, OutputReader(proc), ports, run_dir)
     try:
