@@ -44,7 +44,7 @@ class Endpoint:
     and whether it is in rotation."""
 
     __slots__ = ("address", "pool", "in_flight", "ejected_until", "ejections", "failures_in_row", "next_probe",
-                 "removed", "requests", "_metrics", "_labels")
+                 "removed", "answered", "requests", "_metrics", "_labels")
 
     def __init__(self, address: Address, settings: GatewaySettings, metrics: GatewayMetrics, upstream: str) -> None:
         self.address = address
@@ -56,6 +56,7 @@ class Endpoint:
         self.failures_in_row = 0
         self.next_probe = 0.0
         self.removed = False  # gone from DNS: closed once its last request ends
+        self.answered = False  # a request ended well since the last probe
         self._metrics, self._labels = metrics, (upstream, address.key)
         metrics.endpoint_in_flight.labels(*self._labels).set_function(lambda: self.in_flight)
         metrics.endpoint_up.labels(*self._labels).set_function(lambda: 0 if self.ejected_until else 1)
@@ -121,8 +122,9 @@ class Balancer:
     """The replicas of one upstream (one URL or several; names resolved to every address)."""
 
     def __init__(self, spec: str, settings: GatewaySettings, metrics: GatewayMetrics,
-                 probe: Callable[[Endpoint], Awaitable[bool]]) -> None:
-        """``probe(endpoint)`` is awaited for its health: True when ``/health`` answered 200."""
+                 probe: Callable[[Endpoint], Awaitable[bool | None]]) -> None:
+        """``probe(endpoint)`` is awaited for its health: True when ``/health`` answered 200,
+        False when it answered otherwise or refused, None when it did not answer in time."""
         self.spec = spec
         self.targets: tuple[Target, ...] = parse_upstream(spec)
         self._settings, self._metrics, self._probe = settings, metrics, probe
@@ -184,6 +186,7 @@ class Balancer:
             if endpoint.failures_in_row >= self._settings.upstream_eject_after and not endpoint.ejected_until:
                 self._eject(endpoint, f"{endpoint.failures_in_row} failed answers in a row (last: {reason})")
         elif reason is None and 200 <= status < 300:
+            endpoint.answered = True
             endpoint.failures_in_row = 0
             endpoint.ejections = 0
         self._drain_if_removed(endpoint)
@@ -290,6 +293,9 @@ class Balancer:
                 for endpoint, healthy in zip(due, results):
                     if endpoint.removed:
                         continue
+                    if healthy is None and endpoint.answered and not endpoint.ejected_until:
+                        healthy = True  # too busy to answer its probe in time, yet it answers requests
+                    endpoint.answered = False
                     if healthy:
                         if endpoint.ejected_until:
                             self._restore(endpoint)

@@ -37,6 +37,7 @@ class Replica:
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self.host, self.port = host, port
         self.status, self.health, self.delay_s, self.close_after_read = 200, 200, 0.0, False
+        self.health_delay_s = 0.0
         self.requests = 0
         self.in_flight = self.peak = 0
         self._runner: web.AppRunner | None = None
@@ -57,6 +58,7 @@ class Replica:
         return web.json_response({"ok": self.port}, status=self.status)
 
     async def _health(self, request: web.Request) -> web.Response:
+        await asyncio.sleep(self.health_delay_s)
         return web.Response(status=self.health)
 
     async def start(self) -> "Replica":
@@ -90,11 +92,13 @@ async def balancer_for(spec: str, **kw) -> tuple[Balancer, CollectorRegistry]:
     registry = CollectorRegistry()
     session = aiohttp.ClientSession()
 
-    async def probe(endpoint) -> bool:
+    async def probe(endpoint) -> bool | None:  # as serving/upstream.py's
         try:
-            async with session.get(endpoint.address.url + "/health", timeout=aiohttp.ClientTimeout(total=1)) as r:
+            async with session.get(endpoint.address.url + "/health", timeout=aiohttp.ClientTimeout(total=0.5)) as r:
                 return r.status == 200
-        except (aiohttp.ClientError, TimeoutError):
+        except TimeoutError:
+            return None
+        except aiohttp.ClientError:
             return False
 
     balancer = Balancer(spec, settings(upstream_url=spec, **kw), create_metrics(registry), probe)
@@ -276,6 +280,27 @@ def test_5xx_in_a_row_take_a_replica_out_and_a_failing_probe_does_too():
             await closing(balancer)
             await sick.stop()
             await well.stop()
+
+    run(scenario())
+
+
+def test_a_replica_too_busy_to_answer_its_probe_stays_while_it_answers_requests():
+    async def scenario():
+        busy, other = await Replica().start(), await Replica().start()
+        busy.health_delay_s = 2.0  # past the probe's 0.5 s
+        balancer, registry = await balancer_for(f"{busy.url},{other.url}", upstream_balance="round_robin")
+        key = f"127.0.0.1:{busy.port}"
+        try:
+            for _ in range(40):  # 2 s of requests, probes every 0.2 s
+                assert (await call(balancer))[0] == 200
+                await asyncio.sleep(0.05)
+            assert value(registry, "upstream_endpoint_up", upstream=balancer.spec, endpoint=key) == 1
+            await asyncio.sleep(1.5)  # idle: a probe with no answer in time and no request answered
+            assert value(registry, "upstream_endpoint_up", upstream=balancer.spec, endpoint=key) == 0
+        finally:
+            await closing(balancer)
+            await busy.stop()
+            await other.stop()
 
     run(scenario())
 
