@@ -45,7 +45,7 @@ class GatewaySettings(BaseSettings):
     # resolved again and replicas probed, when one is taken out and for how long at most.
     upstream_balance: Literal["least_outstanding", "round_robin"] = "least_outstanding"
     upstream_resolve_s: float = Field(10.0, gt=0, description="re-resolve upstream names this often")
-    upstream_health_interval_s: float = Field(5.0, gt=0, description="GET /health of each replica this often")
+    upstream_health_interval_s: float = Field(5.0, ge=0.1, description="GET /health of each replica this often")
     upstream_eject_after: int = Field(3, ge=1, description="5xx answers or broken streams in a row that take a "
                                       "replica out")
     upstream_eject_max_s: float = Field(10.0, ge=1, description="the longest backoff before an ejected replica "

@@ -79,10 +79,7 @@ class Upstream:
         async with self._refresh_lock:
             self._last_refresh = time.monotonic()
             try:
-                timeout = aiohttp.ClientTimeout(total=self._settings.upstream_connect_timeout_s + 3)
-                async with self.get(self.any_replica(), "/v1/models", timeout) as r:
-                    r.raise_for_status()
-                    data = orjson.loads(await r.read())
+                data = await self._read_models()
                 self.models = {
                     m["id"]: ModelInfo(m["id"], m.get("max_model_len") if isinstance(m.get("max_model_len"), int) else None)
                     for m in data.get("data", []) if isinstance(m, dict) and isinstance(m.get("id"), str)
@@ -100,6 +97,21 @@ class Upstream:
             self.up = True
             self._up.set(1)
             return True
+
+    async def _read_models(self) -> dict:
+        """The model list from a replica in rotation, trying up to three (any known one when
+        none is in rotation); the last failure if none answers."""
+        timeout = aiohttp.ClientTimeout(total=self._settings.upstream_connect_timeout_s + 3)
+        candidates = self.balancer.in_rotation()[:3] or [self.any_replica()]
+        for i, endpoint in enumerate(candidates):
+            try:
+                async with self.get(endpoint, "/v1/models", timeout) as r:
+                    r.raise_for_status()
+                    return orjson.loads(await r.read())
+            except (aiohttp.ClientError, TimeoutError, ValueError):
+                if i == len(candidates) - 1:
+                    raise
+        raise AssertionError("unreachable")
 
     async def on_unknown_model(self) -> bool:
         """Refresh after a miss, rate-limited; True if a refresh happened and succeeded."""

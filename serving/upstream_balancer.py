@@ -25,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
-from inferwatch.serving.metrics import GatewayMetrics
+from inferwatch.serving.metrics import ENDPOINT_ERROR_REASONS, GatewayMetrics
 from inferwatch.serving.relay_client import UpstreamConnectError, UpstreamResponse
 from inferwatch.serving.settings import GatewaySettings
 from inferwatch.serving.upstream_pool import UpstreamPool
@@ -34,6 +34,7 @@ from inferwatch.serving.upstream_targets import Address, Target, parse_upstream,
 log = logging.getLogger(__name__)
 
 EJECT_BASE_S = 1.0
+MAX_DOUBLINGS = 16  # the backoff's exponent stops here (then upstream_eject_max_s caps it anyway)
 PANIC_RESOLVE_MIN_S = 1.0  # with every replica out, resolve names again, at most this often
 MAX_RETRIES = 2  # other replicas tried after a refused connect
 FAILURE_REASONS = frozenset({"http_5xx", "stream_interrupted", "connect"})  # "connect" here: closed before an answer
@@ -61,6 +62,10 @@ class Endpoint:
         metrics.endpoint_in_flight.labels(*self._labels).set_function(lambda: self.in_flight)
         metrics.endpoint_up.labels(*self._labels).set_function(lambda: 0 if self.ejected_until else 1)
         self.requests = metrics.endpoint_requests.labels(*self._labels)
+        # at 0 from the start: rate() needs a sample before a replica's first failure to count it
+        metrics.endpoint_ejections.labels(*self._labels)
+        for reason in ENDPOINT_ERROR_REASONS:
+            metrics.endpoint_errors.labels(*self._labels, reason)
 
     @property
     def key(self) -> str:
@@ -80,7 +85,7 @@ class Endpoint:
                 metric.remove(*self._labels)
             except KeyError:
                 pass
-        for reason in ("connect", "closed", "http_5xx", "stream_interrupted", "probe"):
+        for reason in ENDPOINT_ERROR_REASONS:
             try:
                 m.endpoint_errors.remove(*self._labels, reason)
             except KeyError:
@@ -131,7 +136,10 @@ class Balancer:
         self._picker = PICKERS[settings.upstream_balance]()
         self._retries = metrics.upstream_retries.labels(spec)
         self.endpoints: dict[str, Endpoint] = {}
+        self._draining: dict[str, Endpoint] = {}  # gone from DNS with requests still on them
         self._rotation: list[Endpoint] = []  # in rotation, in the order they came
+        self._resolving = asyncio.Lock()
+        self._last_resolve = float("-inf")
         self._next_resolve = 0.0
         self._last_panic_resolve = float("-inf")
         self._wake = asyncio.Event()
@@ -144,8 +152,10 @@ class Balancer:
         """Send the request to a replica; the caller ends it with ``finish(endpoint, reason)``.
 
         A refused connect takes that replica out and tries another (at most ``MAX_RETRIES``)."""
-        if not self.endpoints:
-            await self.resolve()
+        if not self.endpoints and time.monotonic() - self._last_resolve >= PANIC_RESOLVE_MIN_S:
+            async with self._resolving:  # one lookup for every request waiting on it
+                if not self.endpoints:
+                    await self.resolve()
         tried: list[Endpoint] = []
         error: UpstreamConnectError | None = None
         while len(tried) <= MAX_RETRIES:
@@ -165,8 +175,11 @@ class Balancer:
                     self.finish(endpoint, "connect", 503)
                     raise
                 endpoint.in_flight -= 1
-                endpoint.error("connect")
-                self._eject(endpoint, str(exc))
+                if endpoint.removed:
+                    self._drain_if_removed(endpoint)
+                else:
+                    endpoint.error("connect")
+                    self._eject(endpoint, str(exc))
                 error = exc
             except BaseException:
                 endpoint.in_flight -= 1
@@ -180,6 +193,9 @@ class Balancer:
         upstream error, or None. 5xx answers and broken streams in a row take the replica
         out; a 2xx ends the run (a client that left, a 4xx or a timeout says nothing)."""
         endpoint.in_flight -= 1
+        if endpoint.removed:
+            self._drain_if_removed(endpoint)
+            return
         if reason in FAILURE_REASONS:
             endpoint.error("closed" if reason == "connect" else reason)
             endpoint.failures_in_row += 1
@@ -204,7 +220,8 @@ class Balancer:
     def _eject(self, endpoint: Endpoint, why: str) -> None:
         now = time.monotonic()
         endpoint.ejections += 1
-        backoff = min(EJECT_BASE_S * 2 ** (endpoint.ejections - 1), self._settings.upstream_eject_max_s)
+        backoff = min(EJECT_BASE_S * 2 ** min(endpoint.ejections - 1, MAX_DOUBLINGS),
+                      self._settings.upstream_eject_max_s)
         if not endpoint.ejected_until:
             log.warning("upstream %s: replica %s out of rotation for %.0f s: %s", self.spec, endpoint.key, backoff, why)
             endpoint.ejected()
@@ -231,36 +248,48 @@ class Balancer:
         for target in self.targets:
             try:
                 found = await resolve(target)
-            except OSError as exc:
+            except (OSError, UnicodeError) as exc:  # UnicodeError: a name IDNA refuses (a label past 63)
                 found = [e.address for e in self.endpoints.values() if e.address.target == target]
                 log.warning("upstream %s: cannot resolve %s (%s); keeping %d known address(es)", self.spec,
                             target.host, exc, len(found))
             addresses.extend(found)
         self._set_addresses(addresses)
-        self._next_resolve = time.monotonic() + self._settings.upstream_resolve_s
+        self._last_resolve = time.monotonic()
+        self._next_resolve = self._last_resolve + self._settings.upstream_resolve_s
 
     def _set_addresses(self, addresses: list[Address]) -> None:
         limit = self._settings.upstream_max_endpoints
-        keys = list(dict.fromkeys(a.key for a in addresses))
+        found = {a.key: a for a in addresses}
+        # past the limit, the replicas known already first: a resolver that shuffles its answers
+        # must not swap the chosen ones at every resolve
+        keys = [k for k in self.endpoints if k in found] + [k for k in found if k not in self.endpoints]
         if len(keys) > limit:
-            log.warning("upstream %s: %d addresses, using the first %d (upstream_max_endpoints)", self.spec,
-                        len(keys), limit)
-        wanted = {a.key: a for a in addresses if a.key in keys[:limit]}
+            log.warning("upstream %s: %d addresses, using %d (upstream_max_endpoints)", self.spec, len(keys), limit)
+        wanted = set(keys[:limit])
         for key in [k for k in self.endpoints if k not in wanted]:
             endpoint = self.endpoints.pop(key)
             log.warning("upstream %s: replica %s gone from %s", self.spec, key, endpoint.address.target.host)
             endpoint.removed = True
             if endpoint in self._rotation:
                 self._rotation.remove(endpoint)
+            self._draining[key] = endpoint
             self._drain_if_removed(endpoint)
-        for key, address in wanted.items():
-            if key not in self.endpoints:
-                endpoint = self.endpoints[key] = Endpoint(address, self._settings, self._metrics, self.spec)
+        for key in keys[:limit]:
+            if key in self.endpoints:
+                continue
+            endpoint = self._draining.pop(key, None)
+            if endpoint is not None:  # back before its last request ended: the same replica, series and all
+                endpoint.removed = False
+            else:
+                endpoint = Endpoint(found[key], self._settings, self._metrics, self.spec)
+            self.endpoints[key] = endpoint
+            if not endpoint.ejected_until:
                 self._rotation.append(endpoint)  # a new address is a pod that became ready: in at once,
-                endpoint.next_probe = 0.0  # and probed at once
+            endpoint.next_probe = 0.0  # and probed at once
 
     def _drain_if_removed(self, endpoint: Endpoint) -> None:
-        if endpoint.removed and endpoint.in_flight == 0:
+        if endpoint.removed and endpoint.in_flight == 0 and self._draining.get(endpoint.key) is endpoint:
+            del self._draining[endpoint.key]
             endpoint.pool.close()
             endpoint.forget()
 
@@ -276,33 +305,47 @@ class Balancer:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        for endpoint in self.endpoints.values():
+        for endpoint in (*self.endpoints.values(), *self._draining.values()):
             endpoint.pool.close()
+
+    async def _watch_once(self) -> None:
+        now = time.monotonic()
+        if now >= self._next_resolve:
+            await self.resolve()
+        due = [e for e in self.endpoints.values() if e.next_probe <= now]
+        if not due:
+            return
+        sent = {id(e): e.ejections for e in due}
+        results = await asyncio.gather(*(self._probe(e) for e in due), return_exceptions=True)
+        after = time.monotonic()
+        for endpoint, healthy in zip(due, results):
+            if endpoint.removed:
+                continue
+            if isinstance(healthy, BaseException):
+                log.warning("upstream %s: probe of %s failed: %r", self.spec, endpoint.key, healthy)
+                healthy = False
+            if healthy is None and (endpoint.answered or endpoint.in_flight) and not endpoint.ejected_until:
+                healthy = True  # too busy to answer its probe in time, yet working on requests
+            endpoint.answered = False
+            if healthy and endpoint.ejections != sent[id(endpoint)]:
+                continue  # ejected again while the probe was out: that newer failure stands
+            if healthy:
+                if endpoint.ejected_until:
+                    self._restore(endpoint)
+                endpoint.next_probe = after + self._settings.upstream_health_interval_s
+            else:
+                endpoint.error("probe")
+                self._eject(endpoint, "its /health probe did not answer 200")
 
     async def _watch(self) -> None:
         """Resolve names again and probe replicas when due: those in rotation every
         ``upstream_health_interval_s``, those out when their backoff ends."""
         while True:
-            now = time.monotonic()
-            if now >= self._next_resolve:
-                await self.resolve()
-            due = [e for e in self.endpoints.values() if e.next_probe <= now]
-            if due:
-                results = await asyncio.gather(*(self._probe(e) for e in due))
-                after = time.monotonic()
-                for endpoint, healthy in zip(due, results):
-                    if endpoint.removed:
-                        continue
-                    if healthy is None and endpoint.answered and not endpoint.ejected_until:
-                        healthy = True  # too busy to answer its probe in time, yet it answers requests
-                    endpoint.answered = False
-                    if healthy:
-                        if endpoint.ejected_until:
-                            self._restore(endpoint)
-                        endpoint.next_probe = after + self._settings.upstream_health_interval_s
-                    else:
-                        endpoint.error("probe")
-                        self._eject(endpoint, "its /health probe did not answer 200")
+            try:
+                await self._watch_once()
+            except Exception:  # a bug here must not end probing and resolving for good
+                log.exception("upstream %s: probing or resolving failed; trying again in a second", self.spec)
+                await asyncio.sleep(1.0)
             self._wake.clear()
             next_at = min([self._next_resolve, *(e.next_probe for e in self.endpoints.values())])
             try:

@@ -41,13 +41,19 @@ class UpstreamPool:
         """Send the request and wait up to ``timeout_s`` for the response's status line.
 
         A pooled connection that turns out closed before any answer (vLLM's server drops
-        idle ones) is replaced once: nothing of the request reached vLLM."""
+        idle ones) is replaced once. Whatever fails after that first write says
+        ``request_sent``: the connection may have closed while vLLM worked on the request."""
         head = [b"POST %s%s HTTP/1.1\r\nhost: %s\r\ncontent-length: %d\r\n" % (
             self.prefix, path.encode(), self.host_header, len(body))]
         head.extend(b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in headers.items())
         request = b"".join(head) + b"\r\n" + body
         for attempt in (0, 1):
-            conn, reused = await self._acquire()
+            try:
+                conn, reused = await self._acquire()
+            except UpstreamConnectError as exc:
+                if attempt:  # the first try wrote the request: vLLM may have it, another replica must not
+                    raise UpstreamConnectError(str(exc), request_sent=True) from None
+                raise
             response = UpstreamResponse(self, conn)
             conn.response = response
             assert conn.transport is not None

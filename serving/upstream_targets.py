@@ -77,9 +77,14 @@ def parse_target(url: str) -> Target:
         raise ValueError(f"each upstream URL must start with http:// or https://; got {url[:100]!r}")
     if any(c.isspace() for c in url):
         raise ValueError(f"an upstream URL has a space in it; separate several with commas: {url[:100]!r}")
-    split = urlsplit(url)
     try:
-        port = split.port or (443 if split.scheme == "https" else 80)
+        split = urlsplit(url)
+    except ValueError as exc:
+        raise ValueError(f"an upstream URL cannot be parsed ({exc}): {url[:100]!r}") from None
+    try:
+        port = split.port if split.port is not None else (443 if split.scheme == "https" else 80)
+        if port == 0:
+            raise ValueError
     except ValueError:
         raise ValueError(f"an upstream URL has a port that is not a number from 1 to 65535: {url[:100]!r}") from None
     if not split.hostname:

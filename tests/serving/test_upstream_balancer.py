@@ -15,6 +15,7 @@ import socket
 import time
 
 import pytest
+import requests
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
@@ -25,7 +26,10 @@ from inferwatch.serving.settings import GatewaySettings
 from inferwatch.serving.split import VariantSpec
 from inferwatch.serving.upstream_balancer import Balancer, LeastOutstanding
 from inferwatch.serving.upstream_targets import normalize_upstream, one_family
+from tests.support.servers import GatewayServer, metric_sum
 from tests.support.sockets import free_ports
+from tests.support.stub_upstream import StubUpstream
+from tests.support.waiting import eventually
 
 BODY = b'{"model": "m", "prompt": "hi"}'
 
@@ -250,29 +254,37 @@ def test_a_request_cut_after_it_was_sent_is_not_sent_again():
     run(scenario())
 
 
+async def until(probe, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not probe():
+        assert time.monotonic() < deadline, "never happened"
+        await asyncio.sleep(0.02)
+
+
 def test_5xx_in_a_row_take_a_replica_out_and_a_failing_probe_does_too():
     async def scenario():
         sick, well = await Replica().start(), await Replica().start()
         sick.status = 500
         balancer, registry = await balancer_for(f"{sick.url},{well.url}", upstream_balance="round_robin",
                                                 upstream_eject_after=3)
-        sick_key, spec = f"127.0.0.1:{sick.port}", balancer.spec
+        sick_key, well_key, spec = f"127.0.0.1:{sick.port}", f"127.0.0.1:{well.port}", balancer.spec
         try:
-            statuses = [(await call(balancer))[0] for _ in range(12)]
-            assert statuses.count(500) == 3  # the third in a row took it out
+            statuses = []
+            while statuses.count(500) < 3:  # round robin: well, sick, well, sick ...
+                statuses.append((await call(balancer))[0])
+            assert len(statuses) == 6  # three in a row on the sick one (the well one's 2xx are its own)
+            sick.health = 503  # and its /health says so, so no probe brings it back meanwhile
             assert value(registry, "upstream_endpoint_up", upstream=spec, endpoint=sick_key) == 0
-            sick.status = 200  # fixed; its probe answers 200: back after the 1 s backoff
-            await asyncio.sleep(1.6)
-            assert value(registry, "upstream_endpoint_up", upstream=spec, endpoint=sick_key) == 1
+            assert {key for _, key in [await call(balancer) for _ in range(4)]} == {well_key}
+            sick.status, sick.health = 200, 200  # fixed: back at its next probe
+            await until(lambda: value(registry, "upstream_endpoint_up", upstream=spec, endpoint=sick_key) == 1)
             before = sick.requests
             for _ in range(6):
                 await call(balancer)
             assert sick.requests - before == 3
 
             well.health = 503  # a replica whose engine died answers /health 503: out without a request
-            await asyncio.sleep(0.6)
-            well_key = f"127.0.0.1:{well.port}"
-            assert value(registry, "upstream_endpoint_up", upstream=spec, endpoint=well_key) == 0
+            await until(lambda: value(registry, "upstream_endpoint_up", upstream=spec, endpoint=well_key) == 0)
             assert value(registry, "upstream_endpoint_errors_total", upstream=spec, endpoint=well_key,
                          reason="probe") >= 1
             assert {key for _, key in [await call(balancer) for _ in range(6)]} == {sick_key}
@@ -295,12 +307,63 @@ def test_a_replica_too_busy_to_answer_its_probe_stays_while_it_answers_requests(
                 assert (await call(balancer))[0] == 200
                 await asyncio.sleep(0.05)
             assert value(registry, "upstream_endpoint_up", upstream=balancer.spec, endpoint=key) == 1
-            await asyncio.sleep(1.5)  # idle: a probe with no answer in time and no request answered
-            assert value(registry, "upstream_endpoint_up", upstream=balancer.spec, endpoint=key) == 0
+            # idle: a probe with no answer in time and no request answered since takes it out
+            await until(lambda: value(registry, "upstream_endpoint_up", upstream=balancer.spec, endpoint=key) == 0)
         finally:
             await closing(balancer)
             await busy.stop()
             await other.stop()
+
+    run(scenario())
+
+
+def test_a_request_on_a_kept_alive_connection_that_closes_is_not_sent_to_another_replica():
+    """The pool retries a reused connection once (vLLM drops idle ones); if that retry cannot
+    connect, the first write may have reached vLLM, so no other replica gets the request."""
+    async def scenario():
+        dying, other = await Replica().start(), await Replica().start()
+        balancer, registry = await balancer_for(f"{other.url},{dying.url}", upstream_balance="round_robin")
+        try:
+            assert (await call(balancer))[1] == f"127.0.0.1:{dying.port}"  # a kept-alive connection to it now
+            assert (await call(balancer))[1] == f"127.0.0.1:{other.port}"
+            dying.close_after_read = True
+            for server in dying._runner.sites:  # noqa: SLF001 - it stops listening, its connection stays
+                server._server.close()  # noqa: SLF001
+            with pytest.raises(UpstreamConnectError) as err:
+                await call(balancer)
+            assert err.value.request_sent and other.requests == 1 and dying.requests == 2
+        finally:
+            await closing(balancer)
+            await dying.stop()
+            await other.stop()
+
+    run(scenario())
+
+
+def test_the_backoff_stops_doubling_and_the_watch_survives_a_probe_that_raises():
+    async def scenario():
+        only = await Replica().start()
+        calls = {"n": 0}
+
+        async def raising_probe(endpoint):
+            calls["n"] += 1
+            raise RuntimeError("a bug in a probe")
+
+        registry = CollectorRegistry()
+        balancer = Balancer(only.url, settings(upstream_url=only.url), create_metrics(registry), raising_probe)
+        await balancer.start()
+        try:
+            endpoint = next(iter(balancer.endpoints.values()))
+            endpoint.ejections = 5000  # a replica refused for hours in panic mode
+            balancer._eject(endpoint, "test")  # noqa: SLF001
+            assert endpoint.ejected_until - time.monotonic() <= 2.0 + 0.1  # upstream_eject_max_s
+            endpoint.next_probe = 0.0
+            balancer._wake.set()  # noqa: SLF001
+            await until(lambda: calls["n"] >= 2)  # probed, failed, and probed again
+            assert not balancer._task.done()  # noqa: SLF001
+        finally:
+            await balancer.close()
+            await only.stop()
 
     run(scenario())
 
@@ -355,3 +418,73 @@ def test_a_name_with_several_addresses_spreads_over_them_and_follows_them_as_the
             await b.stop()
 
     run(scenario())
+
+
+def test_a_replica_that_leaves_dns_keeps_its_series_while_it_works_and_returns_as_itself(monkeypatch):
+    port = free_ports(1)[0]
+    answer = {"addresses": ["127.0.0.2", "127.0.0.3"]}
+
+    async def getaddrinfo(self, host, port_, **kw):
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, port_)) for ip in answer["addresses"]]
+
+    monkeypatch.setattr(asyncio.BaseEventLoop, "getaddrinfo", getaddrinfo)
+
+    async def scenario():
+        a, b = await Replica("127.0.0.2", port).start(), await Replica("127.0.0.3", port).start()
+        balancer, registry = await balancer_for(f"http://vllm-headless.test:{port}", upstream_balance="round_robin")
+        spec, key_b = balancer.spec, f"127.0.0.3:{port}"
+        in_flight = lambda: value(registry, "upstream_endpoint_requests_in_flight", upstream=spec,  # noqa: E731
+                                  endpoint=key_b)
+        try:
+            b.delay_s = 0.5
+            slow = asyncio.create_task(call(balancer))  # round robin's first pick: the second address
+            await until(lambda: in_flight() == 1)
+            original = balancer.endpoints[key_b]
+            answer["addresses"] = ["127.0.0.2"]
+            await balancer.resolve()
+            assert key_b not in balancer.endpoints and in_flight() == 1  # gone from DNS, still working
+            answer["addresses"] = ["127.0.0.2", "127.0.0.3"]
+            await balancer.resolve()
+            assert balancer.endpoints[key_b] is original  # the same replica, its request still counted
+            answer["addresses"] = ["127.0.0.2"]
+            await balancer.resolve()
+            assert (await slow)[1] == key_b
+            assert in_flight() is None  # its last request ended: its series are gone
+            assert value(registry, "upstream_endpoint_errors_total", upstream=spec, endpoint=key_b,
+                         reason="connect") is None
+        finally:
+            await closing(balancer)
+            await a.stop()
+            await b.stop()
+
+    run(scenario())
+
+
+def test_through_the_gateway_a_client_that_leaves_frees_its_replica_and_5xx_runs_eject():
+    """The proxy tells the balancer how each request ended (``Proxy.settle``)."""
+    with StubUpstream() as one, StubUpstream() as two:
+        spec = f"{one.url},{two.url}"
+        with GatewayServer(GatewaySettings(upstream_url=spec, upstream_balance="round_robin")) as gw:
+            r = requests.post(gw.url + "/v1/chat/completions", stream=True, timeout=10, json={
+                "model": "stall_stream", "messages": [{"role": "user", "content": "hi"}], "stream": True})
+            chunks = r.iter_content(chunk_size=None)  # kept: a dropped iterator closes the response
+            assert b'"content":"a"' in next(chunks)
+            assert metric_sum(gw.metrics_text(), "inferwatch_gateway_upstream_endpoint_requests_in_flight") == 1
+            r.close()  # the user closed the tab
+            eventually(lambda: metric_sum(gw.metrics_text(),
+                                          "inferwatch_gateway_upstream_endpoint_requests_in_flight") == 0)
+            for _ in range(6):  # three 500s in a row for each replica
+                r = requests.post(gw.url + "/v1/chat/completions", timeout=10, json={
+                    "model": "http500", "messages": [{"role": "user", "content": "hi"}]})
+                assert r.status_code == 500
+            text = gw.metrics_text()
+            for stub in (one, two):
+                endpoint = stub.url.removeprefix("http://")
+                assert metric_sum(text, "inferwatch_gateway_upstream_endpoint_errors_total", endpoint=endpoint,
+                                  reason="http_5xx") == 3
+                assert metric_sum(text, "inferwatch_gateway_upstream_endpoint_ejections_total",
+                                  endpoint=endpoint) == 1
+            assert metric_sum(text, "inferwatch_gateway_upstream_endpoint_requests_in_flight") == 0
+            ok = requests.post(gw.url + "/v1/chat/completions", timeout=10, json={
+                "model": "ok", "messages": [{"role": "user", "content": "hi"}]})
+            assert ok.status_code == 200  # every replica out: tried anyway, and they answer
