@@ -15,6 +15,8 @@ look at are the same.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,23 +60,42 @@ def otlp_receiver():
     receiver.close()
 
 
-def start_vllm(model: Path, log_dir: Path, otlp_endpoint: str | None = None, max_model_len: int = 512) -> RunningVLLM:
-    cfg = VLLMConfig(str(model), TINY_MODEL_NAME, port=free_port(), dtype="bfloat16",
-                     otlp_traces_endpoint=otlp_endpoint, max_model_len=max_model_len, extra_args=VLLM_TEST_ARGS)
+def suite_vllm(model: Path, name: str = TINY_MODEL_NAME, *, port: int, max_model_len: int = 512,
+               extra_args: tuple[str, ...] = (), **fields) -> VLLMConfig:
+    """A vLLM as the suite starts every one: ``VLLM_TEST_ARGS`` first, then ``extra_args``."""
+    return VLLMConfig(str(model), name, port=port, dtype="bfloat16", max_model_len=max_model_len,
+                      extra_args=VLLM_TEST_ARGS + extra_args, **fields)
+
+
+@contextmanager
+def running_vllms(configs: Sequence[VLLMConfig], log_dir: Path) -> Iterator[list[RunningVLLM]]:
+    """Start them all before waiting for any (a start is ~50 s of CPU, and they overlap), and
+    stop them all at the end, whether or not they came up."""
     env = dict(os.environ, OTEL_BSP_SCHEDULE_DELAY="200", **VLLM_TEST_ENV)
-    proc = vllm_process(cfg, log_dir / f"vllm-{cfg.port}.log", env)
-    proc.start()
+    started: list[RunningVLLM] = []
     try:
-        proc.wait_healthy(VLLM_STARTUP_TIMEOUT_S)
-    except Exception:
-        proc.stop()
-        raise
-    return RunningVLLM(cfg, proc)
+        for cfg in configs:
+            proc = vllm_process(cfg, log_dir / f"vllm-{cfg.served_model_name}-{cfg.port}.log", env)
+            proc.start()
+            started.append(RunningVLLM(cfg, proc))
+        for s in started:
+            s.process.wait_healthy(VLLM_STARTUP_TIMEOUT_S)
+        yield started
+    finally:
+        for s in started:
+            s.process.stop()
 
 
 @pytest.fixture(scope="session")
 def vllm_server(tiny_model: Path, otlp_receiver: OTLPReceiver, tmp_path_factory: pytest.TempPathFactory):
     """The shared real vLLM server, exporting its spans to ``otlp_receiver``."""
-    server = start_vllm(tiny_model, tmp_path_factory.mktemp("vllm"), otlp_receiver.endpoint)
-    yield server
-    server.process.stop()
+    cfg = suite_vllm(tiny_model, port=free_port(), otlp_traces_endpoint=otlp_receiver.endpoint)
+    with running_vllms([cfg], tmp_path_factory.mktemp("vllm")) as (server,):
+        yield server
+
+
+@pytest.fixture(scope="session")
+def second_vllm(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory):
+    """Another replica of ``vllm_server`` (same model, same name), for the tests of several."""
+    with running_vllms([suite_vllm(tiny_model, port=free_port())], tmp_path_factory.mktemp("vllm-2")) as (server,):
+        yield server

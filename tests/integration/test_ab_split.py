@@ -23,7 +23,6 @@ kernel share both cores among them.
 
 from __future__ import annotations
 
-import os
 import random
 from concurrent.futures import ThreadPoolExecutor
 
@@ -33,8 +32,7 @@ import requests
 
 from inferwatch.drift.service import DriftSettings, create_app as create_drift_app
 from inferwatch.serving.settings import GatewaySettings
-from inferwatch.serving.vllm_launcher import VLLMConfig, vllm_process
-from tests.conftest import VLLM_STARTUP_TIMEOUT_S, VLLM_TEST_ARGS, VLLM_TEST_ENV, RunningVLLM
+from tests.conftest import running_vllms, suite_vllm
 from tests.support.servers import AppServer, GatewayServer, metric_sum
 from tests.support.sockets import free_ports
 from tests.support.waiting import eventually
@@ -50,23 +48,11 @@ MIN_REQUESTS = 30
 def vllms(tiny_model, tmp_path_factory):
     """The control (also answering as its twin) and the canary, started together (startup is
     most of the cost)."""
-    logs = tmp_path_factory.mktemp("ab-vllm")
-    env = dict(os.environ, **VLLM_TEST_ENV)
-    servers = []
-    for (name, aliases, context), port in zip((("tiny-control", ("tiny-twin",), 32), ("tiny-canary", (), 96)),
-                                              free_ports(2)):
-        cfg = VLLMConfig(str(tiny_model), name, aliases=aliases, port=port, dtype="bfloat16", max_model_len=context,
-                         extra_args=VLLM_TEST_ARGS)
-        proc = vllm_process(cfg, logs / f"{name}.log", env)
-        proc.start()
-        servers.append(RunningVLLM(cfg, proc))
-    try:
-        for s in servers:
-            s.process.wait_healthy(VLLM_STARTUP_TIMEOUT_S)
+    configs = [suite_vllm(tiny_model, name, aliases=aliases, port=port, max_model_len=context)
+               for (name, aliases, context), port in zip((("tiny-control", ("tiny-twin",), 32),
+                                                          ("tiny-canary", (), 96)), free_ports(2))]
+    with running_vllms(configs, tmp_path_factory.mktemp("ab-vllm")) as servers:
         yield servers
-    finally:
-        for s in servers:
-            s.process.stop()
 
 
 def ask(gw, user: str, stream: bool = True) -> requests.Response:

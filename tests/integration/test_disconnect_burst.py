@@ -130,8 +130,15 @@ class Burst:
         recorded = {cls: metric_sum(g1, "inferwatch_gateway_requests_total", status_class=cls)
                     - metric_sum(self.g0, "inferwatch_gateway_requests_total", status_class=cls)
                     for cls in ("2xx", "4xx", "5xx")}
-        assert recorded == {"2xx": STAYING, "4xx": LEAVING, "5xx": 0}
-        assert sorted(r.status for r in self.sink.records) == [200] * STAYING + [499] * LEAVING
+        # A leaving client whose answer vLLM had finished, and the gateway had sent, before it
+        # left got its answer: a 2xx. vLLM's /metrics can answer seconds after it counted
+        # (its server is busy relaying the burst), so the moment the clients leave may come
+        # long after the count that let them; only requests finished by then may be 2xx.
+        answered_leaving = int(recorded["2xx"]) - STAYING
+        assert 0 <= answered_leaving <= finished_before, (recorded, finished_before)
+        assert recorded == {"2xx": STAYING + answered_leaving, "4xx": LEAVING - answered_leaving, "5xx": 0}
+        assert sorted(r.status for r in self.sink.records) == \
+            [200] * (STAYING + answered_leaving) + [499] * (LEAVING - answered_leaving)
 
         def delta(name: str, **labels: str) -> float:
             return metric_sum(v1, name, **labels) - metric_sum(self.v0, name, **labels)
@@ -145,7 +152,7 @@ class Burst:
         # idle machine, ~170 with a second vLLM on the two cores, ~270 with two suites running
         # beside each other; uncut, the rest of its LONG (and `ran_to_the_end` above says so
         # exactly). This bounds how late the cuts came, with room for a loaded machine.
-        after = leaving_tokens - generated_before
+        after = leaving_tokens - generated_before - answered_leaving * LONG  # the answered ones were not cut
         assert after <= LEAVING * LONG * 3 / 4, f"vLLM generated {after:.0f} tokens for clients after they left"
 
 

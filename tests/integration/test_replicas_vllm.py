@@ -26,34 +26,20 @@ import pytest
 import requests
 
 from inferwatch.serving.settings import GatewaySettings
-from inferwatch.serving.vllm_launcher import VLLMConfig, vllm_process
-from tests.conftest import TINY_MODEL_NAME, VLLM_STARTUP_TIMEOUT_S, VLLM_TEST_ARGS, VLLM_TEST_ENV, RunningVLLM
+from tests.conftest import TINY_MODEL_NAME, VLLM_STARTUP_TIMEOUT_S, RunningVLLM, running_vllms, suite_vllm
 from tests.support.servers import GatewayServer, metric_sum
-from tests.support.sockets import free_ports
+from tests.support.sockets import free_port
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture(scope="module")
-def replicas(vllm_server, tiny_model, tmp_path_factory):
-    """The session's vLLM, another like it, and one that runs a single sequence at a time."""
-    logs = tmp_path_factory.mktemp("replicas")
-    env = dict(os.environ, **VLLM_TEST_ENV)
-    started = []
-    for port, extra in zip(free_ports(2), ((), ("--max-num-seqs", "1"))):
-        cfg = VLLMConfig(str(tiny_model), TINY_MODEL_NAME, port=port, dtype="bfloat16",
-                         extra_args=VLLM_TEST_ARGS + extra)
-        proc = vllm_process(cfg, logs / f"vllm-{port}.log", env)
-        proc.start()
-        started.append(RunningVLLM(cfg, proc))
-    try:
-        for s in started:
-            s.process.wait_healthy(VLLM_STARTUP_TIMEOUT_S)
-        yield [vllm_server, *started]
-    finally:
-        for s in started:
-            s.process.stop()
+def replicas(vllm_server, second_vllm, tiny_model, tmp_path_factory):
+    """The session's vLLM, the second one, and one that runs a single sequence at a time."""
+    single = suite_vllm(tiny_model, port=free_port(), extra_args=("--max-num-seqs", "1"))
+    with running_vllms([single], tmp_path_factory.mktemp("replicas")) as (started,):
+        yield [vllm_server, second_vllm, started]
 
 
 @contextmanager

@@ -14,8 +14,9 @@ import requests
 
 from inferwatch.serving.settings import GatewaySettings
 from inferwatch.serving.tiny_model import TinyModelSpec, build_tiny_model
-from tests.conftest import TINY_MODEL_NAME, model_cache, start_vllm
+from tests.conftest import TINY_MODEL_NAME, model_cache, running_vllms, suite_vllm
 from tests.support.servers import GatewayServer, metric_sum
+from tests.support.sockets import free_port
 
 pytestmark = pytest.mark.vllm
 
@@ -30,9 +31,9 @@ LONG_STREAM = LONG_CONTEXT - 64  # room for the prompt
 def doomed_vllm(tmp_path_factory):
     model = build_tiny_model(model_cache(), name="tiny-llama-long",
                              spec=TinyModelSpec(max_position_embeddings=LONG_CONTEXT))
-    server = start_vllm(model, tmp_path_factory.mktemp("doomed-vllm"), max_model_len=LONG_CONTEXT)
-    yield server
-    server.process.stop()
+    with running_vllms([suite_vllm(model, port=free_port(), max_model_len=LONG_CONTEXT)],
+                       tmp_path_factory.mktemp("doomed-vllm")) as (server,):
+        yield server
 
 
 def running_in_vllm(server) -> float:
