@@ -58,7 +58,9 @@ $(DEPS_STAMP): $(ENGINE_STAMP) pyproject.toml
 # docker-compose.yml without an engine, g++, which vLLM's CPU build needs at model
 # warm-up (it compiles with torch inductor), redis-server, which the gateway replicas'
 # shared-state tests run on loopback, and nginx, the load balancer in front of the test fleet
-# of gateways (in /usr/sbin, which a user's PATH may lack).
+# of gateways (in /usr/sbin, which a user's PATH may lack; Debian's package also starts its
+# own service on port 80 where systemd runs: `systemctl disable --now nginx` if unwanted,
+# the tests start their own).
 $(SYSTEM_STAMP): $(VENV_STAMP) Makefile
 	@if command -v prometheus >/dev/null && command -v promtool >/dev/null && command -v amtool >/dev/null \
 	    && command -v docker-compose >/dev/null && command -v g++ >/dev/null && command -v redis-server >/dev/null \

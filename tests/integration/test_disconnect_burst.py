@@ -150,10 +150,11 @@ class Burst:
             "had ended when their clients left")
         # cut at once, each makes a few more tokens while vLLM aborts it: 5 to 40 here on an
         # idle machine, ~170 with a second vLLM on the two cores, ~270 with two suites running
-        # beside each other; uncut, the rest of its LONG (and `ran_to_the_end` above says so
-        # exactly). This bounds how late the cuts came, with room for a loaded machine.
+        # beside each other, 340 in a clean run with a helper reading files beside it; uncut,
+        # the rest of its LONG, and `ran_to_the_end` above says so exactly. This bounds how late
+        # the cuts came, with room for a loaded machine: before nine tenths of the answer.
         after = leaving_tokens - generated_before - answered_leaving * LONG  # the answered ones were not cut
-        assert after <= LEAVING * LONG * 3 / 4, f"vLLM generated {after:.0f} tokens for clients after they left"
+        assert after <= LEAVING * LONG * 0.9, f"vLLM generated {after:.0f} tokens for clients after they left"
 
 
 @pytest.mark.parametrize("pad", [0, LONG_BODY], ids=["short-body", "body-past-64KiB"])
