@@ -14,13 +14,9 @@ they did or more; so would any replica on a machine whose CPUs are the bottlenec
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 
 import pytest
 import requests
@@ -29,6 +25,7 @@ from inferwatch.serving.settings import GatewaySettings
 from tests.conftest import TINY_MODEL_NAME, VLLM_STARTUP_TIMEOUT_S, RunningVLLM, running_vllms, suite_vllm
 from tests.support.servers import GatewayServer, metric_sum
 from tests.support.sockets import free_port
+from tests.support.throttle import family, throttled
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.vllm
@@ -40,30 +37,6 @@ def replicas(vllm_server, second_vllm, tiny_model, tmp_path_factory):
     single = suite_vllm(tiny_model, port=free_port(), extra_args=("--max-num-seqs", "1"))
     with running_vllms([single], tmp_path_factory.mktemp("replicas")) as (started,):
         yield [vllm_server, second_vllm, started]
-
-
-@contextmanager
-def throttled(server: RunningVLLM, run_s: float = 0.025, period_s: float = 0.2) -> Iterator[None]:
-    """The replica's processes run ``run_s`` of every ``period_s`` (a CFS quota of an eighth
-    of its CPU time, enforced with SIGSTOP/SIGCONT where cgroups may not be writable)."""
-    pgid = server.process.pid
-    done = threading.Event()
-
-    def duty() -> None:
-        while not done.is_set():
-            os.killpg(pgid, signal.SIGSTOP)
-            done.wait(period_s - run_s)
-            os.killpg(pgid, signal.SIGCONT)
-            done.wait(run_s)
-
-    thread = threading.Thread(target=duty, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join()
-        os.killpg(pgid, signal.SIGCONT)
 
 
 def endpoint(server: RunningVLLM) -> str:
@@ -101,7 +74,7 @@ def test_a_slow_replica_gets_fewer_requests_than_its_twin(replicas):
     with GatewayServer(GatewaySettings(upstream_url=f"{b.url},{single.url}")) as gw:
         before = {id(s): sent_to(gw, s) for s in (b, single)}
         body = {"model": TINY_MODEL_NAME, "prompt": "one two three", "max_tokens": 96, "ignore_eos": True}
-        with throttled(single), ThreadPoolExecutor(8) as pool:
+        with throttled(family(single.process.pid), run_s=0.025), ThreadPoolExecutor(8) as pool:
             codes = list(pool.map(lambda _: requests.post(gw.url + "/v1/completions", json=body,
                                                           timeout=60).status_code, range(64)))
         assert set(codes) == {200}
