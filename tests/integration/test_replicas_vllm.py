@@ -1,15 +1,19 @@
 """One variant over three real vLLM replicas behind the gateway: a replica killed under load
 fails only the requests it had, new requests avoid it at once and come back to it after it
-restarts; a slow replica gets fewer requests than its twin.
+restarts.
 
-The replicas: the session's vLLM and two more serving the same model under the same name
+The replicas: the session's vLLM, the second one, and one started with ``--max-num-seqs 1``
 (the balancer's choice is all that differs), started as every vLLM of the suite
-(tests/conftest.py). The slow one runs one sequence at a time (``--max-num-seqs 1``) and is
-throttled as a CPU-limited pod is: its processes are stopped for most of each 200 ms period,
-as the kernel's CFS quota does. ``--max-num-seqs 1`` alone does not make it slower here:
-three vLLMs on two shared cores, measured, it finished its requests faster than the
-batching ones (0–1 running in vLLM's own gauge while they ran 4–6) and got as many as
-they did or more; so would any replica on a machine whose CPUs are the bottleneck.
+(tests/conftest.py).
+
+That a slow replica gets fewer requests is tested against servers slow by construction in
+tests/serving/test_upstream_balancer.py, and measured over real vLLMs by
+bench/upstream_balance.py. Over real vLLMs in the full suite it did not hold reliably, even
+with the slow replica throttled to an eighth of its CPU time: in three full runs (CI's
+among them) the slow replica got 26 of 72, 23 of 72 and 30 of 64 requests, about as many
+as its twin, while alone the same test gave it 16–18 of 64. Three vLLMs and the
+suite's own process share two cores there, and the twin slowed down as much. The test
+returns once it is built on something that holds in that setting.
 """
 
 from __future__ import annotations
@@ -25,7 +29,6 @@ from inferwatch.serving.settings import GatewaySettings
 from tests.conftest import TINY_MODEL_NAME, VLLM_STARTUP_TIMEOUT_S, RunningVLLM, running_vllms, suite_vllm
 from tests.support.servers import GatewayServer, metric_sum
 from tests.support.sockets import free_port
-from tests.support.throttle import family, throttled
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.vllm
@@ -63,23 +66,6 @@ def stream(gw: GatewayServer, i: int) -> tuple[float, float, bool]:
     except requests.RequestException:
         whole = False
     return start, time.monotonic(), whole
-
-
-def test_a_slow_replica_gets_fewer_requests_than_its_twin(replicas):
-    """The second vLLM against the slow one, alone behind a gateway: twins but for the
-    constraint. The session's vLLM sits this one out: it exports spans and carries the
-    suite's history, and in a full run it served 96-token answers slower than the throttled
-    replica (it got 14 of 72 requests where the second got 35 and the slow one 23)."""
-    _, b, single = replicas
-    with GatewayServer(GatewaySettings(upstream_url=f"{b.url},{single.url}")) as gw:
-        before = {id(s): sent_to(gw, s) for s in (b, single)}
-        body = {"model": TINY_MODEL_NAME, "prompt": "one two three", "max_tokens": 96, "ignore_eos": True}
-        with throttled(family(single.process.pid), run_s=0.025), ThreadPoolExecutor(8) as pool:
-            codes = list(pool.map(lambda _: requests.post(gw.url + "/v1/completions", json=body,
-                                                          timeout=60).status_code, range(64)))
-        assert set(codes) == {200}
-        shares = {name: sent_to(gw, s) - before[id(s)] for name, s in (("b", b), ("single", single))}
-        assert shares["single"] < 0.6 * shares["b"], shares
 
 
 def test_a_killed_replica_fails_only_its_requests_and_returns_after_its_restart(replicas):

@@ -13,15 +13,10 @@ from contextlib import contextmanager
 import psutil
 
 
-def family(pid: int) -> list[int]:
-    """The process and all its descendants (vLLM's API server and its engine core)."""
-    root = psutil.Process(pid)
-    return [root.pid, *(child.pid for child in root.children(recursive=True))]
-
-
 def descendants(pid: int) -> list[int]:
-    """Only the children: vLLM's engine core without its API server, which then keeps
-    answering HTTP (and relaying aborts) at full speed while generation slows down."""
+    """The process's children, not itself: for vLLM, its engine core without its API server,
+    which then keeps answering HTTP (and relaying aborts) at full speed while generation
+    slows down."""
     return [child.pid for child in psutil.Process(pid).children(recursive=True)]
 
 
