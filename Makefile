@@ -27,7 +27,8 @@ up: install
 # The gateway's disconnect and timing tests run first, in a pytest process of their own: at
 # the end of the long main run, the process carries every earlier test's objects and its
 # in-process gateways' event loops run late enough to blur what these tests measure.
-TIMING_TESTS := tests/integration/test_gateway_limits.py tests/integration/test_disconnect_burst.py
+TIMING_TESTS := tests/integration/test_gateway_limits.py tests/integration/test_disconnect_burst.py \
+	tests/integration/test_replicas_vllm.py
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS) $(TIMING_TESTS)
 	$(PY) -m pytest $(PYTEST_ARGS) $(addprefix --ignore=,$(TIMING_TESTS))
