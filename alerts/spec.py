@@ -189,9 +189,11 @@ ALERTS = (
           description="Prometheus cannot scrape the gateway at {{ $labels.instance }}: clients cannot reach "
                       "the model through it."),
     # Only while Prometheus reaches that vLLM itself: a dead vLLM is VLLMDown's page, and the
-    # gateway re-probes within seconds once it returns, well inside `for`.
+    # gateway re-probes within seconds once it returns, well inside `for`. An upstream of
+    # several replicas (a comma list) stands on its first: upstream_up is 0 only when none
+    # answers, and a fleet whose first replica is down too is VLLMDown's.
     Alert("GatewayUpstreamDown",
-          _address(f'{m("inferwatch_gateway_upstream_up")} == 0', "upstream", "https?://([^/]+).*")
+          _address(f'{m("inferwatch_gateway_upstream_up")} == 0', "upstream", "https?://([^/,]+).*")
           + " unless on (address) " + _address(f'up{{job="{JOB_VLLM}"}} == 0', "instance", "(.+)"),
           "critical", for_="1m",
           dashboard=uids.SERVING,

@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.procs import running  # noqa: E402
+from tests.support import nginx as nginx_conf  # noqa: E402
 from tests.support.gateway_metrics import populated_registry  # noqa: E402
 from tests.support.redis_server import RedisServer  # noqa: E402
 from tests.support.servers import metric_sum  # noqa: E402
@@ -72,9 +73,11 @@ BASELINE: Path | None = None  # --baseline: another checkout whose gateway runs 
 
 def gateway(port: int, upstream_port: int, otlp: str | None = None, sample_ratio: float = 1.0,
             production_sink: str | None = None, tree: Path | None = None, limits: Path | None = None,
-            redis_url: str | None = None):
-    """This checkout's gateway, or with ``tree`` that checkout's (run from its own folder)."""
-    env = {"INFERWATCH_GATEWAY_UPSTREAM_URL": f"http://127.0.0.1:{upstream_port}",
+            redis_url: str | None = None, more_replicas: tuple[int, ...] = ()):
+    """This checkout's gateway, or with ``tree`` that checkout's (run from its own folder);
+    ``more_replicas``: ports of more upstream replicas beside ``upstream_port``."""
+    env = {"INFERWATCH_GATEWAY_UPSTREAM_URL": ",".join(f"http://127.0.0.1:{p}"
+                                                       for p in (upstream_port, *more_replicas)),
            "INFERWATCH_GATEWAY_MAX_TOKENS_LIMIT": "32768"}
     if limits:
         env["INFERWATCH_GATEWAY_LIMITS_FILE"] = str(limits)
@@ -119,33 +122,10 @@ def baseline_gateway(port: int, upstream_port: int, **kwargs):
     return gateway(port, upstream_port, tree=BASELINE, **kwargs)
 
 
-NGINX_CONF = """
-master_process off; daemon off; worker_processes 1;
-error_log {dir}/error.log warn; pid {dir}/nginx.pid;
-events {{ worker_connections 4096; }}
-http {{
-  access_log off;
-  client_body_temp_path {dir}/body; proxy_temp_path {dir}/proxy; fastcgi_temp_path {dir}/fcgi;
-  uwsgi_temp_path {dir}/uwsgi; scgi_temp_path {dir}/scgi;
-  upstream mock {{ server 127.0.0.1:{upstream}; keepalive 256; }}
-  server {{
-    listen 127.0.0.1:{port};
-    location = /health {{ return 200 "ok"; }}
-    location / {{
-      proxy_pass http://mock; proxy_http_version 1.1; proxy_set_header Connection "";
-      proxy_buffering off;
-    }}
-  }}
-}}
-"""
-
-
 def nginx(port: int, upstream_port: int):
     """One nginx process (master_process off), so its pid is the one doing the work."""
     workdir = Path(tempfile.mkdtemp(prefix="inferwatch-bench-nginx-"))
-    conf = workdir / "nginx.conf"
-    conf.write_text(NGINX_CONF.format(dir=workdir, port=port, upstream=upstream_port))
-    return running("nginx", [shutil.which("nginx") or "/usr/sbin/nginx", "-c", str(conf), "-p", str(workdir)],
+    return running("nginx", nginx_conf.configure(workdir, port, [upstream_port], health_path="/health", keepalive=256),
                    f"http://127.0.0.1:{port}/health", cpus=GATEWAY_CPU)
 
 
@@ -228,17 +208,24 @@ def med(runs: list[dict], key: str) -> float:
 
 
 def latency_table(runs: int, seconds: float) -> list[str]:
-    ports = {name: free_port() for name in ("mock", "nginx", "gateway", "production", "traced", "litellm",
-                                            "baseline", "baseline-production", "limits", "shared")}
+    ports = {name: free_port() for name in ("mock", "mock-2", "mock-3", "nginx", "gateway", "replicas", "production",
+                                            "traced", "litellm", "baseline", "baseline-production", "limits",
+                                            "shared")}
     sink = OTLPSink()
     rows = ["| concurrency | path | p50 | p99 | added p50 | added p99 | req/s | proxy CPU/req (user + sys) "
             "| CPU/req vs nginx |", "|---|---|---|---|---|---|---|---|---|"]
     with ExitStack() as stack:
-        stack.enter_context(mock(ports["mock"], 100, 2.0))
+        for name in ("mock", "mock-2", "mock-3"):
+            stack.enter_context(mock(ports[name], 100, 2.0))
         targets = [("direct", ports["mock"], None, False),
                    ("nginx", ports["nginx"], stack.enter_context(nginx(ports["nginx"], ports["mock"])).pid, False),
                    ("gateway", ports["gateway"],
                     stack.enter_context(gateway(ports["gateway"], ports["mock"])).pid, False),
+                   # the same upstream as three replicas: what least outstanding and its
+                   # bookkeeping cost a request
+                   ("gateway over 3 replicas", ports["replicas"],
+                    stack.enter_context(gateway(ports["replicas"], ports["mock"],
+                                                more_replicas=(ports["mock-2"], ports["mock-3"]))).pid, False),
                    ("gateway (production)", ports["production"],
                     stack.enter_context(gateway(ports["production"], ports["mock"], otlp=sink.endpoint,
                                                 sample_ratio=0.1, production_sink=sink.base)).pid, True),
@@ -282,6 +269,8 @@ def latency_table(runs: int, seconds: float) -> list[str]:
                 ratio = f"{med(r, 'cpu_per_req') / floor:.1f}×" if pid else "—"
                 rows.append(f"| {conns} | {name} | {p50 * 1e3:.3f} ms | {p99 * 1e3:.3f} ms | {added[0]} | "
                             f"{added[1]} | {med(r, 'rps'):,.0f} | {cpu} | {ratio} |")
+            change = med(results["gateway over 3 replicas"], "cpu_per_req") / med(results["gateway"], "cpu_per_req") - 1
+            rows.append(f"| {conns} | 3 replicas vs 1 (least outstanding) | | | | | | {change:+.1%} CPU/req | |")
             if "gateway + limits, shared in Redis" in results:
                 text = urllib.request.urlopen(f"http://127.0.0.1:{ports['shared']}/metrics").read().decode()
                 if metric_sum(text, "inferwatch_gateway_shared_state_up") != 1 \

@@ -46,6 +46,7 @@ ENDPOINT_ERROR_REASONS = (
     "closed",  # closed the connection after the request was sent, before an answer
     "http_5xx",
     "stream_interrupted",
+    "timeout",  # no answer headers in time (upstream_timeout_s, or the stream idle timeout)
     "probe",  # its /health did not answer 200
 )
 

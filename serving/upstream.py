@@ -134,20 +134,25 @@ class Upstream:
         return rotation[0] if rotation else next(iter(self.balancer.endpoints.values()), None)
 
     async def _probe(self, endpoint: Endpoint) -> bool | None:
-        """True: /health answered 200; False: it answered otherwise, or the connection failed;
-        None: no answer in time (a vLLM busy on two cores can take seconds to answer it)."""
+        """True: /health answered 200; False: it answered otherwise, or the connection failed
+        or timed out (nothing listens there); None: connected but no answer in time (a vLLM busy
+        on two cores can take seconds to answer it)."""
         try:
-            timeout = aiohttp.ClientTimeout(total=self._settings.upstream_connect_timeout_s + 1)
+            timeout = aiohttp.ClientTimeout(total=self._settings.upstream_connect_timeout_s + 1,
+                                            connect=self._settings.upstream_connect_timeout_s)
             async with self.get(endpoint, "/health", timeout) as r:
                 return r.status == 200
+        except aiohttp.ConnectionTimeoutError:
+            return False
         except TimeoutError:
             return None
         except aiohttp.ClientError:
             return False
 
     async def healthy(self) -> bool:
-        """Ready when a replica in rotation answers its /health now."""
-        for endpoint in self.balancer.in_rotation()[:3]:
+        """Ready when a replica answers its /health now: one in rotation, or, with every one
+        out (the balancer then tries them all), any known one."""
+        for endpoint in (self.balancer.in_rotation() or list(self.balancer.endpoints.values()))[:3]:
             if await self._probe(endpoint) is True:
                 return True
         return False

@@ -3,8 +3,8 @@
 Each request goes to the replica with the fewest requests in flight from this gateway, of
 two drawn at random (power of two choices: near the least loaded without every gateway
 replica herding onto the same one). A replica is taken out of rotation when a connect
-fails, when ``eject_after`` answers in a row are 5xx or broken streams, or when its
-``/health`` probe fails; it comes back when a probe answers 200, after a backoff that
+fails, when ``eject_after`` requests in a row got a 5xx, a broken stream or no answer in
+time (Envoy's consecutive gateway failures), or when its ``/health`` probe fails; it comes back when a probe answers 200, after a backoff that
 doubles with each ejection in a row (1 s, 2 s, 4 s ... up to ``upstream_eject_max_s``).
 With every replica out, all of them are tried (Envoy's panic mode): the alternative is
 refusing everything on stale information.
@@ -12,8 +12,9 @@ refusing everything on stale information.
 A request is sent to another replica only when the connection could not be made: nothing
 of it reached vLLM, so it cannot run twice. One cut short after it was sent fails.
 
-``Picker`` is the seam for a smarter policy (KV-cache or prefix affinity): it sees the
-replicas in rotation and the request's path and body.
+``Picker`` is the seam for a smarter policy (KV-cache or prefix affinity, latency-weighted):
+it sees the replicas in rotation and the request's path and body, and hears how each request
+it placed ended (a refused connect too, before the retry).
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ EJECT_BASE_S = 1.0
 MAX_DOUBLINGS = 16  # the backoff's exponent stops here (then upstream_eject_max_s caps it anyway)
 PANIC_RESOLVE_MIN_S = 1.0  # with every replica out, resolve names again, at most this often
 MAX_RETRIES = 2  # other replicas tried after a refused connect
-FAILURE_REASONS = frozenset({"http_5xx", "stream_interrupted", "connect"})  # "connect" here: closed before an answer
+# "connect" here: closed before an answer; "timeout": no answer headers in time (a hung replica
+# still accepts connections, and its probe's silence alone does not take it out while busy)
+FAILURE_REASONS = frozenset({"http_5xx", "stream_interrupted", "connect", "timeout"})
 
 
 class Endpoint:
@@ -95,8 +98,19 @@ class Endpoint:
 class Picker(Protocol):
     def pick(self, candidates: Sequence[Endpoint], path: str, body: bytes) -> Endpoint: ...
 
+    def finished(self, endpoint: Endpoint, reason: str | None, status: int) -> None:
+        """A request ``pick`` placed on ``endpoint`` ended: ``status`` as the client saw it,
+        ``reason`` the upstream failure (``FAILURE_REASONS``, ``http_4xx``...) or None."""
 
-class LeastOutstanding:
+
+class InFlightOnly:
+    """A picker that needs no outcomes: the in-flight counts say all it uses."""
+
+    def finished(self, endpoint: Endpoint, reason: str | None, status: int) -> None:
+        pass
+
+
+class LeastOutstanding(InFlightOnly):
     """The fewer in flight of two replicas drawn at random."""
 
     def __init__(self, rng: random.Random | None = None) -> None:
@@ -109,7 +123,7 @@ class LeastOutstanding:
         return b if b.in_flight < a.in_flight else a
 
 
-class RoundRobin:
+class RoundRobin(InFlightOnly):
     """Each replica in turn, whatever its load: the baseline the benchmark compares with."""
 
     def __init__(self) -> None:
@@ -127,13 +141,14 @@ class Balancer:
     """The replicas of one upstream (one URL or several; names resolved to every address)."""
 
     def __init__(self, spec: str, settings: GatewaySettings, metrics: GatewayMetrics,
-                 probe: Callable[[Endpoint], Awaitable[bool | None]]) -> None:
+                 probe: Callable[[Endpoint], Awaitable[bool | None]], picker: Picker | None = None) -> None:
         """``probe(endpoint)`` is awaited for its health: True when ``/health`` answered 200,
-        False when it answered otherwise or refused, None when it did not answer in time."""
+        False when it answered otherwise or refused, None when it did not answer in time.
+        ``picker`` defaults to the one ``upstream_balance`` names."""
         self.spec = spec
         self.targets: tuple[Target, ...] = parse_upstream(spec)
         self._settings, self._metrics, self._probe = settings, metrics, probe
-        self._picker = PICKERS[settings.upstream_balance]()
+        self._picker = picker or PICKERS[settings.upstream_balance]()
         self._retries = metrics.upstream_retries.labels(spec)
         self.endpoints: dict[str, Endpoint] = {}
         self._draining: dict[str, Endpoint] = {}  # gone from DNS with requests still on them
@@ -175,12 +190,16 @@ class Balancer:
                     self.finish(endpoint, "connect", 503)
                     raise
                 endpoint.in_flight -= 1
+                self._picker.finished(endpoint, "connect", 503)
                 if endpoint.removed:
                     self._drain_if_removed(endpoint)
                 else:
                     endpoint.error("connect")
                     self._eject(endpoint, str(exc))
                 error = exc
+            except TimeoutError:  # no answer headers in time: the caller answers 504
+                self.finish(endpoint, "timeout", 504)
+                raise
             except BaseException:
                 endpoint.in_flight -= 1
                 self._drain_if_removed(endpoint)
@@ -190,9 +209,11 @@ class Balancer:
 
     def finish(self, endpoint: Endpoint, reason: str | None, status: int) -> None:
         """A request ``post`` gave ``endpoint`` has ended with ``status``; ``reason`` is the
-        upstream error, or None. 5xx answers and broken streams in a row take the replica
-        out; a 2xx ends the run (a client that left, a 4xx or a timeout says nothing)."""
+        upstream error, or None. 5xx answers, broken streams and answers that did not come in
+        time, in a row, take the replica out; a 2xx ends the run (a client that left or a 4xx
+        says nothing)."""
         endpoint.in_flight -= 1
+        self._picker.finished(endpoint, reason, status)
         if endpoint.removed:
             self._drain_if_removed(endpoint)
             return

@@ -63,6 +63,16 @@ SCENARIOS = [
               selector("up", {**VLLM, "instance": "vllm-b:8000"}): "1 1 0x10"},
              quiet_at=("1m", "2m"), fires_at="4m", labels=crit(**GW, upstream="http://vllm:8000", address="vllm:8000"),
              value="0", resolved_at="6m"),
+    Scenario("gateway reaches no replica of a list while Prometheus reaches them", "GatewayUpstreamDown",
+             {selector("inferwatch_gateway_upstream_up", {**GW, "upstream": "http://vllm-c:8000,http://vllm-d:8000"}):
+                  "1 1 0x10",
+              selector("up", {**VLLM, "instance": "vllm-c:8000"}): "1x12",
+              # another gateway's list whose replicas are down: VLLMDown's page, not this one
+              selector("inferwatch_gateway_upstream_up", {**GW, "instance": "gw2:8080",
+                                                          "upstream": "http://vllm-e:8000/,http://vllm-f:8000"}): "1 1 0x10",
+              selector("up", {**VLLM, "instance": "vllm-e:8000"}): "1 1 0x10"},
+             quiet_at=("2m",), fires_at="4m",
+             labels=crit(**GW, upstream="http://vllm-c:8000,http://vllm-d:8000", address="vllm-c:8000"), value="0"),
     Scenario("a child restarts three times within 15m", "InferwatchCrashLooping",
              {selector("inferwatch_supervisor_restarts_total", {"job": "inferwatch-supervisor", "instance": "h:9098",
                                                                 "child": "vllm"}): "0 0 1 2 3 3 3 3x20"},

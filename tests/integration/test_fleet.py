@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -36,6 +35,7 @@ from inferwatch.serving.admission import key_id
 from inferwatch.supervise import ManagedProcess
 from tests.conftest import TINY_MODEL_NAME
 from tests.drift.test_drift_pair import without_clock
+from tests.support import nginx
 from tests.support.redis_server import RedisServer
 from tests.support.servers import metric_sum
 from tests.support.sockets import free_ports
@@ -49,27 +49,6 @@ OPEN_KEY, LIMITED_KEY = "open-key", "limited-key"
 LIMIT_PER_MINUTE = 60
 USERS = [f"user-{i}" for i in range(80)]
 START_S = 60.0
-
-NGINX_CONF = """
-master_process off; daemon off; worker_processes 1;
-error_log {dir}/error.log warn; pid {dir}/nginx.pid;
-events {{ worker_connections 1024; }}
-http {{
-  access_log off;
-  client_body_temp_path {dir}/body; proxy_temp_path {dir}/proxy; fastcgi_temp_path {dir}/fcgi;
-  uwsgi_temp_path {dir}/uwsgi; scgi_temp_path {dir}/scgi;
-  upstream gateways {{ {servers} }}
-  server {{
-    listen 127.0.0.1:{port};
-    location = /nginx-health {{ return 200 "ok"; }}
-    location / {{
-      proxy_pass http://gateways; proxy_http_version 1.1; proxy_buffering off;
-      proxy_next_upstream error timeout; proxy_connect_timeout 2s; proxy_read_timeout 120s;
-    }}
-  }}
-}}
-"""
-
 
 @dataclass
 class Service:
@@ -98,9 +77,6 @@ def _process(started: list[Service], name: str, argv: list[str], url: str, healt
 @pytest.fixture(scope="module")
 def fleet(vllm_server, second_vllm, tmp_path_factory):
     work = tmp_path_factory.mktemp("fleet")
-    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
-    if not os.access(nginx, os.X_OK):
-        raise RuntimeError("nginx is not installed: `make install` brings it (Debian's nginx)")
     replicas = f"{vllm_server.url},{second_vllm.url}"
     (work / "experiments.yaml").write_text(f"""
 experiments:
@@ -137,11 +113,9 @@ experiments:
                                                             "127.0.0.1", "--port", str(ports[2 + i])],
                                  url, "/health", work, env)
                         for i, url in enumerate(gateway_urls)]
-            servers = " ".join(f"server 127.0.0.1:{p};" for p in ports[2:5])
-            (work / "nginx.conf").write_text(NGINX_CONF.format(dir=work, port=ports[5], servers=servers))
-            lb = _process(services, "nginx", [nginx, "-e", str(work / "error.log"), "-c", str(work / "nginx.conf"),
-                                              "-p", str(work)], f"http://127.0.0.1:{ports[5]}", "/nginx-health",
-                          work, base)
+            argv = nginx.configure(work, ports[5], ports[2:5], proxy="proxy_next_upstream error timeout; "
+                                   "proxy_connect_timeout 2s; proxy_read_timeout 120s;")
+            lb = _process(services, "nginx", argv, f"http://127.0.0.1:{ports[5]}", "/nginx-health", work, base)
             for s in services:
                 s.process.wait_healthy(START_S)
             yield Fleet(lb.url, gateways, drifts)

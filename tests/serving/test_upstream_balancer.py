@@ -24,7 +24,8 @@ from inferwatch.serving.metrics import create_metrics
 from inferwatch.serving.relay_client import UpstreamConnectError
 from inferwatch.serving.settings import GatewaySettings
 from inferwatch.serving.split import VariantSpec
-from inferwatch.serving.upstream_balancer import Balancer, LeastOutstanding
+from inferwatch.serving.upstream import Upstream
+from inferwatch.serving.upstream_balancer import Balancer, LeastOutstanding, Picker, RoundRobin
 from inferwatch.serving.upstream_targets import normalize_upstream, one_family
 from tests.support.servers import GatewayServer, metric_sum
 from tests.support.sockets import free_ports
@@ -90,7 +91,7 @@ def settings(**kw) -> GatewaySettings:
     return GatewaySettings(**{**base, **kw})
 
 
-async def balancer_for(spec: str, **kw) -> tuple[Balancer, CollectorRegistry]:
+async def balancer_for(spec: str, picker: Picker | None = None, **kw) -> tuple[Balancer, CollectorRegistry]:
     import aiohttp
 
     registry = CollectorRegistry()
@@ -100,12 +101,14 @@ async def balancer_for(spec: str, **kw) -> tuple[Balancer, CollectorRegistry]:
         try:
             async with session.get(endpoint.address.url + "/health", timeout=aiohttp.ClientTimeout(total=0.5)) as r:
                 return r.status == 200
+        except aiohttp.ConnectionTimeoutError:
+            return False
         except TimeoutError:
             return None
         except aiohttp.ClientError:
             return False
 
-    balancer = Balancer(spec, settings(upstream_url=spec, **kw), create_metrics(registry), probe)
+    balancer = Balancer(spec, settings(upstream_url=spec, **kw), create_metrics(registry), probe, picker)
     balancer.session = session  # closed with the balancer by the test's `closing`
     await balancer.start()
     return balancer, registry
@@ -296,6 +299,67 @@ def test_5xx_in_a_row_take_a_replica_out_and_a_failing_probe_does_too():
     run(scenario())
 
 
+def test_answers_that_do_not_come_in_time_in_a_row_take_a_replica_out():
+    """A hung vLLM still accepts connections, and while requests sit on it its probe's
+    silence reads as busy: only the requests' own timeouts can take it out."""
+    async def scenario():
+        hung, well = await Replica().start(), await Replica().start()
+        hung.delay_s = 30.0
+        balancer, registry = await balancer_for(f"{hung.url},{well.url}", upstream_balance="round_robin",
+                                                upstream_eject_after=3, upstream_eject_max_s=30)
+        key, spec = f"127.0.0.1:{hung.port}", balancer.spec
+        try:
+            timed_out = 0
+            while timed_out < 3:
+                try:
+                    resp, endpoint = await balancer.post("/v1/completions", BODY, {}, 0.3)
+                except TimeoutError:  # the proxy answers 504; the balancer has counted it
+                    timed_out += 1
+                    continue
+                await resp.read(time.monotonic() + 10)
+                resp.release()
+                balancer.finish(endpoint, None, resp.status)
+            assert value(registry, "upstream_endpoint_errors_total", upstream=spec, endpoint=key, reason="timeout") == 3
+            assert value(registry, "upstream_endpoint_up", upstream=spec, endpoint=key) == 0
+            assert {key for _, key in [await call(balancer) for _ in range(4)]} == {f"127.0.0.1:{well.port}"}
+        finally:
+            await closing(balancer)
+            await hung.stop()
+            await well.stop()
+
+    run(scenario())
+
+
+def test_a_picker_hears_how_each_request_it_placed_ended():
+    class Recording(RoundRobin):
+        def __init__(self) -> None:
+            super().__init__()
+            self.outcomes: list[tuple[str, str | None, int]] = []
+
+        def finished(self, endpoint, reason, status) -> None:
+            self.outcomes.append((endpoint.key, reason, status))
+
+    async def scenario():
+        ok, sick = await Replica().start(), await Replica().start()
+        sick.status = 500
+        dead = free_ports(1)[0]  # nothing listens: the connect is refused, and the request goes elsewhere
+        picker = Recording()
+        balancer, _ = await balancer_for(f"{ok.url},{sick.url},http://127.0.0.1:{dead}", picker,
+                                         upstream_eject_after=10)
+        try:
+            for _ in range(3):
+                await call(balancer)
+            by_key = {key: (reason, status) for key, reason, status in picker.outcomes}
+            assert by_key == {f"127.0.0.1:{ok.port}": (None, 200), f"127.0.0.1:{sick.port}": ("http_5xx", 500),
+                              f"127.0.0.1:{dead}": ("connect", 503)}, picker.outcomes
+        finally:
+            await closing(balancer)
+            await ok.stop()
+            await sick.stop()
+
+    run(scenario())
+
+
 def test_a_replica_too_busy_to_answer_its_probe_stays_while_it_answers_requests():
     async def scenario():
         busy, other = await Replica().start(), await Replica().start()
@@ -380,6 +444,58 @@ def test_every_replica_out_still_tries_them_all_rather_than_refuse():
         finally:
             await closing(balancer)
             await only.stop()
+
+    run(scenario())
+
+
+def test_with_every_replica_out_the_gateway_is_ready_while_one_answers_its_health():
+    """Every replica out (the requests then try them all): ready while one of them answers
+    /health now, not ready when none does."""
+    async def scenario():
+        only = await Replica().start()
+        upstream = Upstream(settings(upstream_url=only.url), create_metrics(CollectorRegistry()))
+        await upstream.start()
+        try:
+            (endpoint,) = upstream.balancer.endpoints.values()
+            upstream.balancer._eject(endpoint, "5xx in a row")  # noqa: SLF001
+            endpoint.ejected_until = endpoint.next_probe = time.monotonic() + 60  # no probe brings it back
+            assert upstream.balancer.in_rotation() == []
+            assert await upstream.healthy()
+            only.health = 503
+            assert not await upstream.healthy()
+        finally:
+            await upstream.close()
+            await only.stop()
+
+    run(scenario())
+
+
+def test_a_probe_whose_connect_times_out_says_down_not_busy():
+    """A replica whose address drops packets (a pod gone, its IP black-holed) is down: a
+    connect that times out is not a server too busy to answer."""
+    async def scenario():
+        full = socket.socket()
+        full.bind(("127.0.0.1", 0))
+        full.listen(0)  # never accepted: once the queue is full, the kernel drops new SYNs
+        port = full.getsockname()[1]
+        fillers = []
+        for _ in range(4):
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", port))
+            fillers.append(s)
+        await asyncio.sleep(0.2)
+        upstream = Upstream(settings(upstream_url=f"http://127.0.0.1:{port}", upstream_connect_timeout_s=0.3),
+                            create_metrics(CollectorRegistry()))
+        try:
+            (endpoint,) = upstream.balancer.endpoints.values()
+            started = time.monotonic()
+            assert await upstream._probe(endpoint) is False  # noqa: SLF001
+            assert time.monotonic() - started < 1.0  # by the connect timeout, not the whole probe's
+        finally:
+            await upstream.close()
+            for s in [*fillers, full]:
+                s.close()
 
     run(scenario())
 
