@@ -41,13 +41,17 @@ def _tune_gc() -> None:
 
 def _settings(cls: type, what: str, **flags: object):
     """One settings object from flags given on the command line (unset ones fall back to the
-    environment and defaults); invalid values exit 2 with pydantic's per-field message."""
+    environment and defaults); invalid values exit 2 with pydantic's per-field message, and
+    an unreadable ``*_FILE`` secret with the file it names."""
     from pydantic import ValidationError
+    from pydantic_settings import SettingsError
 
     try:
         return cls(**{k: v for k, v in flags.items() if v is not None})
     except ValidationError as exc:
         _fail(f"Invalid {what} settings:\n{exc}")
+    except SettingsError as exc:
+        _fail(f"Invalid {what} settings: {exc}")
 
 
 def _fail(message: str) -> NoReturn:

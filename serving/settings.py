@@ -6,9 +6,11 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
+
+from inferwatch.secret_files import SecretFiles
 
 from inferwatch.serving.shared_state import check_redis_url
 from inferwatch.serving.upstream_targets import normalize_upstream
@@ -18,8 +20,12 @@ class GatewaySettings(BaseSettings):
     """Everything the gateway process reads from its environment.
 
     Env vars are ``INFERWATCH_GATEWAY_<FIELD>``; list fields take comma-separated values.
-    The instance is frozen so no code path can change configuration behind a test's back.
+    Each secret may instead come from a file, ``INFERWATCH_GATEWAY_<FIELD>_FILE``
+    (``SECRETS``; API keys there one per line or comma-separated). The instance is frozen so
+    no code path can change configuration behind a test's back.
     """
+
+    SECRETS: ClassVar[tuple[str, ...]] = ("api_keys", "admin_token", "upstream_api_key", "drift_token", "redis_url")
 
     # hide_input_in_errors: a refused value is never echoed (a Redis URL or a key carries a secret)
     model_config = SettingsConfigDict(env_prefix="INFERWATCH_GATEWAY_", frozen=True, extra="forbid",
@@ -104,11 +110,19 @@ class GatewaySettings(BaseSettings):
     # lookup); past it the gateway goes on without it. Background syncing waits longer.
     redis_timeout_s: float = Field(0.005, gt=0, le=5)
 
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource,
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, SecretFiles(settings_cls, cls.SECRETS), env_settings, dotenv_settings, file_secret_settings
+
     @field_validator("api_keys", mode="before")
     @classmethod
     def _split_keys(cls, value: object) -> object:
         if isinstance(value, str):
-            return [k.strip() for k in value.split(",") if k.strip()]
+            return [k.strip() for k in value.replace("\n", ",").split(",") if k.strip()]
         return value
 
     @field_validator("redis_url")

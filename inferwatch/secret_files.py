@@ -1,0 +1,52 @@
+"""Secrets read from files, the way containers hand them over: ``<VAR>_FILE`` names a file
+whose content is the value of ``<VAR>`` (Docker and Kubernetes secrets mounted as files,
+Grafana's ``__FILE``, the official images' ``POSTGRES_PASSWORD_FILE``). A value in the
+environment shows in ``docker inspect`` and in ``/proc/<pid>/environ``; a mounted file
+does not."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsError
+
+
+class SecretFiles(PydanticBaseSettingsSource):
+    """``fields`` of ``settings_cls`` from ``<env_prefix><FIELD>_FILE``; a file's trailing
+    newline (which ``echo`` and editors add) is not part of the value. Placed after the
+    arguments and before the environment (``settings_customise_sources``): a flag wins over
+    a file, which the environment's value may not accompany."""
+
+    def __init__(self, settings_cls: type[BaseSettings], fields: tuple[str, ...]) -> None:
+        super().__init__(settings_cls)
+        self.fields = fields
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        raise NotImplementedError  # __call__ reads every field at once
+
+    def __call__(self) -> dict[str, Any]:
+        prefix = str(self.config.get("env_prefix", "")).upper()
+        environ = {k.upper(): v for k, v in os.environ.items()}
+        values: dict[str, Any] = {}
+        for name in self.fields:
+            var = prefix + name.upper()
+            path = environ.get(var + "_FILE")
+            if path is None:
+                continue
+            if var in environ:
+                raise SettingsError(f"{var} and {var}_FILE are both set: keep one (the file keeps the secret out "
+                                    "of the environment)")
+            try:
+                text = Path(path).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+                raise SettingsError(f"{var}_FILE: cannot read {path}: {reason}") from None
+            value = text.rstrip("\r\n")
+            if not value.strip():
+                raise SettingsError(f"{var}_FILE: {path} is empty")
+            values[name] = value
+        return values
+
