@@ -4,8 +4,9 @@ Each request goes to the replica with the fewest requests in flight from this ga
 two drawn at random (power of two choices: near the least loaded without every gateway
 replica herding onto the same one). A replica is taken out of rotation when a connect
 fails, when ``eject_after`` requests in a row got a 5xx, a broken stream or no answer in
-time (Envoy's consecutive gateway failures), or when its ``/health`` probe fails; it comes back when a probe answers 200, after a backoff that
-doubles with each ejection in a row (1 s, 2 s, 4 s ... up to ``upstream_eject_max_s``).
+time (Envoy's consecutive gateway failures), or when its ``/health`` probe fails; it comes
+back when a probe answers 200, after a backoff that doubles with each ejection in a row
+(1 s, 2 s, 4 s ... up to ``upstream_eject_max_s``).
 With every replica out, all of them are tried (Envoy's panic mode): the alternative is
 refusing everything on stale information.
 
