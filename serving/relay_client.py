@@ -12,6 +12,7 @@ vLLM abort the request, which is how a client that goes away stops the engine's 
 from __future__ import annotations
 
 import asyncio
+import select
 import time
 from collections import deque
 from typing import Protocol
@@ -89,6 +90,19 @@ class UpstreamConnection(asyncio.Protocol):
             response.fail(error)
             if response.release_pending:
                 response.close()
+
+    def peer_closed(self) -> bool:
+        """An idle connection that is readable was closed by its peer (or got bytes nobody
+        asked for), though the loop has not seen it yet: a vLLM killed a moment ago. urllib3
+        checks a pooled connection the same way before it reuses one. (Over TLS, an unread
+        session ticket reads the same: the cost is one needless new connection.)"""
+        sock = self.transport.get_extra_info("socket") if self.transport is not None else None
+        if sock is None:
+            return True
+        try:
+            return bool(select.select([sock], [], [], 0)[0])
+        except (OSError, ValueError):  # closed meanwhile
+            return True
 
     def pause_writing(self) -> None:  # a request body larger than the socket buffer is rare here
         return None

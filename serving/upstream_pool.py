@@ -41,15 +41,18 @@ class UpstreamPool:
         """Send the request and wait up to ``timeout_s`` for the response's status line.
 
         A pooled connection that turns out closed before any answer (vLLM's server drops
-        idle ones) is replaced once. Whatever fails after that first write says
-        ``request_sent``: the connection may have closed while vLLM worked on the request."""
+        idle ones) is replaced once, by a new connection: the other idle ones went to the same
+        process, which may be dying. Whatever fails after that first write says
+        ``request_sent``: the connection may have closed while vLLM worked on the request.
+        A pooled connection its peer closed before the write is not used (``peer_closed``):
+        a replica killed a moment ago has read nothing, and its request goes elsewhere."""
         head = [b"POST %s%s HTTP/1.1\r\nhost: %s\r\ncontent-length: %d\r\n" % (
             self.prefix, path.encode(), self.host_header, len(body))]
         head.extend(b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in headers.items())
         request = b"".join(head) + b"\r\n" + body
         for attempt in (0, 1):
             try:
-                conn, reused = await self._acquire()
+                conn, reused = await self._acquire(reuse=not attempt)
             except UpstreamConnectError as exc:
                 if attempt:  # the first try wrote the request: vLLM may have it, another replica must not
                     raise UpstreamConnectError(str(exc), request_sent=True) from None
@@ -73,13 +76,14 @@ class UpstreamPool:
                 raise
         raise AssertionError("unreachable")
 
-    async def _acquire(self) -> tuple[UpstreamConnection, bool]:
-        """A pooled connection, a new one while fewer than the limit are open, or else the
-        first one handed back (or slot freed) while waiting in line."""
+    async def _acquire(self, reuse: bool = True) -> tuple[UpstreamConnection, bool]:
+        """A pooled connection (with ``reuse``) that its peer has not closed, a new one while
+        fewer than the limit are open, or else the first one handed back (or slot freed) while
+        waiting in line."""
         now = time.monotonic()
-        while self._idle:
+        while reuse and self._idle:
             conn = self._idle.pop()
-            if not conn.lost and now - conn.idle_since < IDLE_KEEP_S:
+            if not conn.lost and now - conn.idle_since < IDLE_KEEP_S and not conn.peer_closed():
                 return conn, True
             self._drop(conn)
         while self._open >= self._limit:

@@ -257,8 +257,8 @@ def test_the_status_line_deadline_counts_from_the_send_not_from_a_pause_after_it
 
     acquire = UpstreamPool._acquire
 
-    async def pausing_acquire(self):
-        conn, reused = await acquire(self)
+    async def pausing_acquire(self, reuse: bool = True):
+        conn, reused = await acquire(self, reuse)
         conn.transport = Pausing(conn.transport)
         return conn, reused
 

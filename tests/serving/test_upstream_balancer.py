@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -402,6 +404,57 @@ def test_a_request_on_a_kept_alive_connection_that_closes_is_not_sent_to_another
             await other.stop()
 
     run(scenario())
+
+
+REPLICA_PROCESS = """
+import sys
+from aiohttp import web
+async def post(request):
+    await request.read()
+    return web.json_response({"ok": True})
+app = web.Application()
+app.router.add_post("/v1/completions", post)
+app.router.add_get("/health", lambda request: web.Response())
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None)
+"""
+
+
+def test_a_request_right_after_its_replica_was_killed_goes_to_another_one():
+    """A replica killed with connections kept alive to it: the next request must not be
+    written on one of them (the kernel has their close, the loop has not read it yet) and
+    then be refused a retry; it goes to the live replica."""
+    async def scenario():
+        live = await Replica().start()
+        port = free_ports(1)[0]
+        doomed = subprocess.Popen([sys.executable, "-c", REPLICA_PROCESS, str(port)])
+        try:
+            await until(lambda: requests_ok(f"http://127.0.0.1:{port}/health"), timeout_s=30)
+            balancer, _ = await balancer_for(f"{live.url},http://127.0.0.1:{port}", upstream_balance="round_robin",
+                                             upstream_health_interval_s=60)
+            try:
+                keys = {(await call(balancer))[1] for _ in range(4)}
+                assert f"127.0.0.1:{port}" in keys  # a kept-alive connection to it waits in its pool
+                doomed.kill()
+                doomed.wait()
+                time.sleep(0.2)  # blocks the loop: the close is in the kernel, not yet in the pool
+                answers = [await call(balancer) for _ in range(4)]
+                assert [status for status, _ in answers] == [200] * 4
+                assert {key for _, key in answers} == {f"127.0.0.1:{live.port}"}
+            finally:
+                await closing(balancer)
+        finally:
+            doomed.kill()
+            doomed.wait()
+            await live.stop()
+
+    run(scenario())
+
+
+def requests_ok(url: str) -> bool:
+    try:
+        return requests.get(url, timeout=1).status_code == 200
+    except requests.RequestException:
+        return False
 
 
 def test_the_backoff_stops_doubling_and_the_watch_survives_a_probe_that_raises():
