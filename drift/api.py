@@ -87,11 +87,13 @@ def _one_source(schema: dict[str, Any]) -> None:
 
 class FeedbackResponse(BaseModel):
     accepted: int = Field(description="ratings kept (not those of variants beyond the segment bound)")
+    duplicates: int = Field(0, description="ratings of answers rated before, not counted again")
 
 
 class IngestResponse(BaseModel):
     accepted: int
     in_window: int
+    duplicate: bool = Field(False, description="a batch stored before under this Idempotency-Key: not again")
 
 
 class ErrorDetail(BaseModel):

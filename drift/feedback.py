@@ -30,6 +30,8 @@ class FeedbackRecord(BaseModel):
     epoch: json_int(ge=EPOCH[0], le=EPOCH[1]) | None = Field(  # type: ignore[valid-type]
         None, description="the answer's weight epoch")
     unit: str | None = Field(None, min_length=1, max_length=TEXT_MAX, description="the answer's hashed unit")
+    response_id: str | None = Field(None, min_length=1, max_length=TEXT_MAX,
+                                    description="the rated answer's id: a second rating of it is not counted")
     score: float = Field(ge=0, le=1, allow_inf_nan=False, description="0..1; 0.5 or more is positive")
     at: float = Field(ge=UNIX_S[0], le=UNIX_S[1], allow_inf_nan=False, description="unix seconds")
 

@@ -60,7 +60,9 @@ INTERNAL_ERRORS = DriftMetric("inferwatch_drift_internal_errors", "counter",
                               "Requests answered 500 after an unexpected exception (logged with a traceback), by "
                               "route.", ("route",))
 INGESTED = DriftMetric("inferwatch_drift_ingested_records", "counter", "Records accepted.", ())
-REJECTED = DriftMetric("inferwatch_drift_rejected_batches", "counter", "Batches refused, by reason.", ("reason",))
+REJECTED = DriftMetric("inferwatch_drift_rejected_batches", "counter",
+                       "Batches refused or not stored, by reason: unauthorized, too_large, invalid, duplicate (stored "
+                       "before under its Idempotency-Key: a sender's try whose answer was lost).", ("reason",))
 
 # A/B verdicts (drift.ab): per watched experiment, labelled model, control, treatment.
 AB_LABELS = ("model", "control", "treatment")

@@ -293,13 +293,20 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
         body = await read_body(request)
         if isinstance(body, Response):
             return body
+        key = request.headers.get("idempotency-key")
+        if key is not None and not 1 <= len(key) <= 255:
+            return _error(422, "the Idempotency-Key header must be 1 to 255 characters", "invalid_idempotency_key",
+                          field="idempotency-key")
         try:
-            accepted, in_window = await run_in_threadpool(state.ingest, body)  # off the loop: /health answers
+            counts = await run_in_threadpool(state.ingest, body, key)  # off the loop: /health answers
         except BatchError as exc:
             rejected.labels("invalid").inc()
             return _error(422, str(exc), "invalid_batch", record=exc.record, field=exc.field)
-        ingested.inc(accepted)
-        return JSONResponse({"accepted": accepted, "in_window": in_window})
+        if counts is None:
+            rejected.labels("duplicate").inc()
+            return JSONResponse({"accepted": 0, "in_window": 0, "duplicate": True})
+        ingested.inc(counts[0])
+        return JSONResponse({"accepted": counts[0], "in_window": counts[1]})
 
     @app.post("/v1/feedback", responses=_responses(api.FeedbackResponse, 401, 413, 422),
               openapi_extra=body(FeedbackBatch), summary="User ratings joined to their variant, from the gateway")
@@ -311,7 +318,8 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
             batch = FeedbackBatch.model_validate(doc)
         except ValidationError as exc:
             return invalid_body(exc, "invalid_feedback")
-        return JSONResponse({"accepted": await run_in_threadpool(state.rate, batch)})
+        kept, duplicates = await run_in_threadpool(state.rate, batch)
+        return JSONResponse({"accepted": kept, "duplicates": duplicates})
 
     @app.post("/v1/baselines", status_code=201, responses={201: {"model": api.BaselineInfo},
                                                            **_responses(None, 401, 409, 413, 422)},

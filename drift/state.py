@@ -129,27 +129,39 @@ class DriftState:
         return Policy(self.alpha, self.config.min_samples, self.config.resamples, tuple(sorted(self.fixed.items())))
 
     # -- ingest ---------------------------------------------------------------------------
-    def ingest(self, body: bytes) -> tuple[int, int]:
-        """Validate, persist, count. Returns (records accepted, records inside the window).
-        Stored and added to the ledgers under the lock, so a ledger checkpoint includes
-        exactly the batches up to its id."""
+    def ingest(self, body: bytes, key: str | None = None) -> tuple[int, int] | None:
+        """Validate, persist, count. Returns (records accepted, records inside the window),
+        or None for a batch stored already under ``key`` (its sender's earlier try got no
+        answer back). Stored and added to the ledgers under the lock, so a ledger checkpoint
+        includes exactly the batches up to its id."""
         now = self.clock()
         batch = parse_batch(body, now)
         with self._lock:  # received_at taken under the lock: a restart replays batches and ratings in this order
             batch_id = self.store.append(body, float(batch.finished_at.min()), float(batch.finished_at.max()),
-                                         self.clock())
+                                         self.clock(), key)
+            if batch_id is None:
+                return None
             self.ledgers.add_batch(batch, now - self.config.retention_s)
             self._ledgers_upto = (batch_id, self._ledgers_upto[1])
             return batch.size, self._count(batch, now)
 
-    def rate(self, batch: FeedbackBatch) -> int:
+    def rate(self, batch: FeedbackBatch) -> tuple[int, int]:
         """Persist ratings and add those of experiments to their ledgers. Returns how many
-        joined a ledger (a rating of an answer no experiment assigned joins none)."""
+        joined a ledger (a rating of an answer no experiment assigned joins none), and how
+        many rated an answer rated before (kept out: each answer counts once)."""
         with self._lock:
-            rating_id = self.store.append_ratings(batch.model_dump_json().encode(), self.clock())
+            received_at = self.clock()
+            ids = [r.response_id for r in batch.records if r.response_id is not None]
+            first = self.store.first_ratings(ids, received_at) if ids else set()
+            records = [r for r in batch.records if r.response_id is None or r.response_id in first]
+            duplicates = len(batch.records) - len(records)
+            if not records:
+                return 0, duplicates
+            batch = FeedbackBatch(records=records)
+            rating_id = self.store.append_ratings(batch.model_dump_json().encode(), received_at)
             kept = self._add_ratings(batch)
             self._ledgers_upto = (self._ledgers_upto[0], rating_id)
-        return kept
+        return kept, duplicates
 
     def _add_ratings(self, batch: FeedbackBatch) -> int:
         return sum(self.ledgers.add_rating(r.model, r.experiment, r.epoch, r.variant, r.unit, r.score >= POSITIVE,

@@ -39,6 +39,17 @@ CREATE TABLE IF NOT EXISTS ratings (
     received_at REAL NOT NULL,
     body BLOB NOT NULL
 );
+-- the Idempotency-Key of each stored batch: a batch sent again (its first try's answer was
+-- lost) is stored once
+CREATE TABLE IF NOT EXISTS batch_keys (
+    key TEXT PRIMARY KEY,
+    batch_id INTEGER NOT NULL
+);
+-- the answers rated: each counts once, whichever way its rating came and however often
+CREATE TABLE IF NOT EXISTS rated (
+    response_id TEXT PRIMARY KEY,
+    received_at REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS ledgers (
     model TEXT NOT NULL,
     experiment TEXT NOT NULL,
@@ -80,11 +91,29 @@ class Store:
         finally:
             db.close()
 
-    def append(self, body: bytes, min_t: float, max_t: float, received_at: float) -> int:
+    def append(self, body: bytes, min_t: float, max_t: float, received_at: float, key: str | None = None
+               ) -> int | None:
+        """The new batch's id; None when a batch under ``key`` is stored already."""
         with self._lock:
-            cur = self._db.execute("INSERT INTO batches (received_at, min_t, max_t, body) VALUES (?, ?, ?, ?)",
-                                   (received_at, min_t, max_t, body))
-            return int(cur.lastrowid)
+            if key is None:
+                return self._insert_batch(body, min_t, max_t, received_at)
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                if self._db.execute("SELECT 1 FROM batch_keys WHERE key = ?", (key,)).fetchone():
+                    self._db.execute("ROLLBACK")
+                    return None
+                batch_id = self._insert_batch(body, min_t, max_t, received_at)
+                self._db.execute("INSERT INTO batch_keys (key, batch_id) VALUES (?, ?)", (key, batch_id))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            return batch_id
+
+    def _insert_batch(self, body: bytes, min_t: float, max_t: float, received_at: float) -> int:
+        cur = self._db.execute("INSERT INTO batches (received_at, min_t, max_t, body) VALUES (?, ?, ?, ?)",
+                               (received_at, min_t, max_t, body))
+        return int(cur.lastrowid)
 
     def batches(self, since: float, until: float = float("inf")) -> Iterator[bytes]:
         """Bodies of batches holding any record finished in [since, until]."""
@@ -105,7 +134,17 @@ class Store:
     def prune(self, before: float) -> int:
         with self._lock:
             self._db.execute("DELETE FROM ratings WHERE received_at < ?", (before,))
-            return self._db.execute("DELETE FROM batches WHERE max_t < ?", (before,)).rowcount
+            self._db.execute("DELETE FROM rated WHERE received_at < ?", (before,))
+            pruned = self._db.execute("DELETE FROM batches WHERE max_t < ?", (before,)).rowcount
+            self._db.execute("DELETE FROM batch_keys WHERE batch_id NOT IN (SELECT id FROM batches)")
+            return pruned
+
+    def first_ratings(self, response_ids: list[str], received_at: float) -> set[str]:
+        """Of ``response_ids``, those not rated before (now marked rated)."""
+        with self._lock:
+            return {rid for rid in response_ids
+                    if self._db.execute("INSERT OR IGNORE INTO rated (response_id, received_at) VALUES (?, ?)",
+                                        (rid, received_at)).rowcount}
 
     def append_ratings(self, body: bytes, received_at: float) -> int:
         with self._lock:

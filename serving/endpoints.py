@@ -117,9 +117,9 @@ class Endpoints:
         a = answer.assignment
         record = {"model": answer.model, "variant": answer.variant, "experiment": a.experiment if a else None,
                   "epoch": a.epoch if a else None, "unit": a.unit if a else None, "score": rating.score,
-                  "at": time.time()}
+                  "at": time.time(), "response_id": rating.response_id}
         try:
-            await self.feedback_sink.send([record])
+            rated_before = await self.feedback_sink.send([record])
         except BaseException as exc:  # the drift service's failure (or a cancel): the client may retry
             await asyncio.shield(self.answers.unclaim(rating.response_id, answer))
             if not isinstance(exc, Exception):
@@ -128,6 +128,9 @@ class Endpoints:
             log.warning("feedback for %s not delivered: %s", answer.variant, exc)
             raise GatewayError(503, "feedback_unavailable", "The drift service did not take the rating; "
                                "retry later.", error_type=errors.UPSTREAM) from None
+        if rated_before:  # the gateways' memory of it was lost (Redis restarted empty): the drift service kept it
+            raise GatewayError(409, "already_rated", f"The answer '{rating.response_id[:80]}' has been rated "
+                               "already; each answer counts once.", param="response_id")
         self.metrics.feedback.labels(answer.model, answer.variant,
                                      "positive" if rating.score >= 0.5 else "negative").inc()
         return JSONResponse({"response_id": rating.response_id, "model": answer.model, "variant": answer.variant,

@@ -9,7 +9,9 @@ are dropped and counted, and sending happens in batches on a background task.
 A batch the drift service could not take (down, restarting, 5xx, timeout) stays at the
 head of its queue and is sent again with backoff, so a drift service back within the
 queue's size of records misses nothing; only a batch it refuses for good (a 4xx: invalid,
-unauthorized, too large) is dropped. With several drift services (a pair, as Prometheus
+unauthorized, too large) is dropped. A batch is sent again as it was, under the same key
+(``Idempotency-Key``): a drift service that took a try whose answer never came back (it
+hung past the timeout, then went on) stores the batch once. With several drift services (a pair, as Prometheus
 runs for high availability) each has its own queue: one down or slow neither slows nor
 drops what goes to the other (``FeatureFanout``).
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections import deque
 from typing import Protocol
 
@@ -30,8 +33,9 @@ log = logging.getLogger(__name__)
 
 
 class FeatureSink(Protocol):
-    async def send(self, batch: list) -> None:
-        """Deliver a batch or raise: ``SinkRejected`` drops it, anything else retries it."""
+    async def send(self, batch: list, key: str) -> None:
+        """Deliver a batch or raise: ``SinkRejected`` drops it, anything else retries it.
+        ``key`` names the batch, the same on each try of it."""
 
     async def close(self) -> None: ...
 
@@ -56,7 +60,7 @@ class MemorySink:
     def __init__(self, maxlen: int = 10_000) -> None:
         self.records: deque[FeatureRecord] = deque(maxlen=maxlen)
 
-    async def send(self, batch: list[FeatureRecord]) -> None:
+    async def send(self, batch: list[FeatureRecord], key: str = "") -> None:
         self.records.extend(batch)
 
     async def close(self) -> None:
@@ -74,10 +78,11 @@ class HttpSink:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
 
-    async def send(self, batch: list[FeatureRecord]) -> None:
+    async def send(self, batch: list[FeatureRecord], key: str = "") -> None:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
-        async with self._session.post(self.url, data=ingest_body(batch), headers=self._headers) as resp:
+        headers = {**self._headers, "idempotency-key": key} if key else self._headers
+        async with self._session.post(self.url, data=ingest_body(batch), headers=headers) as resp:
             raise_for_status(resp.status, await resp.text() if resp.status >= 300 else "", "drift ingest")
 
     async def close(self) -> None:
@@ -111,6 +116,7 @@ class FeatureQueue:
         self.submitted = 0  # records taken into the queue, ever
         self.done = 0  # records that left it: sent, or dropped after they were taken
         depth.labels(destination).set_function(self._pending.__len__)
+        self._head: tuple[int, str] | None = None  # (size, key) of the batch a failed try left at the head
         self._due: asyncio.Event | None = None  # set when a batch is full or a record has waited flush_s
         self._expired = False
         self._timer: asyncio.TimerHandle | None = None
@@ -177,9 +183,8 @@ class FeatureQueue:
                 count = len(pending) - len(pending) % self._batch_size
             backoff = RETRY_FIRST_S
             while count > 0 and pending:
-                size = min(count, self._batch_size, len(pending))
-                if await self._send_head(size):
-                    count -= size
+                if sent := await self._send_head(min(count, self._batch_size, len(pending))):
+                    count -= sent
                     backoff = RETRY_FIRST_S
                 else:  # still at the head: again after a pause, with what arrived meanwhile
                     await asyncio.sleep(backoff)
@@ -188,25 +193,30 @@ class FeatureQueue:
             if pending and self._timer is None:
                 self._timer = asyncio.get_running_loop().call_later(self._flush_s, self._expire)
 
-    async def _send_head(self, size: int) -> bool:
-        """Send the first ``size`` records; they leave the queue once delivered or refused for
-        good. False when they stay for another try."""
+    async def _send_head(self, size: int) -> int:
+        """Send the first ``size`` records, or the batch a failed try left at the head (the
+        same records under the same key); they leave the queue once delivered or refused for
+        good. Returns how many left: 0 when they stay for another try."""
         pending = self._pending
+        size, key = self._head or (size, uuid.uuid4().hex)
         batch = [pending[i] for i in range(size)]
         try:
-            await self.sink.send(batch)
+            await self.sink.send(batch, key)
         except SinkRejected as exc:
+            self._head = None
             self._drop_head(size, exc)
-            return True
+            return size
         except Exception as exc:  # the sink's failure must stay the sink's problem
+            self._head = (size, key)
             self._send_failures.inc()
             log.warning("%d records for %s not delivered, will retry: %s", len(batch), self._destination, exc)
-            return False
+            return 0
+        self._head = None
         for _ in range(size):
             pending.popleft()
         self.done += size
         self._sent.inc(size)
-        return True
+        return size
 
     def _drop_head(self, size: int, reason: object) -> None:
         for _ in range(size):

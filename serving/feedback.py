@@ -167,12 +167,18 @@ class FeedbackSink:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
 
-    async def send(self, records: list[dict]) -> None:
-        """Deliver or raise (the caller answers 503, so the client can retry)."""
+    async def send(self, records: list[dict]) -> bool:
+        """Deliver or raise (the caller answers 503, so the client can retry). True when the
+        drift service had every one of these answers rated already (it counts none again)."""
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
         async with self._session.post(self.url, data=orjson.dumps({"records": records}), headers=self._headers) as r:
             raise_for_status(r.status, await r.text() if r.status >= 300 else "", "drift feedback")
+            try:
+                duplicates = (await r.json(loads=orjson.loads)).get("duplicates", 0)
+            except (ValueError, aiohttp.ContentTypeError, AttributeError):
+                return False
+            return duplicates == len(records)
 
     async def close(self) -> None:
         if self._session is not None:
@@ -180,11 +186,14 @@ class FeedbackSink:
 
 
 class FeedbackFanout:
-    """A rating to every drift service at once. The client's rating is taken once any of them
-    took it (a drift pair survives losing one); each that did not gets it later through a
-    bounded queue of its own, retried as feature records are (serving/features.py), and only
-    after the records that service was owed when the rating came: a drift service joins a
-    rating to an experiment it has records of, so a rating must not overtake them."""
+    """A rating to every drift service at once. The client's rating is taken as soon as one
+    of them took it (a drift pair survives losing one, and a hung one does not hold the
+    client for its timeout); each that did not, or not yet, gets it later through a bounded
+    queue of its own, retried as feature records are (serving/features.py), and only after
+    the records that service was owed when the rating came: a drift service joins a rating
+    to an experiment it has records of, so a rating must not overtake them."""
+
+    CLOSE_WAIT_S = 2.0  # sends still out when the gateway stops: this long, then queued for the drain
 
     def __init__(self, sinks: dict[str, FeedbackSink], metrics: GatewayMetrics, maxsize: int,
                  features: dict[str, FeatureQueue]) -> None:
@@ -192,25 +201,53 @@ class FeedbackFanout:
         self.queues = {dest: FeatureQueue(_AfterRecords(sink, features.get(dest)), metrics, maxsize=maxsize,
                                           batch_size=100, flush_s=0.5, destination=dest, kind="ratings")
                        for dest, sink in sinks.items()}
+        self._late: set[asyncio.Future] = set()  # sends that go on after the client's answer
 
     def start(self) -> None:
         for q in self.queues.values():
             q.start()
 
-    async def send(self, records: list[dict]) -> None:
+    async def send(self, records: list[dict]) -> bool:
         """Deliver to at least one drift service or raise the first failure (nothing queued:
-        the client is told to retry)."""
-        dests = list(self.sinks)
-        results = await asyncio.gather(*(self.sinks[d].send(records) for d in dests), return_exceptions=True)
-        failed = [(d, r) for d, r in zip(dests, results) if isinstance(r, BaseException)]
-        if len(failed) == len(dests):
-            raise failed[0][1]
-        for dest, _ in failed:
-            owed = self.features[dest].submitted if dest in self.features else 0
-            for record in records:
-                self.queues[dest].submit((owed, record))
+        the client is told to retry). True when the one that took them had every answer
+        rated already."""
+        owed = {d: self.features[d].submitted if d in self.features else 0 for d in self.sinks}
+        sending = {asyncio.ensure_future(self.sinks[d].send(records)): d for d in self.sinks}
+        pending: set[asyncio.Future] = set(sending)
+        failures: list[asyncio.Future] = []
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                failed = [t for t in done if t.cancelled() or t.exception() is not None]
+                failures += failed
+                if len(done) > len(failed):  # one took it; the others' sends go on, queued if they fail
+                    for task in failures:
+                        self._queue(sending[task], owed, records)
+                    for task in pending:
+                        self._late.add(task)
+                        task.add_done_callback(lambda t, d=sending[task]: self._settle_late(t, d, owed, records))
+                    return any(t.result() for t in done if t not in failed)
+        except asyncio.CancelledError:  # the client left: its rating is not taken, nowhere
+            for task in pending:
+                task.cancel()
+            raise
+        raise failures[0].exception()
+
+    def _settle_late(self, task: asyncio.Future, dest: str, owed: dict[str, int], records: list[dict]) -> None:
+        self._late.discard(task)
+        if task.cancelled() or task.exception() is not None:
+            self._queue(dest, owed, records)
+
+    def _queue(self, dest: str, owed: dict[str, int], records: list[dict]) -> None:
+        for record in records:
+            self.queues[dest].submit((owed[dest], record))
 
     async def close(self) -> None:
+        if self._late:
+            _, still = await asyncio.wait(set(self._late), timeout=self.CLOSE_WAIT_S)
+            for task in still:
+                task.cancel()
+            await asyncio.gather(*still, return_exceptions=True)
         await asyncio.gather(*(q.stop() for q in self.queues.values()))  # each closes its sink
 
 
@@ -221,7 +258,9 @@ class _AfterRecords:
     def __init__(self, sink: FeedbackSink, features: FeatureQueue | None) -> None:
         self.sink, self.features = sink, features
 
-    async def send(self, items: list[tuple[int, dict]]) -> None:
+    async def send(self, items: list[tuple[int, dict]], key: str = "") -> None:
+        """``key`` is not sent: each rating carries its own ``id``, which the drift service
+        keeps once whichever way it came."""
         if self.features is not None and items[-1][0] > self.features.done:
             raise RuntimeError(f"waiting for {items[-1][0] - self.features.done} feature records to go first")
         await self.sink.send([record for _, record in items])

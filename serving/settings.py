@@ -52,8 +52,8 @@ class GatewaySettings(BaseSettings):
     upstream_balance: Literal["least_outstanding", "round_robin"] = "least_outstanding"
     upstream_resolve_s: float = Field(10.0, gt=0, description="re-resolve upstream names this often")
     upstream_health_interval_s: float = Field(5.0, ge=0.1, description="GET /health of each replica this often")
-    upstream_eject_after: int = Field(3, ge=1, description="5xx answers or broken streams in a row that take a "
-                                      "replica out")
+    upstream_eject_after: int = Field(3, ge=1, description="5xx answers, broken streams or answers not in time, in a "
+                                      "row, that take a replica out")
     upstream_eject_max_s: float = Field(10.0, ge=1, description="the longest backoff before an ejected replica "
                                         "is probed again (it doubles from 1 s with each ejection in a row)")
     upstream_max_endpoints: int = Field(64, ge=1, le=1024, description="replicas per upstream at most (bounds "

@@ -8,11 +8,17 @@ upstream for answers."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 
 import pytest
 import requests
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from inferwatch.drift.service import DriftSettings, create_app
 from inferwatch.serving.settings import GatewaySettings
@@ -120,6 +126,80 @@ experiments:
             assert metric_sum(text, "inferwatch_gateway_feature_records_total", outcome="sent", destination=b_url) \
                 == USERS
             assert metric_sum(text, "inferwatch_gateway_feature_records_total", outcome="dropped_full") == 0
+
+
+def answer_losing_proxy(target: str, lost_batches: int, slow_ratings: int, slow_s: float
+                        ) -> tuple[Starlette, dict[str, int]]:
+    """In front of a drift service: passes every request on, but answers the first
+    ``lost_batches`` batches 502 after the service stored them (the answer lost on the way),
+    and the first ``slow_ratings`` ratings only after ``slow_s`` (a replica too slow for the
+    gateway's timeout, which still stores what it was sent). Also returns how many requests
+    of each path it passed on so far."""
+    left = {"/v1/ingest": lost_batches, "/v1/feedback": slow_ratings}
+    passed = {"/v1/ingest": 0, "/v1/feedback": 0}
+
+    async def forward(request: Request) -> Response:
+        body, path = await request.body(), request.url.path
+        headers = {k: v for k, v in request.headers.items() if k in ("content-type", "idempotency-key")}
+        hold = left.get(path, 0) > 0
+        if hold:
+            left[path] -= 1
+            if path == "/v1/feedback":
+                await asyncio.sleep(slow_s)
+        r = await run_in_threadpool(requests.request, request.method, target + path, data=body, headers=headers,
+                                    timeout=10)
+        passed[path] = passed.get(path, 0) + 1
+        if hold and path == "/v1/ingest":
+            return Response(status_code=502)
+        return Response(r.content, r.status_code, media_type=r.headers.get("content-type"))
+
+    return Starlette(routes=[Route("/{path:path}", forward, methods=["GET", "POST"])]), passed
+
+
+def test_a_drift_replica_whose_answers_are_lost_or_late_stores_each_thing_once_and_holds_no_rating_up(stub,
+                                                                                                        tmp_path):
+    """The gateway sends again what a drift replica stored but did not confirm in time: the
+    replica keeps each batch once (its Idempotency-Key) and each rating once (its answer's
+    id). A rating waits for neither: the other replica took it."""
+    experiments = tmp_path / "experiments.yaml"
+    experiments.write_text(f"""
+experiments:
+  chat:
+    name: pair
+    variants:
+      - {{name: v1, upstream_url: "{stub.url}", model: ok, weight: 0.5}}
+      - {{name: v2, upstream_url: "{stub.url}", model: ok, weight: 0.5}}
+""")
+    with AppServer(drift_app(tmp_path, "a")) as a, AppServer(drift_app(tmp_path, "b")) as b:
+        proxy, passed = answer_losing_proxy(a.url, lost_batches=2, slow_ratings=1, slow_s=6.0)
+        with AppServer(proxy) as to_a, GatewayServer(GatewaySettings(
+                upstream_url=stub.url, drift_urls=[to_a.url, b.url], feature_flush_s=0.05,
+                experiment_file=experiments)) as gw:
+            ids = []
+            for i in range(USERS):
+                r = requests.post(gw.url + CHAT, json={"model": "chat", "user": f"user-{i}",
+                                                       "messages": [{"role": "user", "content": "hi"}]}, timeout=10)
+                assert r.status_code == 200
+                ids.append(r.json()["id"])
+            for rid in ids[:5]:
+                t0 = time.monotonic()
+                fb = requests.post(gw.url + "/v1/feedback", json={"response_id": rid, "thumbs": "up"}, timeout=10)
+                assert fb.status_code == 200, fb.text
+                assert time.monotonic() - t0 < 2.5  # not the slow one's 6 s: the other took it
+            # A got four ratings at once, the slow one's copy after the gateway's 5 s timeout (from
+            # its queue), and then the slow one itself
+            eventually(lambda: passed["/v1/feedback"] == 6, timeout_s=30)
+            eventually(lambda: metric_sum(gw.metrics_text(), "inferwatch_gateway_feature_queue_depth") == 0,
+                       timeout_s=30)
+            text = gw.metrics_text()
+            assert metric_sum(text, "inferwatch_gateway_delivery_failures_total", kind="features",
+                              destination=to_a.url) == 2
+            assert metric_sum(text, "inferwatch_gateway_rating_queue_depth", destination=to_a.url) == 0
+            assert ingested(a) == ingested(b) == USERS
+            assert metric_sum(a.metrics_text(), "inferwatch_drift_rejected_batches_total", reason="duplicate") == 2
+            first, second = views(a), views(b)
+            assert sum(first["ab"]["metrics"]["feedback"]["n"].values()) == 5
+            assert first == second
 
 
 def test_a_rating_neither_drift_service_takes_is_refused_and_not_queued(stub, tmp_path):

@@ -40,10 +40,54 @@ class SpySink(MemorySink):
         self.delay = delay
         self.batches: list[int] = []
 
-    async def send(self, batch):
+    async def send(self, batch, key=""):
         self.batches.append(len(batch))
         await asyncio.sleep(self.delay)
-        await super().send(batch)
+        await super().send(batch, key)
+
+
+class FlakySink(MemorySink):
+    """Fails its first ``failures`` sends after keeping what they carried, as a drift service
+    that stored a batch whose answer never reached the gateway."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+        self.tries: list[tuple[str, tuple[float, ...]]] = []
+
+    async def send(self, batch, key=""):
+        self.tries.append((key, tuple(r.started_at for r in batch)))
+        if self.failures:
+            self.failures -= 1
+            raise TimeoutError("the answer never came")
+        await super().send(batch, key)
+
+
+def test_a_batch_is_sent_again_as_it_was_under_the_same_key():
+    """Records that arrive while a failed batch waits for its next try go in later batches:
+    the batch a destination may have stored is sent again identical, so its key lets the
+    destination keep it once."""
+    async def scenario():
+        sink = FlakySink(failures=2)
+        _, queue = started(sink, maxsize=100, batch_size=5, flush_s=0.01)
+        for i in range(3):
+            queue.submit(record(i))
+        while len(sink.tries) < 1:
+            await asyncio.sleep(0.005)
+        for i in range(3, 12):  # arrive while the first batch waits to be sent again
+            queue.submit(record(i))
+        deadline = asyncio.get_running_loop().time() + 10
+        while queue.done < 12 and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+        await queue.stop()
+        return sink
+
+    sink = asyncio.run(scenario())
+    first_key, first = sink.tries[0]
+    assert sink.tries[:3] == [(first_key, first)] * 3 and first == (1000.0, 1001.0, 1002.0)
+    later = sink.tries[3:]
+    assert len({key for key, _ in sink.tries}) == 1 + len(later)  # each new batch its own key
+    assert [r.started_at for r in sink.records] == [1000.0 + i for i in range(12)]
 
 
 def test_full_queue_drops_and_counts_without_waiting():

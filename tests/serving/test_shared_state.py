@@ -18,11 +18,13 @@ import pytest
 import requests
 from pydantic import ValidationError
 
+from inferwatch.drift.service import DriftSettings
+from inferwatch.drift.service import create_app as create_drift_app
 from inferwatch.serving.admission import key_id
 from inferwatch.serving.settings import GatewaySettings
 from tests.serving.test_gateway_experiment import ADMIN, AUTH, MemoryFeedback, chat
 from tests.support.redis_server import RedisServer
-from tests.support.servers import GatewayServer, metric_sum
+from tests.support.servers import AppServer, GatewayServer, metric_sum
 from tests.support.sockets import free_port
 from tests.support.stub_upstream import StubUpstream
 from tests.support.waiting import eventually
@@ -185,6 +187,37 @@ def test_an_answer_given_by_one_replica_is_rated_once_through_any_other(redis_se
         assert rate(b, r.json()["id"]).status_code == 503
         feedback.fail = False
         assert rate(c, r.json()["id"]).status_code == 200
+
+
+def test_an_answer_rated_before_redis_restarted_empty_is_not_counted_again(redis_server, prefix, stubs,
+                                                                             experiment_file, tmp_path):
+    """Redis restarted without its data forgets which answers were rated; the gateway that
+    gave an answer still remembers it. The drift service keeps each answer's rating once and
+    says so, and the client hears 409 as before the loss."""
+    with AppServer(create_drift_app(DriftSettings(db_path=str(tmp_path / "d.sqlite3")))) as drift:
+        settings = dict(upstream_url=stubs[0].url, experiment_file=experiment_file, admin_token=ADMIN,
+                        redis_url=redis_server.url, redis_key_prefix=prefix, redis_timeout_s=REQUEST_TIMEOUT_S,
+                        drift_urls=[drift.url], feature_flush_s=0.05)
+        with GatewayServer(GatewaySettings(**settings)) as a, GatewayServer(GatewaySettings(**settings)) as b:
+            rid = chat(a, "user-1").json()["id"]
+            rate = {"response_id": rid, "thumbs": "up"}
+            assert eventually_status(b, rate) == 200
+            client = redis_server.client()
+            for key in client.scan_iter(f"{prefix}:*"):  # as a restart without persistence leaves it
+                client.delete(key)
+            again = requests.post(a.url + "/v1/feedback", json=rate, timeout=5)
+            assert again.status_code == 409 and again.json()["error"]["code"] == "already_rated", again.text
+
+
+def eventually_status(gw, body: dict) -> int:
+    """A rating through a replica that did not give the answer: it finds it once the giver's
+    batch reached Redis (every 20 ms)."""
+    deadline = time.monotonic() + 2
+    while True:
+        r = requests.post(gw.url + "/v1/feedback", json=body, timeout=5)
+        if r.status_code != 404 or time.monotonic() > deadline:
+            return r.status_code
+        time.sleep(0.05)
 
 
 def ask_model_ok(gw) -> requests.Response:
