@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shlex
 import signal
@@ -197,10 +198,14 @@ def _weight(pair: str) -> tuple[str, float]:
     if not sep or not name:
         raise typer.BadParameter(f"{pair!r}: write VARIANT=WEIGHT, e.g. canary=5% or canary=0.05")
     try:
-        weight = float(value[:-1]) / 100 if value.endswith("%") else float(value)
+        number = float(value[:-1]) if value.endswith("%") else float(value)
     except ValueError:
         raise typer.BadParameter(f"{pair!r}: the weight must be a number (0..1) or a percentage") from None
-    return name, weight
+    if not math.isfinite(number) or (number == 0 and any(c in "123456789" for c in value.partition("e")[0])):
+        # nan and inf are not weights; 1e-400 would silently be 0, a rollback nobody asked for
+        raise typer.BadParameter(f"{pair!r}: the weight must be a finite number (0..1) or a percentage, and not "
+                                 "too small to tell from 0")
+    return name, number / 100 if value.endswith("%") else number
 
 
 @experiment_app.command("show")
@@ -219,7 +224,11 @@ def experiment_set_weights(
     token: TokenOption = "",
 ) -> None:
     """Change an experiment's weights at run time: a ramp step (canary=5%) or a rollback (canary=0)."""
-    given = dict(_weight(p) for p in weights)
+    pairs = [_weight(p) for p in weights]
+    given = dict(pairs)
+    if len(given) < len(pairs):
+        twice = sorted({n for n, _ in pairs if sum(1 for m, _ in pairs if m == n) > 1})
+        raise typer.BadParameter(f"a variant given twice: {', '.join(twice)} (give each one weight)")
     url = f"{gateway_url.rstrip('/')}/admin/experiments/{model}/weights"
     _print_experiment(_admin_call("PUT", url, token, {"weights": given}))
 

@@ -358,3 +358,8 @@ def test_the_cli_ramps_and_rolls_back_through_the_admin_endpoint(gw):
     assert bad.exit_code == 2 and "no variant 'v3'" in bad.output and weights(gw) == [1.0, 0.0]
     unauthorized = runner.invoke(app, ["experiment", "show"], env={**env, "INFERWATCH_GATEWAY_ADMIN_TOKEN": "x"})
     assert unauthorized.exit_code == 2 and "401" in unauthorized.output
+    for args, says in ((["v2=nan"], "finite number"), (["v2=inf%"], "finite number"), (["v2=1e-400"], "from 0"),
+                       (["v2=0.5", "v2=0.6"], "given twice: v2"), (["v2=half"], "must be a number")):
+        refused = runner.invoke(app, ["experiment", "set-weights", "chat", *args], env=env)
+        assert refused.exit_code == 2 and says in refused.output, (args, refused.output)
+    assert weights(gw) == [1.0, 0.0]  # none of them reached the gateway
