@@ -9,7 +9,7 @@ import math
 import threading
 import time
 from contextlib import asynccontextmanager
-from typing import Annotated, AsyncIterator, Iterator, Literal
+from typing import Annotated, AsyncIterator, ClassVar, Iterator, Literal
 
 import orjson
 from fastapi import FastAPI, Query
@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from pydantic import BaseModel, Field, SecretStr, ValidationError, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
@@ -41,21 +41,14 @@ from inferwatch.drift.store import Store
 from inferwatch.drift.verdicts import SegmentVerdict, analysis_edges, feature_status
 from inferwatch.drift.windows import Segment
 from inferwatch import __version__
-from inferwatch.secret_files import SecretFiles
+from inferwatch.secret_files import SecretFileSettings
 
 
-class DriftSettings(BaseSettings):
+class DriftSettings(SecretFileSettings):
     """INFERWATCH_DRIFT_* or flags; the token may come from a file, INFERWATCH_DRIFT_TOKEN_FILE."""
 
+    SECRETS: ClassVar[tuple[str, ...]] = ("token",)
     model_config = SettingsConfigDict(env_prefix="INFERWATCH_DRIFT_", frozen=True, extra="forbid")
-
-    @classmethod
-    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
-                                   env_settings: PydanticBaseSettingsSource,
-                                   dotenv_settings: PydanticBaseSettingsSource,
-                                   file_secret_settings: PydanticBaseSettingsSource,
-                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return init_settings, SecretFiles(settings_cls, ("token",)), env_settings, dotenv_settings, file_secret_settings
 
     host: str = "127.0.0.1"
     port: int = Field(8090, ge=0, le=65535)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsError
@@ -50,3 +50,17 @@ class SecretFiles(PydanticBaseSettingsSource):
             values[name] = value
         return values
 
+
+
+class SecretFileSettings(BaseSettings):
+    """Settings whose ``SECRETS`` may each come from ``<env_prefix><FIELD>_FILE``."""
+
+    SECRETS: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource,
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, SecretFiles(settings_cls, cls.SECRETS), env_settings, dotenv_settings, file_secret_settings

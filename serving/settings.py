@@ -8,15 +8,15 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, field_validator
 from typing import Annotated, ClassVar, Literal
 
-from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import NoDecode, SettingsConfigDict
 
-from inferwatch.secret_files import SecretFiles
+from inferwatch.secret_files import SecretFileSettings
 
 from inferwatch.serving.shared_state import check_redis_url
 from inferwatch.serving.upstream_targets import normalize_upstream
 
 
-class GatewaySettings(BaseSettings):
+class GatewaySettings(SecretFileSettings):
     """Everything the gateway process reads from its environment.
 
     Env vars are ``INFERWATCH_GATEWAY_<FIELD>``; list fields take comma-separated values.
@@ -109,14 +109,6 @@ class GatewaySettings(BaseSettings):
     # The longest a request waits on Redis (a lease of admission allowance, a rating's
     # lookup); past it the gateway goes on without it. Background syncing waits longer.
     redis_timeout_s: float = Field(0.005, gt=0, le=5)
-
-    @classmethod
-    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
-                                   env_settings: PydanticBaseSettingsSource,
-                                   dotenv_settings: PydanticBaseSettingsSource,
-                                   file_secret_settings: PydanticBaseSettingsSource,
-                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return init_settings, SecretFiles(settings_cls, cls.SECRETS), env_settings, dotenv_settings, file_secret_settings
 
     @field_validator("api_keys", mode="before")
     @classmethod

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -37,6 +38,20 @@ CLOCK = re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d(:\d\d(\.\d+)?)?(Z|[+-]\d\d:?\d
 def stub():
     with StubUpstream() as s:
         yield s
+
+
+def pair_experiment(tmp_path, stub) -> Path:
+    """Model 'chat' split evenly between v1 and v2, both on the stub."""
+    path = tmp_path / "experiments.yaml"
+    path.write_text(f"""
+experiments:
+  chat:
+    name: pair
+    variants:
+      - {{name: v1, upstream_url: "{stub.url}", model: ok, weight: 0.5}}
+      - {{name: v2, upstream_url: "{stub.url}", model: ok, weight: 0.5}}
+""")
+    return path
 
 
 def drift_app(tmp_path, name: str):
@@ -66,15 +81,7 @@ def views(drift: AppServer) -> dict:
 
 
 def test_one_drift_service_down_costs_the_other_nothing_and_it_catches_up_when_back(stub, tmp_path):
-    experiments = tmp_path / "experiments.yaml"
-    experiments.write_text(f"""
-experiments:
-  chat:
-    name: pair
-    variants:
-      - {{name: v1, upstream_url: "{stub.url}", model: ok, weight: 0.5}}
-      - {{name: v2, upstream_url: "{stub.url}", model: ok, weight: 0.5}}
-""")
+    experiments = pair_experiment(tmp_path, stub)
     b_port = free_port()
     b_url = f"http://127.0.0.1:{b_port}"
     with AppServer(drift_app(tmp_path, "a")) as a:
@@ -161,15 +168,7 @@ def test_a_drift_replica_whose_answers_are_lost_or_late_stores_each_thing_once_a
     """The gateway sends again what a drift replica stored but did not confirm in time: the
     replica keeps each batch once (its Idempotency-Key) and each rating once (its answer's
     id). A rating waits for neither: the other replica took it."""
-    experiments = tmp_path / "experiments.yaml"
-    experiments.write_text(f"""
-experiments:
-  chat:
-    name: pair
-    variants:
-      - {{name: v1, upstream_url: "{stub.url}", model: ok, weight: 0.5}}
-      - {{name: v2, upstream_url: "{stub.url}", model: ok, weight: 0.5}}
-""")
+    experiments = pair_experiment(tmp_path, stub)
     with AppServer(drift_app(tmp_path, "a")) as a, AppServer(drift_app(tmp_path, "b")) as b:
         proxy, passed = answer_losing_proxy(a.url, lost_batches=2, slow_ratings=1, slow_s=6.0)
         with AppServer(proxy) as to_a, GatewayServer(GatewaySettings(
