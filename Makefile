@@ -19,7 +19,7 @@ ENGINE_STAMP := $(VENV)/.inferwatch-engine-$(subst ==,-,$(VLLM_PACKAGE))
 DEPS_STAMP := $(VENV)/.inferwatch-deps
 SYSTEM_STAMP := $(VENV)/.inferwatch-system
 
-.PHONY: up test install model bench bench-drift bench-alerts clean generate
+.PHONY: up test test-compose secrets install model bench bench-drift bench-alerts clean generate lock
 
 up: install
 	$(VENV)/bin/inferwatch up
@@ -31,7 +31,32 @@ TIMING_TESTS := tests/integration/test_gateway_limits.py tests/integration/test_
 	tests/integration/test_replicas_vllm.py
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS) $(TIMING_TESTS)
-	$(PY) -m pytest $(PYTEST_ARGS) $(addprefix --ignore=,$(TIMING_TESTS))
+	$(PY) -m pytest $(PYTEST_ARGS) $(addprefix --ignore=,$(TIMING_TESTS) tests/compose)
+
+# The compose stack built and run on this machine's Docker engine (tests/compose/test_stack.py
+# says what runs and what stands in): Debian's docker.io (its dockerd is started by the test
+# when none runs) and debootstrap, which makes the base image no registry can give here.
+COMPOSE_STAMP := $(VENV)/.inferwatch-compose
+$(COMPOSE_STAMP): $(VENV_STAMP)
+	@if test -x /usr/bin/docker && command -v dockerd >/dev/null && command -v debootstrap >/dev/null; then \
+	  echo "docker.io and debootstrap present"; \
+	else \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends docker.io debootstrap; \
+	fi
+	touch $@
+
+test-compose: install $(COMPOSE_STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS) tests/compose
+
+# The compose stack's secrets (docker-compose.yml, `secrets:`): a random value for each one
+# missing under deploy/secrets/, readable by the containers' users, in a folder only you enter.
+COMPOSE_SECRETS := gateway_api_keys gateway_admin_token drift_token grafana_admin_password
+secrets:
+	@mkdir -p deploy/secrets && chmod 700 deploy/secrets
+	@for name in $(COMPOSE_SECRETS); do f=deploy/secrets/$$name; \
+	  if [ ! -s $$f ]; then $(PYTHON) -c "import secrets; print(secrets.token_urlsafe(32))" > $$f \
+	    && chmod 644 $$f && echo "wrote $$f"; fi; done
 
 install: $(DEPS_STAMP) $(SYSTEM_STAMP)
 
@@ -119,3 +144,17 @@ clean:
 # (deploy/kubernetes). A test fails when what is committed differs from what this writes.
 generate: install
 	$(PY) -m inferwatch.generate
+
+# requirements.lock: what the services' image installs, every package from PyPI alone at one
+# version with its hashes, for any platform (uv's universal resolution), plus the setuptools
+# the project builds with. Rewrite it after changing pyproject.toml's dependencies;
+# tests/deploy/test_lock.py fails while the two disagree. uv lives in a venv of its own.
+UV_VENV := .cache/uv-venv
+$(UV_VENV)/.installed:
+	$(PYTHON) -m venv $(UV_VENV)
+	$(UV_VENV)/bin/pip install --quiet "uv==0.13.*"
+	touch $@
+
+lock: $(UV_VENV)/.installed
+	echo "setuptools>=77" | $(UV_VENV)/bin/uv pip compile --native-tls pyproject.toml - --universal --python-version 3.11 \
+	  --generate-hashes --index-url https://pypi.org/simple --custom-compile-command "make lock" -o requirements.lock

@@ -100,7 +100,7 @@ def prometheus_config(targets: Targets, rule_files: list[str], cluster: str, tar
 
 COMPOSE_TARGETS = Targets(prometheus="localhost:9090", alertmanager="alertmanager:9093", gateway=("gateway:8080",),
                           vllm=(("vllm:8000", None),), exporter=("exporter:9400",),
-                          drift=("drift:8090",))
+                          drift=("drift:8090", "drift-b:8090"))
 COMPOSE_RECEIVERS = Receivers(pager_webhook="http://pager:9097/hooks/pager",
                               ticket_webhook="http://pager:9097/hooks/ticket",
                               deadman_webhook="http://pager:9097/hooks/deadman")

@@ -233,6 +233,34 @@ def experiment_set_weights(
     _print_experiment(_admin_call("PUT", url, token, {"weights": given}))
 
 
+@app.command("check-secrets")
+def check_secrets(
+    required: Annotated[list[str], typer.Argument(help="VAR=PATH: a secret file that must hold a value.")],
+    optional: Annotated[Optional[list[str]], typer.Option(
+        help="VAR=PATH: a secret file that may be empty (left unset).")] = None,
+) -> None:
+    """Check secret files before anything uses them: every one readable UTF-8 text, the
+    required ones not empty. The compose stack runs it first, so a bad secret stops `up`
+    before any service starts; VAR is the setting that names the file on the host."""
+    from pydantic_settings import SettingsError
+
+    from inferwatch.secret_files import read_secret
+
+    problems = []
+    for pair, is_optional in [(p, False) for p in required] + [(p, True) for p in optional or []]:
+        var, sep, path = pair.partition("=")
+        if not sep or not var or not path:
+            _fail(f"{pair!r}: expected VAR=PATH")
+        try:
+            read_secret(var, path, optional=is_optional)
+        except SettingsError as exc:
+            problems.append(str(exc))
+    if problems:
+        _fail("\n".join(problems) + "\n(`make secrets` writes the missing ones with random values; "
+              "each must be readable by uid 10001)")
+    typer.echo(f"{len(required) + len(optional or [])} secrets readable")
+
+
 @app.command("key-id")
 def key_id_command(key: Annotated[str, typer.Argument(help="An API key of the gateway.")]) -> None:
     """Print the id a limits file and the logs use for an API key (never the key itself)."""

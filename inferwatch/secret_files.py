@@ -30,32 +30,44 @@ class SecretFiles(PydanticBaseSettingsSource):
     def __call__(self) -> dict[str, Any]:
         prefix = str(self.config.get("env_prefix", "")).upper()
         environ = {k.upper(): v for k, v in os.environ.items()}
+        optional = getattr(self.settings_cls, "OPTIONAL_SECRETS", ())
         values: dict[str, Any] = {}
         for name in self.fields:
             var = prefix + name.upper()
             path = environ.get(var + "_FILE")
-            if path is None:
+            if not path:  # unset, or set empty as compose leaves a variable it has no value for
                 continue
             if var in environ:
                 raise SettingsError(f"{var} and {var}_FILE are both set: keep one (the file keeps the secret out "
                                     "of the environment)")
-            try:
-                text = Path(path).read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
-                reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-                raise SettingsError(f"{var}_FILE: cannot read {path}: {reason}") from None
-            value = text.rstrip("\r\n")
-            if not value.strip():
-                raise SettingsError(f"{var}_FILE: {path} is empty")
-            values[name] = value
+            value = read_secret(var + "_FILE", path, optional=name in optional)
+            if value is not None:
+                values[name] = value
         return values
 
+
+def read_secret(var: str, path: str, *, optional: bool = False) -> str | None:
+    """The value the file ``var`` names holds, without its trailing newline (which ``echo``
+    and editors add). An empty file is an error unless ``optional``: compose mounts an empty
+    file for a secret nobody configured (deploy/secrets/*.empty), which then stays unset."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise SettingsError(f"{var}: cannot read {path}: {reason}") from None
+    value = text.rstrip("\r\n")
+    if value.strip():
+        return value
+    if optional:
+        return None
+    raise SettingsError(f"{var}: {path} is empty")
 
 
 class SecretFileSettings(BaseSettings):
     """Settings whose ``SECRETS`` may each come from ``<env_prefix><FIELD>_FILE``."""
 
     SECRETS: ClassVar[tuple[str, ...]] = ()
+    OPTIONAL_SECRETS: ClassVar[tuple[str, ...]] = ()  # of SECRETS, those an empty file leaves unset
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,

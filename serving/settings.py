@@ -26,10 +26,13 @@ class GatewaySettings(SecretFileSettings):
     """
 
     SECRETS: ClassVar[tuple[str, ...]] = ("api_keys", "admin_token", "upstream_api_key", "drift_token", "redis_url")
+    OPTIONAL_SECRETS: ClassVar[tuple[str, ...]] = ("upstream_api_key",)  # a vLLM without --api-key
 
-    # hide_input_in_errors: a refused value is never echoed (a Redis URL or a key carries a secret)
+    # hide_input_in_errors: a refused value is never echoed (a Redis URL or a key carries a
+    # secret). env_ignore_empty: a variable set empty is unset, as compose passes one whose
+    # value .env leaves out (GATEWAY_EXPERIMENT_FILE=).
     model_config = SettingsConfigDict(env_prefix="INFERWATCH_GATEWAY_", frozen=True, extra="forbid",
-                                      hide_input_in_errors=True)
+                                      hide_input_in_errors=True, env_ignore_empty=True)
 
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=1, le=65535)

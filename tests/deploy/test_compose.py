@@ -25,8 +25,10 @@ from tests.support.servers import AppServer, GatewayServer
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
 PROFILES = ("monitoring", "serving", "gpu", "cpu", "nvml")
-ENV = {**os.environ, "GRAFANA_ADMIN_PASSWORD": "test-only"}
+OVERRIDES = (ROOT / "deploy/compose/ports.yml", ROOT / "deploy/compose/standins.yml")
+ENV = {k: v for k, v in os.environ.items() if not k.endswith("_FILE")}  # no .env: the defaults
 DOC = yaml.safe_load(COMPOSE.read_text())
+ONE_SHOTS = {name for name, svc in DOC["services"].items() if svc.get("restart") == "no"}
 OURS = {name: svc for name, svc in DOC["services"].items()
         if svc.get("image", "").startswith("inferwatch") or "build" in svc}
 
@@ -50,21 +52,54 @@ def test_compose_file_matches_the_compose_spec_schema():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_grafana_needs_a_password_and_keeps_anonymous_off():
-    env = {k: v for k, v in ENV.items() if k != "GRAFANA_ADMIN_PASSWORD"}
-    result = subprocess.run([bin_path("docker-compose"), "-f", str(COMPOSE), "--profile", "monitoring", "config", "-q"],
-                            cwd=ROOT, env=env, capture_output=True, text=True)
-    assert result.returncode != 0 and "GRAFANA_ADMIN_PASSWORD" in result.stderr
-    assert "false" in DOC["services"]["grafana"]["environment"]["GF_AUTH_ANONYMOUS_ENABLED"]
+def test_the_overrides_validate_with_the_compose_file():
+    files = [a for f in (COMPOSE, *OVERRIDES) for a in ("-f", str(f))]
+    result = subprocess.run([bin_path("docker-compose"), *files, "--profile", "monitoring", "--profile", "serving",
+                             "config", "-q"], cwd=ROOT, env=ENV, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_grafana_reads_its_password_from_a_secret_file_and_keeps_anonymous_off():
+    grafana = DOC["services"]["grafana"]
+    assert grafana["environment"]["GF_SECURITY_ADMIN_PASSWORD__FILE"] == "/run/secrets/grafana_admin_password"
+    assert "grafana_admin_password" in grafana["secrets"]
+    assert "false" in grafana["environment"]["GF_AUTH_ANONYMOUS_ENABLED"]
+
+
+def test_only_the_gateway_and_grafana_are_published_by_default():
+    published = {name for name, svc in DOC["services"].items() if svc.get("ports")}
+    assert published == {"gateway", "grafana"}
+    for name in published:
+        assert DOC["services"][name]["ports"][0].startswith(f"${{{name.upper()}_BIND:-127.0.0.1}}:"), name
+    ports = yaml.safe_load(OVERRIDES[0].read_text())["services"]
+    assert set(ports) == {n for n, svc in DOC["services"].items() if n not in published | ONE_SHOTS
+                          and n != "redis"}, "ports.yml publishes every other service (Redis stays inside)"
+    for name, svc in ports.items():
+        assert all(re.match(r"\$\{\w+_BIND:-127\.0\.0\.1\}:", p) for p in svc["ports"]), name
+
+
+def test_every_serving_and_monitoring_service_waits_for_its_profiles_secrets_check():
+    for name, svc in DOC["services"].items():
+        for profile in set(svc["profiles"]) & {"monitoring", "serving"}:
+            if name not in ONE_SHOTS:
+                assert svc["depends_on"][f"{profile}-secrets"] == {"condition": "service_completed_successfully"}, name
+    for check in ONE_SHOTS:  # it mounts what every service of its profile mounts
+        profile = DOC["services"][check]["profiles"][0]
+        needed = {s for svc in DOC["services"].values() if profile in svc["profiles"] for s in svc.get("secrets", [])}
+        assert set(DOC["services"][check]["secrets"]) == needed, check
 
 
 def test_every_service_has_a_profile_healthcheck_and_restart_policy():
+    """A one-shot (the secrets checks) is the exception: it runs once and exits."""
     for name, svc in DOC["services"].items():
         assert set(svc["profiles"]) <= set(PROFILES), name
+        if name in ONE_SHOTS:
+            assert svc["healthcheck"] == {"disable": True}, name
+            continue
         assert svc.get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
         assert svc.get("restart") == "unless-stopped", name
         for dep, cond in (svc.get("depends_on") or {}).items():
-            assert cond == {"condition": "service_healthy"}, (name, dep)
+            assert dep in ONE_SHOTS and cond == {"condition": "service_completed_successfully"}, (name, dep)
 
 
 def test_every_mounted_file_exists():
@@ -73,12 +108,15 @@ def test_every_mounted_file_exists():
             source = re.sub(r"\$\{\w+:-([^}]+)\}", r"\1", volume).split(":")[0]  # a variable's default
             if source.startswith("./"):
                 assert (ROOT / source).exists(), f"{name} mounts {source}, which does not exist"
-    for secret in DOC["secrets"].values():
-        assert (ROOT / re.search(r":-(\S+)}", secret["file"])[1]).exists(), secret
+    generated = re.search(r"^COMPOSE_SECRETS := (.+)$", (ROOT / "Makefile").read_text(), re.M)[1].split()
+    for name, secret in DOC["secrets"].items():  # an optional one's empty default, or `make secrets` writes it
+        default = re.search(r":-(\S+)}", secret["file"])[1]
+        assert (ROOT / default).exists() if default.endswith(".empty") else default == f"./deploy/secrets/{name}", name
+        assert default.endswith(".empty") or name in generated, name
 
 
-def test_env_example_documents_every_variable_the_compose_file_reads():
-    used = set(re.findall(r"\$\{(\w+)", COMPOSE.read_text()))
+def test_env_example_documents_every_variable_the_compose_files_read():
+    used = {v for f in (COMPOSE, *OVERRIDES) for v in re.findall(r"\$\{(\w+)", f.read_text())}
     documented = set(re.findall(r"^(\w+)=", (ROOT / ".env.example").read_text(), re.M))
     assert used <= documented, used - documented
 
@@ -86,14 +124,17 @@ def test_env_example_documents_every_variable_the_compose_file_reads():
 @pytest.mark.parametrize("name", sorted(OURS))
 def test_our_services_pass_only_flags_the_cli_has(name):
     argv = OURS[name]["command"]
-    sub = [a for a in argv[:2] if not a.startswith("-")]
+    sub = [a for a in argv[:2] if not a.startswith("-") and "=" not in a]
     help_text = subprocess.run([sys.executable, "-m", "inferwatch", *sub, "--help"], capture_output=True, text=True,
                                env={**os.environ, "COLUMNS": "200"}).stdout
     for flag in (a for a in argv if a.startswith("--")):
         assert flag in help_text, f"{name}: `inferwatch {' '.join(sub)}` has no {flag}"
     for var in OURS[name].get("environment", {}):
         if var.startswith("INFERWATCH_GATEWAY_"):
-            assert var.removeprefix("INFERWATCH_GATEWAY_").lower() in GatewaySettings.model_fields, var
+            setting = var.removeprefix("INFERWATCH_GATEWAY_").lower()
+            if setting.endswith("_file") and setting.removesuffix("_file") in GatewaySettings.SECRETS:
+                setting = setting.removesuffix("_file")
+            assert setting in GatewaySettings.model_fields, var
 
 
 def _health_path(svc: dict) -> tuple[int, str]:
@@ -205,7 +246,7 @@ def test_volumes_of_our_services_are_writable_by_the_image_user():
     dockerfile = (ROOT / "Dockerfile").read_text()
     for name, svc in OURS.items():
         for volume in svc.get("volumes", []):
-            source, target = volume.split(":")[:2]
+            source, target = re.sub(r"\$\{\w+:-([^}]+)\}", r"\1", volume).split(":")[:2]
             if not source.startswith("./"):
                 assert f"mkdir -p {target} && chown 10001:10001 {target}" in dockerfile, (name, target)
 
@@ -215,6 +256,7 @@ def test_secrets_and_settings_stay_out_of_git_and_images():
         text = (ROOT / ignore).read_text()
         assert ".env" in text.split() and any(line.startswith("deploy/secrets") for line in text.splitlines())
     tracked = subprocess.run(["git", "ls-files", "deploy/secrets", ".env"], cwd=ROOT, capture_output=True, text=True)
-    assert tracked.stdout.split() == ["deploy/secrets/hf_token.empty", "deploy/secrets/pagerduty_routing_key.empty"]
+    assert tracked.stdout.split() == ["deploy/secrets/hf_token.empty", "deploy/secrets/pagerduty_routing_key.empty",
+                                      "deploy/secrets/upstream_api_key.empty"]
     for name, svc in DOC["services"].items():  # secrets come as files, never as environment values
         assert not [v for v in svc.get("environment", {}) if re.search(r"TOKEN$|KEY$|SECRET", v)], name

@@ -89,3 +89,38 @@ def test_the_cli_exits_2_naming_the_file(tmp_path):
     assert done.returncode == 2
     assert f"INFERWATCH_DRIFT_TOKEN_FILE: cannot read {tmp_path / 'absent'}" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_an_optional_secrets_empty_file_and_an_empty_variable_leave_it_unset(clean_env, tmp_path):
+    """What compose passes where nothing is configured: the upstream key's empty placeholder
+    (deploy/secrets/upstream_api_key.empty) and variables .env leaves empty."""
+    (tmp_path / "empty").write_text("")
+    clean_env.setenv("INFERWATCH_GATEWAY_UPSTREAM_API_KEY_FILE", str(tmp_path / "empty"))
+    clean_env.setenv("INFERWATCH_GATEWAY_ADMIN_TOKEN_FILE", "")
+    clean_env.setenv("INFERWATCH_GATEWAY_EXPERIMENT_FILE", "")
+    settings = GatewaySettings()
+    assert settings.upstream_api_key is None and settings.admin_token is None and settings.experiment_file is None
+    assert GatewaySettings.OPTIONAL_SECRETS == ("upstream_api_key",)  # an empty API-key file still refuses
+    clean_env.setenv("INFERWATCH_GATEWAY_API_KEYS_FILE", str(tmp_path / "empty"))
+    with pytest.raises(SettingsError, match="INFERWATCH_GATEWAY_API_KEYS_FILE: .* is empty"):
+        GatewaySettings()
+
+
+def check_secrets(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "inferwatch", "check-secrets", *args], capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_check_secrets_names_every_secret_that_cannot_serve_at_once(tmp_path):
+    """The compose stack's pre-flight (`monitoring-secrets`, `serving-secrets`)."""
+    (tmp_path / "good").write_text("s3cret\n")
+    (tmp_path / "empty").write_text("\n")
+    ok = check_secrets(f"A_FILE={tmp_path / 'good'}", "--optional", f"B_FILE={tmp_path / 'empty'}")
+    assert ok.returncode == 0 and "2 secrets readable" in ok.stdout
+    bad = check_secrets(f"A_FILE={tmp_path / 'empty'}", f"B_FILE={tmp_path / 'absent'}", f"C_FILE={tmp_path / 'good'}")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert f"A_FILE: {tmp_path / 'empty'} is empty" in bad.stderr
+    assert f"B_FILE: cannot read {tmp_path / 'absent'}: No such file or directory" in bad.stderr
+    assert "C_FILE" not in bad.stderr
+    malformed = check_secrets("just-a-path")
+    assert malformed.returncode == 2 and "expected VAR=PATH" in malformed.stderr
