@@ -5,9 +5,10 @@
 # pyproject.toml (which keeps what vLLM resolved); the services' image has the project only,
 # its dependencies from requirements.lock, hash-checked. No `# syntax=` line: BuildKit's
 # built-in frontend builds this file, and a syntax line would make it pull one from a registry.
-# PYTHON_IMAGE: any Debian-based image with Python 3.11 and its venv module (`make
+# PYTHON_IMAGE: pinned to a patch release (requirements.lock has markers down to the patch);
+# any Debian-based image with Python 3.11 and its venv module works (`make
 # test-compose` builds on one made locally with debootstrap: tests/support/docker_engine.py).
-ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
 # The project's files, in a stage of their own: the install steps below copy them in after
 # their dependencies, so an edit of the code rebuilds neither the lock's packages nor vLLM.

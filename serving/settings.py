@@ -117,7 +117,10 @@ class GatewaySettings(SecretFileSettings):
     @classmethod
     def _split_keys(cls, value: object) -> object:
         if isinstance(value, str):
-            return [k.strip() for k in value.replace("\n", ",").split(",") if k.strip()]
+            keys = [k.strip() for k in value.replace("\n", ",").split(",") if k.strip()]
+            if not keys:  # "," would otherwise mean no key at all: an open gateway
+                raise ValueError("holds no API key, only separators: leave it unset for an open gateway")
+            return keys
         return value
 
     @field_validator("redis_url")

@@ -213,9 +213,10 @@ def test_grafana_provisioning_has_the_fields_grafana_documents():
     assert mounted[providers["providers"][0]["options"]["path"]] == "./dashboards/json"
 
 
-def test_dockerfile_lints_clean():
-    result = subprocess.run([bin_path("hadolint"), str(ROOT / "Dockerfile")], capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout + result.stderr
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "deploy/compose/standins/Dockerfile"])
+def test_dockerfile_lints_clean(dockerfile):
+    result = subprocess.run([bin_path("hadolint"), str(ROOT / dockerfile)], capture_output=True, text=True)
+    assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
 
 
 def test_dockerfile_installs_what_the_makefile_installs():
@@ -260,3 +261,33 @@ def test_secrets_and_settings_stay_out_of_git_and_images():
                                       "deploy/secrets/upstream_api_key.empty"]
     for name, svc in DOC["services"].items():  # secrets come as files, never as environment values
         assert not [v for v in svc.get("environment", {}) if re.search(r"TOKEN$|KEY$|SECRET", v)], name
+
+
+def _make_secrets(cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["make", "--no-print-directory", "-f", str(ROOT / "Makefile"), "secrets"], cwd=cwd,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_make_secrets_writes_each_missing_or_blank_secret_once_and_refuses_a_link(tmp_path):
+    (tmp_path / "deploy/secrets").mkdir(parents=True)
+    for empty in (ROOT / "deploy/secrets").glob("*.empty"):
+        shutil.copy(empty, tmp_path / "deploy/secrets")
+    secrets_dir = tmp_path / "deploy/secrets"
+    (secrets_dir / "drift_token").write_text(" ,\n")  # no value: rewritten
+    (secrets_dir / "gateway_admin_token").write_text("mine\n")  # a value: kept
+    first = _make_secrets(tmp_path)
+    assert first.returncode == 0, first.stderr
+    generated = re.search(r"^COMPOSE_SECRETS := (.+)$", (ROOT / "Makefile").read_text(), re.M)[1].split()
+    written = {name: (secrets_dir / name).read_text() for name in generated}
+    assert written["gateway_admin_token"] == "mine\n" and len(set(written.values())) == len(generated)
+    assert all(len(v.strip()) >= 40 for n, v in written.items() if n != "gateway_admin_token")
+    assert oct(secrets_dir.stat().st_mode & 0o777) == "0o700"
+    assert {oct(f.stat().st_mode & 0o777) for f in secrets_dir.iterdir()} == {"0o644"}
+    again = _make_secrets(tmp_path)
+    assert again.returncode == 0 and again.stdout == ""
+    assert {name: (secrets_dir / name).read_text() for name in generated} == written
+    (secrets_dir / "drift_token").unlink()
+    (secrets_dir / "drift_token").symlink_to(tmp_path / "elsewhere")
+    linked = _make_secrets(tmp_path)
+    assert linked.returncode != 0 and "drift_token is a link" in linked.stderr
+    assert not (tmp_path / "elsewhere").exists()

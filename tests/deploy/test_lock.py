@@ -10,21 +10,31 @@ import re
 import tomllib
 from pathlib import Path
 
+from packaging.markers import Marker, default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCK = (ROOT / "requirements.lock").read_text()
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+# The Python of the image the lock is installed into: the Dockerfile's pinned base
+IMAGE_PYTHON = re.search(r"^ARG PYTHON_IMAGE=python:(\d+\.\d+\.\d+)-", (ROOT / "Dockerfile").read_text(), re.M)[1]
+IMAGE = {**default_environment(), "python_full_version": IMAGE_PYTHON,
+         "python_version": IMAGE_PYTHON.rsplit(".", 1)[0], "sys_platform": "linux", "platform_system": "Linux",
+         "platform_machine": "x86_64", "implementation_name": "cpython", "platform_python_implementation": "CPython"}
 
 
 def locked() -> dict[str, tuple[str, list[str]]]:
-    """Package -> (version, hashes), from the lock's `name==version \\ --hash=...` entries."""
+    """Package -> (version, hashes) that the image installs, from the lock's `name==version ;
+    marker \\ --hash=...` entries (the universal lock pins some packages once per Python range:
+    only the entry whose marker holds for the image's Python counts)."""
     out = {}
     for entry in re.split(r"\n(?=[A-Za-z0-9])", LOCK):
-        head = re.match(r"([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", entry)
-        if head:
-            out[canonicalize_name(head[1])] = (head[2], re.findall(r"--hash=sha256:([0-9a-f]{64})", entry))
+        head = re.match(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;]+)(?: ; ([^\\\n]+))?", entry)
+        if head and (head[3] is None or Marker(head[3].strip()).evaluate(IMAGE)):
+            name = canonicalize_name(head[1])
+            assert name not in out, f"{name} is locked twice for Python {IMAGE_PYTHON}"
+            out[name] = (head[2], re.findall(r"--hash=sha256:([0-9a-f]{64})", entry))
     return out
 
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
 from inferwatch.drift.service import DriftSettings
@@ -124,3 +125,16 @@ def test_check_secrets_names_every_secret_that_cannot_serve_at_once(tmp_path):
     assert "C_FILE" not in bad.stderr
     malformed = check_secrets("just-a-path")
     assert malformed.returncode == 2 and "expected VAR=PATH" in malformed.stderr
+
+
+@pytest.mark.parametrize("value", [",", " , ,", "\n,\n"])
+def test_an_api_key_list_of_only_separators_is_refused_not_an_open_gateway(value, clean_env, tmp_path):
+    clean_env.setenv("INFERWATCH_GATEWAY_API_KEYS", value)
+    with pytest.raises(ValidationError, match="holds no API key"):
+        GatewaySettings()
+    clean_env.delenv("INFERWATCH_GATEWAY_API_KEYS")
+    (tmp_path / "keys").write_text(value)
+    clean_env.setenv("INFERWATCH_GATEWAY_API_KEYS_FILE", str(tmp_path / "keys"))
+    with pytest.raises(SettingsError, match="is empty|nothing but blanks and commas"):
+        GatewaySettings()
+    assert check_secrets(f"GATEWAY_API_KEYS_FILE={tmp_path / 'keys'}").returncode == 2
