@@ -38,6 +38,7 @@ import pytest
 import requests
 import yaml
 
+from inferwatch.serving.admission import key_id
 from tests.compose.conftest import MEASURED
 from tests.conftest import TINY_MODEL_NAME, running_vllms, suite_vllm
 from tests.support.docker_engine import (BASE_IMAGE, bridge_gateway, build, docker, ensure_base_image,
@@ -128,14 +129,33 @@ class Stack:
         return f"http://127.0.0.1:{self.ports[port]}"
 
 
+API_KEY, LIMITED_KEY = "sk-compose-test", "sk-compose-limited"
+
+
+def _config_dir(folder: Path, vllm_url: str) -> Path:
+    """The gateway's experiment (an A/A split over the one vLLM) and limits (one request a
+    minute for LIMITED_KEY) files, as a user puts them in deploy/compose/config/."""
+    folder.mkdir(exist_ok=True)
+    variants = [{"name": name, "upstream_url": vllm_url, "model": TINY_MODEL_NAME, "weight": 0.5} for name in "ab"]
+    (folder / "experiment.yml").write_text(yaml.safe_dump(
+        {"experiments": {TINY_MODEL_NAME: {"name": "compose-aa", "variants": variants}}}))
+    (folder / "limits.yml").write_text(yaml.safe_dump({"keys": {key_id(LIMITED_KEY): {"requests_per_minute": 1}}}))
+    for f in folder.iterdir():
+        f.chmod(0o644)
+    folder.chmod(0o755)
+    return folder
+
+
 def _settings(tmp: Path, vllm_url: str, prometheus_targets: Path) -> tuple[dict[str, str], dict[str, int]]:
     secrets_dir = tmp / "secrets"
     secrets_dir.mkdir(exist_ok=True)
-    values = {"GATEWAY_API_KEYS_FILE": "sk-compose-test", "GATEWAY_ADMIN_TOKEN_FILE": "admin-compose-test",
+    values = {"GATEWAY_API_KEYS_FILE": f"{API_KEY}\n{LIMITED_KEY}", "GATEWAY_ADMIN_TOKEN_FILE": "admin-compose-test",
               "DRIFT_TOKEN_FILE": "drift-compose-test", "GRAFANA_ADMIN_PASSWORD_FILE": "unused-here"}
     ports = {name: free_port() for name in PORTS}
     env = {**os.environ, **{k: str(v) for k, v in ports.items()},
            **{var: _secret(secrets_dir / var.lower(), value) for var, value in values.items()},
+           "GATEWAY_CONFIG_DIR": str(_config_dir(tmp / "config", vllm_url)),
+           "GATEWAY_EXPERIMENT_FILE": "/etc/inferwatch/experiment.yml", "GATEWAY_LIMITS_FILE": "/etc/inferwatch/limits.yml",
            "VLLM_URL": vllm_url, "PROMETHEUS_TARGETS_DIR": str(prometheus_targets), "STANDIN_BASE_IMAGE": BASE_IMAGE}
     return env, ports
 
@@ -214,7 +234,7 @@ def stack(images, host_vllm, targets_dir, tmp_path_factory) -> Iterator[Stack]:
         wanted = {**{s: "healthy" for s in SERVICES}, **{s: "exited 0" for s in ONE_SHOTS}}
         eventually(lambda: compose.health() == wanted, timeout_s=HEALTHY_TIMEOUT_S, interval_s=1)
         MEASURED.append(f"`up` to every container healthy: {time.monotonic() - started:.0f} s")
-        yield Stack(compose, ports, "sk-compose-test", "drift-compose-test", host_vllm)
+        yield Stack(compose, ports, API_KEY, "drift-compose-test", host_vllm)
     finally:
         compose("down", "-v", check=False)
 
@@ -234,6 +254,19 @@ def test_a_chat_completion_streams_through_the_gateway(stack: Stack):
     chunks = list(client.chat.completions.create(model=TINY_MODEL_NAME, stream=True, max_tokens=8,
                                                  messages=[{"role": "user", "content": "hello"}]))
     assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) >= 2
+
+
+def test_the_mounted_experiment_and_limits_files_apply(stack: Stack):
+    """Mounted read-only from GATEWAY_CONFIG_DIR and named in the environment, as
+    deploy/compose/config/README.md says, with no edit of the compose file."""
+    admin = stack.url("GATEWAY_PORT") + "/admin/experiments"
+    assert requests.get(admin, timeout=10).status_code == 401
+    shown = requests.get(admin, headers={"Authorization": "Bearer admin-compose-test"}, timeout=10).json()
+    assert [e["model"] for e in shown["experiments"]] == [TINY_MODEL_NAME], shown
+    limited = openai.OpenAI(base_url=stack.url("GATEWAY_PORT") + "/v1", api_key=LIMITED_KEY, max_retries=0)
+    limited.completions.create(model=TINY_MODEL_NAME, prompt="once", max_tokens=2)
+    with pytest.raises(openai.RateLimitError):
+        limited.completions.create(model=TINY_MODEL_NAME, prompt="twice", max_tokens=2)
 
 
 def _prometheus(stack: Stack, path: str, **params) -> dict:
@@ -258,17 +291,16 @@ def test_prometheus_scrapes_every_target_and_loaded_every_rule_group(stack: Stac
 
 def test_the_drift_pair_stored_the_request_record(stack: Stack):
     """Both replicas freeze a baseline from the records of the last minutes: refused (422)
-    when a replica holds none, so a 201 from each proves each stored the gateway's records."""
+    when a replica holds none, so a 201 from each proves each stored the gateway's records.
+    The records carry the variant of the A/A experiment the API key's unit is assigned to."""
     started = time.time() - 600
     client = openai.OpenAI(base_url=stack.url("GATEWAY_PORT") + "/v1", api_key=stack.api_key, max_retries=0)
     client.completions.create(model=TINY_MODEL_NAME, prompt="drift", max_tokens=4)
     for port in ("DRIFT_PORT", "DRIFT_B_PORT"):
-        def freeze() -> bool:
-            answer = requests.post(stack.url(port) + "/v1/baselines", timeout=10,
-                                   headers={"Authorization": f"Bearer {stack.drift_token}"},
-                                   json={"model": TINY_MODEL_NAME, "variant": "default", "from": started,
-                                         "to": time.time()})
-            return answer.status_code == 201
+        def freeze() -> list[int]:
+            return [v for v in "ab" if requests.post(
+                stack.url(port) + "/v1/baselines", timeout=10, headers={"Authorization": f"Bearer {stack.drift_token}"},
+                json={"model": TINY_MODEL_NAME, "variant": v, "from": started, "to": time.time()}).status_code == 201]
         eventually(freeze, timeout_s=30, interval_s=1)
         assert requests.post(stack.url(port) + "/v1/baselines", json={}, timeout=10).status_code == 401
 
