@@ -12,6 +12,8 @@ from contextlib import contextmanager
 
 import psutil
 
+LOWEST_PRIORITY = 19
+
 
 def descendants(pid: int) -> list[int]:
     """The process's children, not itself: for vLLM, its engine core without its API server,
@@ -21,22 +23,31 @@ def descendants(pid: int) -> list[int]:
 
 
 @contextmanager
-def throttled(pids: Sequence[int], run_s: float, period_s: float = 0.2) -> Iterator[None]:
-    """``pids`` run ``run_s`` of every ``period_s``; all run again when the block ends."""
-    done = threading.Event()
+def frozen(pids: Sequence[int]) -> Iterator[None]:
+    """``pids`` stopped for the whole block: nothing they were asked meanwhile can finish
+    before whatever the block does, on a machine of any speed."""
+    _signal_all(pids, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        _signal_all(pids, signal.SIGCONT)
 
-    def signal_all(sig: signal.Signals) -> None:
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
+
+@contextmanager
+def throttled(pids: Sequence[int], run_s: float, period_s: float = 0.2) -> Iterator[None]:
+    """``pids`` run ``run_s`` of every ``period_s``; all run again when the block ends.
+
+    They run at the lowest priority meanwhile: vLLM's engine spins a thread per core, and at
+    equal priority it can keep this process's stopping thread off both cores for a whole
+    period (measured: a replica meant to run 5% of the time took 12 s of CPU in 17 s)."""
+    done = threading.Event()
+    niceness = {pid: _renice(pid, LOWEST_PRIORITY) for pid in pids}
 
     def duty() -> None:
         while not done.is_set():
-            signal_all(signal.SIGSTOP)
+            _signal_all(pids, signal.SIGSTOP)
             done.wait(period_s - run_s)
-            signal_all(signal.SIGCONT)
+            _signal_all(pids, signal.SIGCONT)
             done.wait(run_s)
 
     thread = threading.Thread(target=duty, daemon=True)
@@ -46,4 +57,27 @@ def throttled(pids: Sequence[int], run_s: float, period_s: float = 0.2) -> Itera
     finally:
         done.set()
         thread.join()
-        signal_all(signal.SIGCONT)
+        _signal_all(pids, signal.SIGCONT)
+        for pid, value in niceness.items():
+            if value is not None:
+                _renice(pid, value)
+
+
+def _signal_all(pids: Sequence[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _renice(pid: int, value: int) -> int | None:
+    """Sets the process's nice value, returns the one it had (None: the process is gone, or
+    raising it back needs a privilege this user lacks, and it stays low)."""
+    try:
+        before = os.getpriority(os.PRIO_PROCESS, pid)
+        for thread in psutil.Process(pid).threads():  # on Linux the nice value is per thread
+            os.setpriority(os.PRIO_PROCESS, thread.id, value)
+    except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
+        return None
+    return before
