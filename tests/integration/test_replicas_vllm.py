@@ -59,6 +59,12 @@ def sent_to(gw: GatewayServer, server: RunningVLLM) -> float:
                       endpoint=endpoint(server))
 
 
+def holds(gw: GatewayServer, server: RunningVLLM, n: int) -> bool:
+    """Whether the gateway has ``n`` requests or more at the replica now."""
+    return metric_sum(gw.metrics_text(), "inferwatch_gateway_upstream_endpoint_requests_in_flight",
+                      endpoint=endpoint(server)) >= n
+
+
 def is_up(gw: GatewayServer, server: RunningVLLM) -> bool:
     return metric_sum(gw.metrics_text(), "inferwatch_gateway_upstream_endpoint_up", endpoint=endpoint(server)) == 1
 
@@ -133,7 +139,9 @@ def test_a_killed_replica_fails_only_its_requests_and_returns_after_its_restart(
         with ThreadPoolExecutor(6) as pool:
             for n in range(6):
                 pool.submit(client, n)
-            eventually(lambda: sent_to(gw, b) >= before_b + 5, timeout_s=30)
+            # killed while it holds requests (at a random moment a replica of three may hold none):
+            # two, so that one ending in the moment before the kill leaves one to fail
+            eventually(lambda: sent_to(gw, b) >= before_b + 5 and holds(gw, b, 2), timeout_s=30, interval_s=0.01)
             b.process.kill()
             killed = time.monotonic()
             time.sleep(2)
