@@ -88,7 +88,8 @@ $(DEPS_STAMP): $(ENGINE_STAMP) pyproject.toml
 # shared-state tests run on loopback, and nginx, the load balancer in front of the test fleet
 # of gateways (in /usr/sbin, which a user's PATH may lack; Debian's package also starts its
 # own service on port 80 where systemd runs: `systemctl disable --now nginx` if unwanted,
-# the tests start their own).
+# the tests start their own). kubectl, whose kustomize builds the Kubernetes manifests
+# offline (tests/deploy/test_kubernetes.py), comes with these machines, from no Debian archive.
 $(SYSTEM_STAMP): $(VENV_STAMP) Makefile
 	@if command -v prometheus >/dev/null && command -v promtool >/dev/null && command -v amtool >/dev/null \
 	    && command -v docker-compose >/dev/null && command -v g++ >/dev/null && command -v redis-server >/dev/null \
@@ -101,6 +102,8 @@ $(SYSTEM_STAMP): $(VENV_STAMP) Makefile
 	else \
 	  echo "install Prometheus (promtool) and Alertmanager (amtool) with your package manager" >&2; exit 1; \
 	fi
+	@command -v kubectl >/dev/null || { echo "kubectl is missing: install it (https://kubernetes.io/docs/tasks/tools/);" \
+	  "its kustomize builds deploy/kubernetes offline for the tests" >&2; exit 1; }
 	touch $@
 
 model: install

@@ -45,7 +45,7 @@ def stale(files: Mapping[Path, str], folders: Iterable[Path] = OWNED_DIRS) -> li
     """Files in the generated-only ``folders`` that ``files`` does not include: left over
     from a dashboard, rule file or job since removed."""
     return sorted(path for folder in folders if folder.is_dir()
-                  for path in folder.iterdir() if path.is_file() and path not in files)
+                  for path in folder.rglob("*") if path.is_file() and path not in files)
 
 
 def write(files: Mapping[Path, str], folders: Iterable[Path] = OWNED_DIRS) -> list[Path]:

@@ -1,48 +1,349 @@
-"""deploy/kubernetes: the generated rules and dashboards, wrapped for the Prometheus Operator
-and Grafana's sidecar, loadable (no cluster here: promtool checks the rule groups, and the
-objects are checked against the fields the operator and kubectl require). That they are
-current is tests/inferwatch/test_generate.py's golden test."""
+"""deploy/kubernetes: what a cluster would check on admission, checked without a cluster.
+
+Every overlay (and every component added to one) builds with ``kubectl kustomize``; every
+object validates against the Kubernetes OpenAPI schemas of ``KUBERNETES_VERSION`` in strict
+mode (kubernetes-validate), and every custom resource against its CRD's schema, vendored
+under tests/deploy/crds/ with unknown fields rejected; then the objects are checked
+against each other (Services select pods and name their ports, monitors select Services,
+secrets are the documented ones), the rules against alerts/rules and promtool, the
+settings against the components' own. That the tree is current is
+tests/inferwatch/test_generate.py's golden test.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
+from functools import cache
+from pathlib import Path
 
+import kubernetes_validate
+import pytest
 import yaml
 
-from inferwatch.alerts import dcgm
+from inferwatch.alerts import dcgm, spec
 from inferwatch.alerts.generate import RULES_DIR
 from inferwatch.dashboards.generate import JSON_DIR
+from inferwatch.deploy.kube import autoscaling, settings as kube
+from inferwatch.deploy.kube.layout import OVERLAYS
 from inferwatch.deploy.manifests import K8S_DIR
+from tests.deploy.crd_schema import CRD_DIR, KubeLoader, custom_resource_validator
 
+KUBERNETES_VERSION = "1.32.0"  # kubectl's here; kube-prometheus-stack and KEDA support it
+ROOT = Path(__file__).resolve().parents[2]
 LAST_APPLIED_LIMIT = 262_144  # kubectl apply keeps the object in an annotation of at most 256 KiB
-DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+COMPONENTS = sorted(p.name for p in (K8S_DIR / "components").iterdir())
 
 
-def _objects(name: str) -> list[dict]:
-    return [d for d in yaml.safe_load_all((K8S_DIR / name).read_text()) if d]
+def kustomize(directory: Path) -> list[dict]:
+    result = subprocess.run(["kubectl", "kustomize", str(directory)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return [d for d in yaml.load_all(result.stdout, Loader=KubeLoader) if d]
 
 
-def test_prometheus_rules_carry_exactly_the_rule_files_and_pass_promtool(tmp_path):
-    for name, sources in (("prometheus-rules.yaml", sorted(RULES_DIR.glob("*.yml"))),
-                          ("prometheus-rules-dcgm-exporter.yaml", [dcgm.OUT])):
-        [rule] = _objects(name)
-        assert (rule["apiVersion"], rule["kind"]) == ("monitoring.coreos.com/v1", "PrometheusRule")
-        assert DNS_LABEL.match(rule["metadata"]["name"])
-        assert rule["spec"]["groups"] == [g for f in sources for g in yaml.safe_load(f.read_text())["groups"]]
+@cache
+def built(overlay: str) -> tuple[dict, ...]:
+    return tuple(kustomize(K8S_DIR / "overlays" / overlay))
+
+
+def with_everything(overlay: str, tmp_path: Path) -> list[dict]:
+    """The overlay with every component and the model's tracing: what a full install runs."""
+    model = OVERLAYS[overlay]
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [os.path.relpath(K8S_DIR / "overlays" / overlay, tmp_path)],
+        "components": [os.path.relpath(K8S_DIR / "components" / c, tmp_path) for c in COMPONENTS]
+        + [os.path.relpath(K8S_DIR / "models" / model.name / "tracing", tmp_path)]}))
+    return kustomize(tmp_path)
+
+
+def _key(obj: dict) -> tuple[str, str]:
+    return obj["kind"], obj["metadata"]["name"]
+
+
+def _by_kind(objects, kind: str) -> list[dict]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def _pod_templates(objects) -> list[tuple[dict, dict]]:
+    """(workload, pod template) of every workload."""
+    return [(o, o["spec"]["template"]) for o in objects
+            if o["kind"] in ("Deployment", "StatefulSet", "DaemonSet")]
+
+
+# -- builds and schemas ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_every_overlay_builds_and_every_object_is_valid(overlay, tmp_path):
+    objects = with_everything(overlay, tmp_path)
+    assert {_key(o) for o in built(overlay)} < {_key(o) for o in objects}
+    custom = 0
+    for obj in objects:
+        assert obj["metadata"].get("namespace", kube.NAMESPACE) == kube.NAMESPACE or obj["kind"] == "Namespace"
+        if "." in obj["apiVersion"].split("/")[0] and not obj["apiVersion"].startswith(
+                ("apps/", "policy/", "autoscaling/", "networking.k8s.io/")):
+            errors = sorted(custom_resource_validator(obj["apiVersion"], obj["kind"]).iter_errors(obj),
+                            key=lambda e: list(e.path))
+            assert not errors, f"{_key(obj)}: {errors[0].message} at {list(errors[0].path)}"
+            custom += 1
+        else:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        assert len(json.dumps(obj)) < LAST_APPLIED_LIMIT, _key(obj)
+    assert custom >= 7  # 4 monitors, 1-2 PrometheusRules, the AlertmanagerConfig, the ScaledObject
+
+
+DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")  # RFC 1035: Service names
+DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
+
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_names_and_labels_are_what_the_api_server_accepts(overlay, tmp_path):
+    """The OpenAPI schemas say "string"; the API server also checks these formats."""
+    for obj in with_everything(overlay, tmp_path):
+        name = obj["metadata"]["name"]
+        assert (DNS_LABEL if obj["kind"] in ("Service", "Namespace") else DNS_SUBDOMAIN).match(name), _key(obj)
+        for template in (obj, obj.get("spec", {}).get("template", {})):
+            for value in template.get("metadata", {}).get("labels", {}).values():
+                assert LABEL_VALUE.match(value), (_key(obj), value)
+
+
+def test_the_schemas_reject_what_a_cluster_would():
+    """The validators are not lenient: an unknown field, a wrong type, a missing field fail."""
+    deployment = next(o for o in built("gpu") if o["kind"] == "Deployment")
+    bad = json.loads(json.dumps(deployment))
+    bad["spec"]["template"]["spec"]["containers"][0]["imagePullPolicey"] = "Always"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, KUBERNETES_VERSION, strict=True)
+    monitor = next(o for o in built("gpu") if o["kind"] == "ServiceMonitor")
+    validator = custom_resource_validator(monitor["apiVersion"], "ServiceMonitor")
+    for broken in ({"jobLable": "x"}, {"endpoints": [{"port": 8080}]}, {"endpoints": [{"interval": "ten"}]}):
+        assert list(validator.iter_errors({**monitor, "spec": {**monitor["spec"], **broken}})), broken
+    scaled = next(o for o in built("gpu") if o["kind"] == "ScaledObject")
+    validator = custom_resource_validator(scaled["apiVersion"], "ScaledObject")
+    assert list(validator.iter_errors({**scaled, "spec": {**scaled["spec"], "scaleTargetRef": {}}}))
+
+
+def test_vendored_crds_say_where_they_come_from():
+    notes = (CRD_DIR / "README.md").read_text()
+    for crd in CRD_DIR.glob("*.yaml"):
+        assert crd.name in notes, f"{crd.name}: no upstream version and source in {CRD_DIR / 'README.md'}"
+
+
+# -- objects against each other ------------------------------------------------------------------
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_services_and_monitors_select_what_exists(overlay, tmp_path):
+    objects = with_everything(overlay, tmp_path)
+    pods = _pod_templates(objects)
+
+    def ports_of(template: dict) -> set[str]:
+        return {p["name"] for c in template["spec"]["containers"] for p in c.get("ports", [])}
+
+    def selects(selector: dict, labels: dict) -> bool:
+        return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+    for svc in _by_kind(objects, "Service"):
+        matched = [t for _, t in pods if selects(svc["spec"]["selector"], t["metadata"]["labels"])]
+        assert matched, f"Service {svc['metadata']['name']} selects no pod"
+        for port in svc["spec"]["ports"]:
+            assert all(port["targetPort"] in ports_of(t) for t in matched), (svc["metadata"]["name"], port)
+    for mon in _by_kind(objects, "ServiceMonitor"):
+        services = [s for s in _by_kind(objects, "Service")
+                    if selects(mon["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])]
+        assert services, f"ServiceMonitor {mon['metadata']['name']} selects no Service"
+        for svc in services:
+            assert {e["port"] for e in mon["spec"]["endpoints"]} <= {p["name"] for p in svc["spec"]["ports"]}
+            assert svc["metadata"]["labels"][mon["spec"]["jobLabel"]] in spec_jobs()
+    for mon in _by_kind(objects, "PodMonitor"):
+        matched = [t for _, t in pods if selects(mon["spec"]["selector"]["matchLabels"], t["metadata"]["labels"])]
+        assert matched and all(e["port"] in ports_of(t) for t in matched for e in mon["spec"]["podMetricsEndpoints"])
+        assert all(t["metadata"]["labels"][mon["spec"]["jobLabel"]] in spec_jobs() for t in matched)
+    for kind in ("PodDisruptionBudget", "NetworkPolicy"):
+        for obj in _by_kind(objects, kind):
+            selector = obj["spec"]["podSelector" if kind == "NetworkPolicy" else "selector"].get("matchLabels", {})
+            assert not selector or any(selects(selector, t["metadata"]["labels"]) for _, t in pods), _key(obj)
+    names = {_key(o) for o in objects}
+    for obj in _by_kind(objects, "ScaledObject") + _by_kind(objects, "HorizontalPodAutoscaler"):
+        ref = obj["spec"]["scaleTargetRef"]
+        assert (ref["kind"], ref["name"]) in names, _key(obj)
+    for _, template in pods:
+        account = template["spec"].get("serviceAccountName")
+        assert account is None or ("ServiceAccount", account) in names
+
+
+def spec_jobs() -> set[str]:
+    return {spec.JOB_GATEWAY, spec.JOB_VLLM, spec.JOB_EXPORTER, spec.JOB_DRIFT}
+
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_every_secret_is_a_documented_users_secret_mounted_as_a_file(overlay, tmp_path):
+    objects = with_everything(overlay, tmp_path)
+    documented = {s.name: s for s in kube.USER_SECRETS}
+    guide = (ROOT / "docs" / "kubernetes.md").read_text()
+    assert not _by_kind(objects, "Secret"), "a Secret in the manifests: secrets are the user's"
+    config_maps = {o["metadata"]["name"] for o in _by_kind(objects, "ConfigMap")}
+    for workload, template in _pod_templates(objects):
+        containers = template["spec"]["containers"] + template["spec"].get("initContainers", [])
+        for c in containers:
+            for var in c.get("env", []):
+                assert "valueFrom" not in var, (workload["metadata"]["name"], var)  # files, never env values
+                assert not any(word in var["name"] for word in ("TOKEN", "KEY", "PASSWORD")) \
+                    or var["name"].endswith(("_FILE", "_PATH")), var
+            assert "envFrom" not in c
+        for volume in template["spec"].get("volumes", []):
+            if "secret" in volume:
+                name = volume["secret"]["secretName"]
+                assert name in documented and f"`{name}`" in guide, name
+                assert volume["secret"].get("optional", False) == documented[name].optional or \
+                    name == kube.UPSTREAM_SECRET.name  # required once its component is chosen
+            if "configMap" in volume:
+                assert volume["configMap"]["name"] in config_maps
+    for keys in (kube.GATEWAY_SECRET.keys, kube.DRIFT_SECRET.keys):
+        assert all(f"{k}" in guide for k in keys)
+
+
+def test_pods_run_unprivileged_with_limits_and_probes():
+    for overlay in OVERLAYS:
+        for workload, template in _pod_templates(built(overlay)):
+            pod = template["spec"]
+            name = workload["metadata"]["name"]
+            assert pod.get("automountServiceAccountToken") is False, name
+            for c in pod["containers"]:
+                assert c["resources"]["requests"] and "memory" in c["resources"]["limits"], (name, c["name"])
+                assert "livenessProbe" in c and "readinessProbe" in c, (name, c["name"])
+                assert c["securityContext"]["allowPrivilegeEscalation"] is False
+                assert "nvidia.com/gpu" not in c["resources"]["requests"] or workload["kind"] == "Deployment"
+            if c["image"].startswith("vllm/"):
+                continue  # vLLM's own image runs as root (docs/kubernetes.md)
+            assert pod["securityContext"]["runAsNonRoot"] is True, name
+            for c in pod["containers"]:
+                assert c["securityContext"]["capabilities"]["drop"] == ["ALL"], name
+                assert c["securityContext"]["readOnlyRootFilesystem"] or name.startswith("vllm-"), name
+
+
+def test_the_exporter_takes_no_gpu_and_runs_on_gpu_nodes_only():
+    [exporter] = [o for o in built("gpu") if o["kind"] == "DaemonSet"]
+    pod = exporter["spec"]["template"]["spec"]
+    [c] = pod["containers"]
+    assert "nvidia.com/gpu" not in json.dumps(c["resources"])
+    assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"} in c["env"]
+    assert pod["hostPID"] is True and pod["nodeSelector"] == dict([kube.Cluster().gpu_node_label])
+    assert any(t["key"] == "nvidia.com/gpu" for t in pod["tolerations"])
+
+
+def test_the_gateways_resolve_their_models_headless_service_and_the_drift_pair():
+    for overlay, model in OVERLAYS.items():
+        objects = built(overlay)
+        [gateway] = [o for o in objects if _key(o) == ("Deployment", "inferwatch-gateway")]
+        env = {v["name"]: v["value"] for v in gateway["spec"]["template"]["spec"]["containers"][0]["env"]}
+        [service] = [o for o in objects if _key(o) == ("Service", model.service)]
+        assert service["spec"]["clusterIP"] == "None"
+        assert env["INFERWATCH_GATEWAY_UPSTREAM_URL"] == f"http://{model.service}:{service['spec']['ports'][0]['port']}"
+        [drift] = [o for o in objects if _key(o) == ("StatefulSet", "inferwatch-drift")]
+        assert drift["spec"]["replicas"] == 2 and drift["spec"]["serviceName"] == "inferwatch-drift"
+        assert env["INFERWATCH_GATEWAY_DRIFT_URLS"].split(",") == [
+            f"http://inferwatch-drift-{i}.inferwatch-drift:{kube.DRIFT_PORT}" for i in range(2)]
+        assert gateway["spec"]["replicas"] >= 2
+
+
+def test_ports_and_settings_are_the_components_own():
+    """The manifests' ports are each component's default, and every INFERWATCH_* variable
+    they set is a setting of the component that reads it."""
+    from inferwatch.drift.service import DriftSettings
+    from inferwatch.exporters.server import ExporterSettings
+    from inferwatch.serving.settings import GatewaySettings
+
+    assert (kube.GATEWAY_PORT, kube.DRIFT_PORT, kube.EXPORTER_PORT) == (
+        GatewaySettings.model_fields["port"].default, DriftSettings.model_fields["port"].default,
+        ExporterSettings.model_fields["port"].default)
+    settings_of = {"INFERWATCH_GATEWAY_": GatewaySettings, "INFERWATCH_DRIFT_": DriftSettings,
+                   "INFERWATCH_EXPORTER_": ExporterSettings}
+    for overlay in OVERLAYS:
+        for _, template in _pod_templates(built(overlay)):
+            for c in template["spec"]["containers"] + template["spec"].get("initContainers", []):
+                for var in c.get("env", []):
+                    for prefix, cls in settings_of.items():
+                        if var["name"].startswith(prefix):
+                            field = var["name"].removeprefix(prefix).lower()
+                            assert field in cls.model_fields or field.removesuffix("_file") in cls.model_fields, var
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    from inferwatch.deploy.kube import tracing, workloads
+    for service, image in (("otel-collector", tracing.COLLECTOR_IMAGE), ("jaeger", tracing.JAEGER_IMAGE),
+                           ("redis", workloads.REDIS_IMAGE), ("vllm-gpu", kube.LLAMA.image)):
+        assert compose[service]["image"].split(":-")[-1].rstrip("}") == image, service
+
+
+# -- rules, paging, autoscaling -----------------------------------------------------------------
+
+def _rule_groups(obj: dict) -> list[dict]:
+    """The groups with the namespace label the manifests add taken off again."""
+    groups = json.loads(json.dumps(obj["spec"]["groups"]))
+    for group in groups:
+        for rule in group["rules"]:
+            if "alert" in rule:
+                assert rule["labels"].pop("namespace") == kube.NAMESPACE, rule["alert"]
+                if not rule["labels"]:
+                    del rule["labels"]
+    return groups
+
+
+def test_prometheus_rules_are_the_rule_files_and_pass_promtool(tmp_path):
+    objects = {o["metadata"]["name"]: o for o in _by_kind(with_everything("gpu", tmp_path), "PrometheusRule")}
+    for name, sources in (("inferwatch", sorted(RULES_DIR.glob("*.yml"))),
+                          ("inferwatch-dcgm-exporter-compat", [dcgm.OUT])):
+        rule = objects[name]
+        assert rule["metadata"]["labels"]["release"] == kube.Cluster().release
+        assert _rule_groups(rule) == [g for f in sources for g in yaml.safe_load(f.read_text())["groups"]]
         extracted = tmp_path / f"{name}.rules.yml"
         extracted.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
         result = subprocess.run(["promtool", "check", "rules", str(extracted)], capture_output=True, text=True)
         assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_the_alertmanager_config_routes_as_the_compose_config(tmp_path):
+    """Tier by tier the same tree as deploy/alertmanager/alertmanager.yml, plus the
+    namespace matcher the Operator adds, which every alert of the rules carries."""
+    from inferwatch.deploy.kube.monitoring import CAMEL
+
+    [config] = _by_kind(built("gpu"), "AlertmanagerConfig")
+    compose = yaml.safe_load((ROOT / "deploy" / "alertmanager" / "alertmanager.yml").read_text())
+    ours = config["spec"]["route"]
+    assert [(r["receiver"], [f'{m["name"]}{m["matchType"]}"{m["value"]}"' for m in r["matchers"]])
+            for r in ours["routes"]] == [(r["receiver"], r["matchers"]) for r in compose["route"]["routes"]]
+    for key, camel in CAMEL.items():
+        assert ours[camel] == compose["route"][key]
+        for a, b in zip(ours["routes"], compose["route"]["routes"]):
+            assert a.get(camel) == b.get(key)
+    assert {r["name"] for r in config["spec"]["receivers"]} == {r["name"] for r in compose["receivers"]}
+    assert config["metadata"]["labels"]["release"] == kube.Cluster().release
+    [with_pd] = _by_kind(with_everything("gpu", tmp_path), "AlertmanagerConfig")
+    [pager] = [r for r in with_pd["spec"]["receivers"] if r["name"] == "pager"]
+    assert pager["pagerdutyConfigs"][0]["routingKey"]["name"] == kube.PAGERDUTY_SECRET.name
+
+
 def test_dashboards_are_config_maps_grafanas_sidecar_loads():
-    maps = _objects("grafana-dashboards.yaml")
+    maps = [o for o in built("gpu") if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-dashboard")]
     assert len(maps) == len(list(JSON_DIR.glob("*.json")))
     for cm in maps:
-        assert (cm["apiVersion"], cm["kind"]) == ("v1", "ConfigMap")
-        assert DNS_LABEL.match(cm["metadata"]["name"]) and cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
         [(file_name, text)] = cm["data"].items()
         assert json.loads(text) == json.loads((JSON_DIR / file_name).read_text())
-        assert len(json.dumps(cm)) < LAST_APPLIED_LIMIT, cm["metadata"]["name"]
+
+
+def test_autoscaling_queries_parse_and_read_the_gauge_vllm_exports(tmp_path):
+    from inferwatch.catalog import metric
+
+    for overlay, model in OVERLAYS.items():
+        [scaled] = _by_kind(built(overlay), "ScaledObject")
+        [trigger] = scaled["spec"]["triggers"]
+        assert trigger["metadata"]["query"] == autoscaling.waiting_query(model)
+        assert metric(autoscaling.WAITING) == autoscaling.WAITING
+        assert scaled["spec"]["fallback"]["replicas"] >= 1 and scaled["spec"]["minReplicaCount"] >= 1
+        rules = tmp_path / f"{overlay}.yml"
+        rules.write_text(yaml.safe_dump({"groups": [{"name": "keda", "rules": [
+            {"record": "keda:query", "expr": trigger["metadata"]["query"]}]}]}))
+        result = subprocess.run(["promtool", "check", "rules", str(rules)], capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout + result.stderr

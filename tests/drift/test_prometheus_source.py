@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Histogram, start_http_server
 
 from inferwatch.drift.prometheus_source import PrometheusSource, SourceError, buckets_to_histogram
 from inferwatch.drift.service import DriftSettings, create_app
-from inferwatch.supervise import ManagedProcess
+from tests.support.prometheus_server import running_prometheus
 from tests.support.servers import AppServer
 from tests.support.sockets import free_port
 
@@ -37,21 +37,15 @@ def fleet(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("prom")
     registry = CollectorRegistry()
     hist = Histogram(METRIC, "prompt tokens", buckets=BUCKETS, registry=registry)
-    exporter_port, prom_port = free_port(), free_port()
+    exporter_port = free_port()
     server, thread = start_http_server(exporter_port, addr="127.0.0.1", registry=registry)
-    (tmp / "prometheus.yml").write_text(
-        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-        f"scrape_configs: [{{job_name: fleet, static_configs: [{{targets: ['127.0.0.1:{exporter_port}']}}]}}]\n")
-    prom = ManagedProcess("prometheus", ["prometheus", f"--config.file={tmp / 'prometheus.yml'}",
-                                         f"--storage.tsdb.path={tmp / 'data'}",
-                                         f"--web.listen-address=127.0.0.1:{prom_port}"],
-                          log_path=tmp / "prometheus.log", health_url=f"http://127.0.0.1:{prom_port}/-/ready")
-    prom.start()
+    config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+              "scrape_configs": [{"job_name": "fleet",
+                                  "static_configs": [{"targets": [f"127.0.0.1:{exporter_port}"]}]}]}
     try:
-        prom.wait_healthy(60)
-        yield hist, f"http://127.0.0.1:{prom_port}"
+        with running_prometheus(config, tmp) as url:
+            yield hist, url
     finally:
-        prom.stop()
         server.shutdown()
 
 

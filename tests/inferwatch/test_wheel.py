@@ -179,7 +179,7 @@ def test_the_wheel_holds_one_import_root_its_run_time_data_and_no_test_doubles(w
                    "alerts/runbooks/Watchdog.md", "dashboards/json/inferwatch-serving.json",
                    "dashboards/provisioning/dashboards/inferwatch.yml", "deploy/prometheus/prometheus.yml",
                    "deploy/prometheus/targets/vllm.yml", "deploy/alertmanager/alertmanager.yml",
-                   "deploy/kubernetes/prometheus-rules.yaml"):
+                   "deploy/kubernetes/base/prometheus-rules.yaml"):
         assert f"inferwatch/{needed}" in shipped, needed
 
 

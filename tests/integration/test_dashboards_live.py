@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import requests
-import yaml
 
 from inferwatch.alerts.generate import cap_interval, rule_files, write
 from inferwatch.alerts.spec import JOB_DRIFT, JOB_EXPORTER, JOB_GATEWAY, JOB_VLLM
@@ -25,9 +24,9 @@ from inferwatch.dashboards.queries import TimeRange, panel_results, resolve_vari
 from inferwatch.drift.service import DriftSettings, create_app as drift_app
 from inferwatch.exporters.server import Exporter, ExporterSettings, make_server
 from inferwatch.serving.settings import GatewaySettings
-from inferwatch.supervise import ManagedProcess
 from tests.conftest import TINY_MODEL_NAME
 from tests.support.feature_records import body, records
+from tests.support.prometheus_server import instant_query, running_prometheus
 from tests.support.redis_server import RedisServer
 from tests.support.fleet import FakeProcess, fleet
 from tests.support.servers import AppServer, GatewayServer
@@ -79,29 +78,16 @@ experiments:
                 {"job_name": JOB_EXPORTER,
                  "static_configs": [{"targets": [f"127.0.0.1:{exporter_http.server_address[1]}"]}]},
             ]}
-        (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
-        port = free_port()
-        prom = ManagedProcess("prometheus", ["prometheus", f"--config.file={tmp / 'prometheus.yml'}",
-                                             f"--storage.tsdb.path={tmp / 'data'}",
-                                             f"--web.listen-address=127.0.0.1:{port}",
-                                             "--enable-feature=exemplar-storage"],
-                              log_path=tmp / "prometheus.log", health_url=f"http://127.0.0.1:{port}/-/ready")
-        prom.start()
         try:
-            prom.wait_healthy(60, poll_s=0.2)
-            _drive(gateway.url, drift.url, nvml)
-            url = f"http://127.0.0.1:{port}"
-            # the 5-second SLO groups and the drift verdicts have run a few times
-            eventually(lambda: _query(url, "inferwatch_slo:period_error_budget_remaining:ratio"), timeout_s=60)
-            yield url
+            with running_prometheus(config, tmp, "--enable-feature=exemplar-storage") as url:
+                _drive(gateway.url, drift.url, nvml)
+                # the 5-second SLO groups and the drift verdicts have run a few times
+                eventually(lambda: instant_query(url, "inferwatch_slo:period_error_budget_remaining:ratio"),
+                           timeout_s=60)
+                yield url
         finally:
-            prom.stop()
             exporter_http.shutdown()
             exporter.stop()
-
-
-def _query(prom: str, expr: str) -> list:
-    return requests.get(f"{prom}/api/v1/query", params={"query": expr}, timeout=10).json()["data"]["result"]
 
 
 def _drive(gateway: str, drift: str, nvml) -> None:

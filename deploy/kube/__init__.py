@@ -1,0 +1,2 @@
+"""The Kubernetes manifests' generator: settings, object factories, one module per concern
+(workloads, monitoring, autoscaling, network, tracing) and the kustomize tree (layout)."""

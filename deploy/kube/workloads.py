@@ -1,0 +1,245 @@
+"""The workloads: the gateway (Deployment, with Redis for its shared state), the drift pair
+(a StatefulSet of two, a volume each), the NVML exporter (a DaemonSet on GPU nodes), vLLM
+(a Deployment per model behind a headless Service the gateway resolves) and the
+development pager. Prometheus, Alertmanager and Grafana are kube-prometheus-stack's."""
+
+from __future__ import annotations
+
+from inferwatch.deploy.kube import objects as o
+from inferwatch.deploy.kube.settings import (
+    DRIFT_PORT, DRIFT_SECRET, EXPORTER_PORT, GATEWAY_PORT, GATEWAY_SECRET, HF_SECRET, IMAGE, JOB_LABEL, PAGER_PORT,
+    REDIS_PORT, UID, UPSTREAM_SECRET, VLLM_PORT, Model, Settings,
+)
+
+GATEWAY, DRIFT, EXPORTER, REDIS, PAGER, VLLM = "gateway", "drift", "exporter", "redis", "pager", "vllm"
+REDIS_IMAGE = "redis:7.4.6"
+
+
+def name(component: str) -> str:
+    return f"inferwatch-{component}"
+
+
+def _health(port: str, *, startup_failures: int = 30) -> dict:
+    return {"startup": o.http_probe("/health", port, period_s=2, failures=startup_failures),
+            "liveness": o.http_probe("/health", port, period_s=10, failures=3),
+            "readiness": o.http_probe("/health", port, period_s=5, failures=2)}
+
+
+def _pod(component: str, containers: list[dict], *, volumes: list[dict] | None = None, **extra) -> dict:
+    spec: dict = {"serviceAccountName": name(component), "automountServiceAccountToken": False,
+                  "securityContext": o.pod_security(), "containers": containers}
+    if volumes:
+        spec["volumes"] = volumes
+    return {"metadata": {"labels": o.labels(component)}, "spec": spec | extra}
+
+
+def drift_urls(settings: Settings) -> str:
+    """Each replica of the pair by its own name (the headless Service's records)."""
+    return ",".join(f"http://{name(DRIFT)}-{i}.{name(DRIFT)}:{DRIFT_PORT}" for i in range(settings.drift_replicas))
+
+
+def upstream_url(model: Model) -> str:
+    """The model's headless Service: the gateway re-resolves it to every ready vLLM pod."""
+    return f"http://{model.service}:{VLLM_PORT}"
+
+
+def gateway(settings: Settings) -> list[dict]:
+    """The gateways, without their upstream: each overlay names its model's (``upstream_patch``)."""
+    tmp, tmp_mount = o.scratch("tmp", "/tmp")
+    container = o.container(
+        "gateway", IMAGE, ["gateway", "--host", "0.0.0.0", "--port", str(GATEWAY_PORT)], {"http": GATEWAY_PORT},
+        env=[o.env("INFERWATCH_GATEWAY_DRIFT_URLS", drift_urls(settings)),
+             o.env("INFERWATCH_GATEWAY_REDIS_URL", f"redis://{name(REDIS)}:{REDIS_PORT}/0"),
+             o.env("INFERWATCH_GATEWAY_API_KEYS_FILE", o.secret_file(GATEWAY_SECRET, "api_keys")),
+             o.env("INFERWATCH_GATEWAY_ADMIN_TOKEN_FILE", o.secret_file(GATEWAY_SECRET, "admin_token")),
+             o.env("INFERWATCH_GATEWAY_DRIFT_TOKEN_FILE", o.secret_file(DRIFT_SECRET, "token"))],
+        resources={"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
+        probes=_health("http"), mounts=[o.secret_mount(GATEWAY_SECRET), o.secret_mount(DRIFT_SECRET), tmp_mount])
+    check = _check_secrets([("INFERWATCH_GATEWAY_API_KEYS_FILE", o.secret_file(GATEWAY_SECRET, "api_keys")),
+                            ("INFERWATCH_GATEWAY_ADMIN_TOKEN_FILE", o.secret_file(GATEWAY_SECRET, "admin_token")),
+                            ("INFERWATCH_GATEWAY_DRIFT_TOKEN_FILE", o.secret_file(DRIFT_SECRET, "token"))],
+                           [o.secret_mount(GATEWAY_SECRET), o.secret_mount(DRIFT_SECRET)])
+    pod = _pod(GATEWAY, [container], volumes=[o.secret_volume(GATEWAY_SECRET), o.secret_volume(DRIFT_SECRET), tmp],
+               initContainers=[check], terminationGracePeriodSeconds=60,
+               topologySpreadConstraints=[_spread(GATEWAY)])
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": o.metadata(name(GATEWAY), GATEWAY),
+                  "spec": {"replicas": settings.gateway_replicas,
+                           "selector": {"matchLabels": o.selector(GATEWAY)},
+                           "strategy": {"type": "RollingUpdate",
+                                        "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+                           "template": pod}}
+    hpa = {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+           "metadata": o.metadata(name(GATEWAY), GATEWAY),
+           "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name(GATEWAY)},
+                    "minReplicas": settings.gateway_replicas, "maxReplicas": settings.gateway_max_replicas,
+                    "metrics": [{"type": "Resource", "resource": {
+                        "name": "cpu", "target": {"type": "Utilization", "averageUtilization": 70}}}]}}
+    return [o.service_account(name(GATEWAY), GATEWAY), deployment,
+            o.service(name(GATEWAY), GATEWAY, {"http": GATEWAY_PORT}, job=settings.jobs["gateway"],
+                      job_label=JOB_LABEL),
+            o.pod_disruption_budget(name(GATEWAY), GATEWAY), hpa]
+
+
+def _check_secrets(required: list[tuple[str, str]], mounts: list[dict]) -> dict:
+    """The compose stack's pre-flight as an init container: a missing or empty secret stops
+    the pod with a message naming it, before the service starts on half a configuration."""
+    return o.container("check-secrets", IMAGE, ["check-secrets", *(f"{var}={path}" for var, path in required)], {},
+                       resources={"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}},
+                       mounts=mounts)
+
+
+def _spread(component: str) -> dict:
+    return {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": o.selector(component)}}
+
+
+def redis(settings: Settings) -> list[dict]:
+    """One Redis with an append-only file: the weights set at run time outlive a restart.
+    The gateways keep serving without it (their shared state degrades, visibly)."""
+    container = o.container(
+        "redis", REDIS_IMAGE, ["redis-server", "--appendonly", "yes", "--dir", "/data", "--protected-mode", "no"],
+        {"redis": REDIS_PORT},
+        resources={"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+        probes={"liveness": {"exec": {"command": ["redis-cli", "ping"]}, "periodSeconds": 10, "timeoutSeconds": 3},
+                "readiness": {"exec": {"command": ["redis-cli", "ping"]}, "periodSeconds": 5, "timeoutSeconds": 3}},
+        mounts=[{"name": "data", "mountPath": "/data"}])
+    pod = _pod(REDIS, [container])
+    pod["spec"]["securityContext"] = o.pod_security(999)  # the redis image's user
+    return [o.service_account(name(REDIS), REDIS),
+            _stateful_set(REDIS, 1, pod, settings.redis_storage),
+            o.service(name(REDIS), REDIS, {"redis": REDIS_PORT})]
+
+
+def _stateful_set(component: str, replicas: int, pod: dict, storage: str) -> dict:
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": o.metadata(name(component), component),
+            "spec": {"serviceName": name(component), "replicas": replicas,
+                     "selector": {"matchLabels": o.selector(component)}, "template": pod,
+                     "volumeClaimTemplates": [{"metadata": {"name": "data"}, "spec": {
+                         "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": storage}}}}]}}
+
+
+def drift(settings: Settings) -> list[dict]:
+    """The pair: two replicas with a volume each (SQLite), both fed every record; a headless
+    Service names each for the gateways, and ServiceMonitor scrapes both."""
+    tmp, tmp_mount = o.scratch("tmp", "/tmp")
+    container = o.container(
+        "drift", IMAGE, ["drift", "serve", "--host", "0.0.0.0", "--port", str(DRIFT_PORT),
+                         "--db-path", "/data/drift.sqlite3",
+                         "--prometheus-url", settings.cluster.prometheus_url],
+        {"http": DRIFT_PORT}, env=[o.env("INFERWATCH_DRIFT_TOKEN_FILE", o.secret_file(DRIFT_SECRET, "token"))],
+        resources={"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+        probes=_health("http"), mounts=[o.secret_mount(DRIFT_SECRET), {"name": "data", "mountPath": "/data"},
+                                        tmp_mount])
+    check = _check_secrets([("INFERWATCH_DRIFT_TOKEN_FILE", o.secret_file(DRIFT_SECRET, "token"))],
+                           [o.secret_mount(DRIFT_SECRET)])
+    pod = _pod(DRIFT, [container], volumes=[o.secret_volume(DRIFT_SECRET), tmp], initContainers=[check],
+               topologySpreadConstraints=[_spread(DRIFT)])
+    return [o.service_account(name(DRIFT), DRIFT),
+            _stateful_set(DRIFT, settings.drift_replicas, pod, settings.drift_storage),
+            o.service(name(DRIFT), DRIFT, {"http": DRIFT_PORT}, headless=True, job=settings.jobs["drift"],
+                      job_label=JOB_LABEL),
+            o.pod_disruption_budget(name(DRIFT), DRIFT)]
+
+
+def exporter(settings: Settings) -> list[dict]:
+    """On every GPU node, without requesting a GPU (that would take one from vLLM): the
+    NVIDIA runtime gives it every device through NVIDIA_VISIBLE_DEVICES=all. hostPID lets
+    NVML's process list (host PIDs) be named from /proc; it also shows the pod every process
+    of the node, so the container runs read-only, unprivileged, with no capability."""
+    key, value = settings.cluster.gpu_node_label
+    container = o.container(
+        "exporter", IMAGE, ["exporter", "--host", "0.0.0.0", "--port", str(EXPORTER_PORT)], {"metrics": EXPORTER_PORT},
+        env=[o.env("NVIDIA_VISIBLE_DEVICES", "all"), o.env("NVIDIA_DRIVER_CAPABILITIES", "utility")],
+        resources={"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+        probes=_health("metrics"))
+    pod = _pod(EXPORTER, [container], hostPID=True, nodeSelector={key: value},
+               tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}])
+    daemon_set = {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": o.metadata(name(EXPORTER), EXPORTER),
+                  "spec": {"selector": {"matchLabels": o.selector(EXPORTER)},
+                           "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
+                           "template": pod}}
+    daemon_set["spec"]["template"]["metadata"]["labels"][JOB_LABEL] = settings.jobs["exporter"]
+    return [o.service_account(name(EXPORTER), EXPORTER), daemon_set]
+
+
+def pager() -> list[dict]:
+    """The development pager (Alertmanager's webhook receiver, as in compose): pages,
+    tickets and heartbeats land in its log. Point Paging's URLs at your own for production."""
+    container = o.container("pager", IMAGE, ["pager", "--host", "0.0.0.0", "--port", str(PAGER_PORT)],
+                            {"http": PAGER_PORT},
+                            resources={"requests": {"cpu": "20m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}},
+                            probes=_health("http"))
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": o.metadata(name(PAGER), PAGER),
+                  "spec": {"replicas": 1, "selector": {"matchLabels": o.selector(PAGER)},
+                           "template": _pod(PAGER, [container])}}
+    return [o.service_account(name(PAGER), PAGER), deployment, o.service(name(PAGER), PAGER, {"http": PAGER_PORT})]
+
+
+def vllm(model: Model, settings: Settings) -> list[dict]:
+    """A model's Deployment and the headless Service the gateways resolve. Replicas are
+    KEDA's (autoscaling.py); the startup probe allows for the model's download and load."""
+    component = VLLM
+    labels = {**o.labels(component), "inferwatch.dev/model": model.name}
+    match = {**o.selector(component), "inferwatch.dev/model": model.name}
+    cache, cache_mount = o.scratch("cache", "/root/.cache" if model.as_root else "/home/inferwatch/.cache", "64Gi")
+    shm = {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}}
+    env = [o.env("VLLM_NO_USAGE_STATS", "1")]
+    volumes = [cache, shm]
+    mounts = [cache_mount, {"name": "shm", "mountPath": "/dev/shm"}]
+    if model.downloads:  # a file, so the token is in no env value (huggingface_hub reads HF_TOKEN_PATH)
+        env.append(o.env("HF_TOKEN_PATH", o.secret_file(HF_SECRET, "token")))
+        volumes.append(o.secret_volume(HF_SECRET, optional=True))
+        mounts.append(o.secret_mount(HF_SECRET))
+    container = o.container(
+        "vllm", model.image, list(model.args), {"http": VLLM_PORT}, env=env, resources=model.resources,
+        probes={"startup": o.http_probe("/health", "http", period_s=10, failures=model.startup_s // 10),
+                "liveness": o.http_probe("/health", "http", period_s=10, failures=3, timeout_s=5),
+                "readiness": o.http_probe("/health", "http", period_s=5, failures=2, timeout_s=5)},
+        mounts=mounts, read_only=False)
+    pod: dict = {"metadata": {"labels": labels}, "spec": {
+        "serviceAccountName": name(component), "automountServiceAccountToken": False,
+        "containers": [container], "volumes": volumes, "terminationGracePeriodSeconds": 60}}
+    if not model.as_root:
+        pod["spec"]["securityContext"] = o.pod_security(UID)
+    else:
+        pod["spec"]["securityContext"] = {"seccompProfile": {"type": "RuntimeDefault"}}
+        container["securityContext"] = {"allowPrivilegeEscalation": False}
+    if model.gpu:
+        pod["spec"]["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment",
+                  "metadata": {"name": model.service, "labels": labels},
+                  "spec": {"selector": {"matchLabels": match}, "template": pod,
+                           "strategy": {"type": "RollingUpdate",
+                                        "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}}}
+    service = {"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": model.service, "labels": {**labels, JOB_LABEL: settings.jobs["vllm"]}},
+               "spec": {"clusterIP": "None", "selector": match,
+                        "ports": [{"name": "http", "port": VLLM_PORT, "targetPort": "http", "protocol": "TCP"}]}}
+    return [deployment, service]
+
+
+def vllm_service_account() -> dict:
+    return o.service_account(name(VLLM), VLLM)
+
+
+def upstream_key_patch() -> dict:
+    """The gateway with vLLM's API key (the optional secret, required once you opt in)."""
+    return gateway_env_patch([o.env("INFERWATCH_GATEWAY_UPSTREAM_API_KEY_FILE",
+                                    o.secret_file(UPSTREAM_SECRET, "api_key"))],
+                          volumes=[o.secret_volume(UPSTREAM_SECRET)], mounts=[o.secret_mount(UPSTREAM_SECRET)])
+
+
+def upstream_patch(model: Model) -> dict:
+    """The gateways in front of the model's replicas (strategic merge: env by name)."""
+    return gateway_env_patch([o.env("INFERWATCH_GATEWAY_UPSTREAM_URL", upstream_url(model))])
+
+
+def gateway_env_patch(env: list[dict], *, volumes: list[dict] | None = None, mounts: list[dict] | None = None) -> dict:
+    container: dict = {"name": "gateway", "env": env}
+    if mounts:
+        container["volumeMounts"] = mounts
+    spec: dict = {"containers": [container]}
+    if volumes:
+        spec["volumes"] = volumes
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name(GATEWAY)},
+            "spec": {"template": {"spec": spec}}}
