@@ -255,10 +255,13 @@ def scrape_configs_of(job: str) -> str:
 def absent_alerts(jobs: set[str] | None, options: Options) -> list[dict]:
     """Guards (``spec.ABSENT_GUARDS``) for ``jobs`` (all of them when None).
 
-    A job whose discovery finds no targets on purpose (an empty target file: the monitoring
-    profile next to a vLLM without a gateway; a ServiceMonitor that selects nothing) is what
-    the operator configured, so its guard stays silent; a job missing from the scrape config
-    is not. A metric guard fires per target that answers but does not export the metric: a
+    A job whose discovery finds no targets on purpose is what the operator configured, so its
+    guard stays silent: an empty target file (the monitoring profile next to a vLLM without a
+    gateway) is seen before relabelling (``prometheus_sd_discovered_targets``, and its scrape
+    pool has no series); a monitor that selects nothing (the exporter's DaemonSet on a cluster
+    without GPU nodes) only after it, because the Operator's discovery finds every endpoint or
+    pod of the namespace and relabelling keeps the selected ones
+    (``prometheus_target_scrape_pool_targets``). A job missing from the scrape config is not. A metric guard fires per target that answers but does not export the metric: a
     target that answers nothing is down (its own alert), not missing a metric."""
     out = []
     for guard in spec.ABSENT_GUARDS:
@@ -266,9 +269,12 @@ def absent_alerts(jobs: set[str] | None, options: Options) -> list[dict]:
         if jobs is not None and job not in jobs:
             continue
         if metric == "up":
+            configs = scrape_configs_of(job)
             discovered = catalog_metric("prometheus_sd_discovered_targets")
+            kept = catalog_metric("prometheus_target_scrape_pool_targets")
             expr = (f"absent({guard.selector})\nunless on () "
-                    f'sum({discovered}{{config=~"{scrape_configs_of(job)}",name="scrape"}}) == 0')
+                    f'sum({discovered}{{config=~"{configs}",name="scrape"}}) == 0\n'
+                    f'unless on () sum({kept}{{scrape_job=~"{configs}"}}) == 0')
             if guard.expected_when:
                 expr += f"\nand on () {guard.expected_when}"
             name, what = "InferwatchTargetAbsent", f"No {job} target"

@@ -119,6 +119,12 @@ def _address(expr: str, source: str, regex: str) -> str:
     return f'label_replace({expr}, "address", "$1", "{source}", "{regex}")'
 
 
+def _vllm_service(expr: str, source: str, regex: str) -> str:
+    """The same expression with ``vllm_service`` (the Kubernetes Service in front of a vLLM)
+    taken from ``source``; not ``service``, which the Prometheus Operator sets on every target."""
+    return f'label_replace({expr}, "vllm_service", "$1", "{source}", "{regex}")'
+
+
 # The model each vLLM target serves, remembered for as long as the target is configured: a
 # down vLLM exports nothing, and an alert that looked its model up over a lookback would
 # lose the label (and with it its identity and its inhibitions) once the lookback passed.
@@ -192,9 +198,14 @@ ALERTS = (
     # gateway re-probes within seconds once it returns, well inside `for`. An upstream of
     # several replicas (a comma list) stands on its first: upstream_up is 0 only when none
     # answers, and a fleet whose first replica is down too is VLLMDown's.
+    # vLLM down is VLLMDown's page. Prometheus names a vLLM by its address where it scrapes
+    # the address the gateway uses (compose, `inferwatch up`) and by its Service where it
+    # scrapes pods behind the Service the gateway resolves (Kubernetes).
     Alert("GatewayUpstreamDown",
-          _address(f'{m("inferwatch_gateway_upstream_up")} == 0', "upstream", "https?://([^/,]+).*")
-          + " unless on (address) " + _address(f'up{{job="{JOB_VLLM}"}} == 0', "instance", "(.+)"),
+          _vllm_service(_address(f'{m("inferwatch_gateway_upstream_up")} == 0', "upstream", "https?://([^/,]+).*"),
+                        "upstream", "https?://([^/:.,]+).*")
+          + "\nunless on (address) " + _address(f'up{{job="{JOB_VLLM}"}} == 0', "instance", "(.+)")
+          + "\nunless on (vllm_service) " + _vllm_service(f'up{{job="{JOB_VLLM}"}} == 0', "service", "(.+)"),
           "critical", for_="1m",
           dashboard=uids.SERVING,
           summary="Gateway {{ $labels.instance }} cannot reach vLLM at {{ $labels.upstream }}",

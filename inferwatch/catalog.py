@@ -12,9 +12,10 @@ from functools import cache
 from prometheus_client import CollectorRegistry
 
 # Series Prometheus itself makes: one per target, the alert state of its rules, and (from
-# its self-scrape) how many targets each scrape job's discovery found, how many Alertmanagers
+# its self-scrape) how many targets each scrape job's discovery found and relabelling kept, how many Alertmanagers
 # it found and how full its queue of alerts to them is.
 PROMETHEUS_SERIES = ("up", "ALERTS", "ALERTS_FOR_STATE", "prometheus_sd_discovered_targets",
+                     "prometheus_target_scrape_pool_targets",
                      "prometheus_notifications_alertmanagers_discovered", "prometheus_notifications_queue_length",
                      "prometheus_notifications_queue_capacity")
 # Counters of Prometheus and Alertmanager themselves (their self-scrapes), which the

@@ -33,12 +33,14 @@ def scaled_object(model: Model, settings: Settings) -> dict:
             "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": model.service},
                      "minReplicaCount": model.min_replicas, "maxReplicaCount": model.max_replicas,
                      "pollingInterval": scaling.polling_s, "cooldownPeriod": scaling.cooldown_s,
-                     # Prometheus unreachable three polls in a row: hold this many, never zero
-                     "fallback": {"failureThreshold": 3, "replicas": max(scaling.fallback_replicas, model.min_replicas)},
+                     # Prometheus unreachable, or the query empty (scrape or relabel broken), three
+                     # polls in a row: hold the replicas there are (a busy model keeps them)
+                     "fallback": {"failureThreshold": 3, "replicas": model.min_replicas,
+                                  "behavior": "currentReplicas"},
                      "advanced": {"horizontalPodAutoscalerConfig": {"behavior": _behavior(settings)}},
                      "triggers": [{"type": "prometheus", "metricType": "AverageValue", "metadata": {
                          "serverAddress": settings.cluster.prometheus_url, "query": waiting_query(model),
-                         "threshold": str(model.waiting_per_replica), "ignoreNullValues": "true"}}]}}
+                         "threshold": str(model.waiting_per_replica), "ignoreNullValues": "false"}}]}}
 
 
 def adapter_hpa(model: Model, settings: Settings) -> dict:

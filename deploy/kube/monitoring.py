@@ -11,6 +11,12 @@ the rules', the rules themselves, the paging route, and the dashboards.
   inferwatch's alerts aggregate ``by (model, ...)``, which drops the target's namespace, so
   every alerting rule here carries ``namespace`` as a static label (the rule files outside
   Kubernetes do not: ``rules_for_namespace``).
+- Each monitor is named after its job: the absent() guards find a monitor's scrape config
+  (``serviceMonitor/<namespace>/<job>/<n>``) by that name.
+- The meta-monitoring alerts (alerts/meta.py: Prometheus, Alertmanager, the host's disks and
+  memory) are left out: kube-prometheus-stack ships the mixins they come from, scoped to its
+  own components, while these select every Prometheus and Alertmanager series in the cluster
+  and would page inferwatch's on-call for another team's receiver.
 """
 
 from __future__ import annotations
@@ -21,11 +27,12 @@ from pathlib import Path
 import yaml
 
 from inferwatch.alerts import routing
+from inferwatch.alerts.meta import META_ALERTS
 from inferwatch.deploy.kube import objects as o
 from inferwatch.deploy.kube.settings import (
     JOB_LABEL, NAMESPACE, PAGERDUTY_SECRET, Settings,
 )
-from inferwatch.deploy.kube.workloads import DRIFT, EXPORTER, GATEWAY, VLLM, name
+from inferwatch.deploy.kube.workloads import DRIFT, EXPORTER, GATEWAY, VLLM
 from inferwatch.deploy.monitoring import SCRAPE_INTERVAL
 
 MONITORING = "monitoring"
@@ -47,7 +54,7 @@ def service_monitor(component: str, settings: Settings, *, port: str = "http",
     if metric_relabelings:
         endpoint["metricRelabelings"] = metric_relabelings
     return {"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
-            "metadata": _meta(name(component), settings),
+            "metadata": _meta(settings.jobs[component], settings),
             "spec": {"jobLabel": JOB_LABEL, "selector": {"matchLabels": {JOB_LABEL: settings.jobs[component]}},
                      "endpoints": [endpoint]}}
 
@@ -69,7 +76,7 @@ def _label_name(label: str) -> str:
 def exporter_pod_monitor(settings: Settings) -> dict:
     """A PodMonitor: the DaemonSet has no Service to select, and ``instance`` is the pod."""
     return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
-            "metadata": _meta(name(EXPORTER), settings),
+            "metadata": _meta(settings.jobs[EXPORTER], settings),
             "spec": {"jobLabel": JOB_LABEL, "selector": {"matchLabels": o.selector(EXPORTER)},
                      "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics", "interval": SCRAPE_INTERVAL,
                                               "relabelings": [{"sourceLabels": ["__meta_kubernetes_pod_node_name"],
@@ -83,13 +90,17 @@ def monitors(settings: Settings) -> list[dict]:
             exporter_pod_monitor(settings)]
 
 
+LEFT_OUT = frozenset(alert.name for alert in META_ALERTS)
+
+
 def rules_for_namespace(rule_texts: list[str], namespace: str = NAMESPACE) -> list[dict]:
-    """The groups of the rule files, each alerting rule labelled with ``namespace``."""
+    """The groups of the rule files, each alerting rule labelled with ``namespace``, the
+    meta-monitoring alerts (``LEFT_OUT``) left out."""
     groups = []
     for text in rule_texts:
         for group in yaml.safe_load(text)["groups"]:
             rules = [{**rule, "labels": {**rule.get("labels", {}), "namespace": namespace}} if "alert" in rule
-                     else rule for rule in group["rules"]]
+                     else rule for rule in group["rules"] if rule.get("alert") not in LEFT_OUT]
             groups.append({**group, "rules": rules})
     return groups
 

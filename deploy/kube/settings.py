@@ -86,8 +86,7 @@ class Autoscaling:
     """KEDA's ScaledObject for each model (and the HPA alternative's behaviour)."""
 
     polling_s: int = 15
-    cooldown_s: int = 300
-    fallback_replicas: int = 1  # what KEDA holds while Prometheus cannot answer
+    cooldown_s: int = 300  # the HPA's scale-down window (KEDA's cooldownPeriod acts only at zero)
 
 
 @dataclass(frozen=True)
@@ -107,12 +106,19 @@ class Cluster:
     release: str = "kube-prometheus-stack"  # the chart's release: its selectors want `release: <this>`
     monitoring_namespace: str = "monitoring"  # where Prometheus runs: NetworkPolicies let it in
     gpu_node_label: tuple[str, str] = ("nvidia.com/gpu.present", "true")  # GPU Operator's node label
-    # the chart's Prometheus: KEDA's queries and the drift service's (its SLO context) go there
-    prometheus_url: str = "http://kube-prometheus-stack-prometheus.monitoring.svc:9090"
 
     @property
     def selector_labels(self) -> dict[str, str]:
         return {"release": self.release}
+
+    @property
+    def prometheus_url(self) -> str:
+        """The chart's Prometheus Service, where KEDA's queries and the drift service's (its SLO
+        context) go: ``<fullname>-prometheus``, with the chart's fullname rule (the release when
+        it contains the chart's name, else ``<release>-kube-prometheus-stack``, cut to 26)."""
+        chart = "kube-prometheus-stack"
+        fullname = self.release if chart in self.release else f"{self.release}-{chart}"
+        return f"http://{fullname[:26].rstrip('-')}-prometheus.{self.monitoring_namespace}.svc:9090"
 
 
 @dataclass(frozen=True)
@@ -137,9 +143,9 @@ TINY = Model(
     max_replicas=2, startup_s=300, tracing_flag="--otlp-endpoint", downloads=False)
 LLAMA = Model(
     "llama-3.1-8b", image="vllm/vllm-openai:v0.32.0",
-    args=("--model", "meta-llama/Llama-3.1-8B-Instruct", "--served-model-name", "llama-3.1-8b",
+    args=("meta-llama/Llama-3.1-8B-Instruct", "--served-model-name", "llama-3.1-8b",  # to `vllm serve`
           "--port", str(VLLM_PORT), "--gpu-memory-utilization", "0.90", "--max-model-len", "8192",
           "--enable-prefix-caching"),
-    resources={"requests": {"cpu": "4", "memory": "24Gi", "nvidia.com/gpu": "1"},
+    resources={"requests": {"cpu": "4", "memory": "24Gi", "nvidia.com/gpu": "1", "ephemeral-storage": "40Gi"},
                "limits": {"memory": "32Gi", "nvidia.com/gpu": "1"}},
     gpu=True, as_root=True)

@@ -6,6 +6,7 @@ development pager. Prometheus, Alertmanager and Grafana are kube-prometheus-stac
 from __future__ import annotations
 
 from inferwatch.deploy.kube import objects as o
+from inferwatch.serving.settings import GatewaySettings
 from inferwatch.deploy.kube.settings import (
     DRIFT_PORT, DRIFT_SECRET, EXPORTER_PORT, GATEWAY_PORT, GATEWAY_SECRET, HF_SECRET, IMAGE, JOB_LABEL, PAGER_PORT,
     REDIS_PORT, UID, UPSTREAM_SECRET, VLLM_PORT, Model, Settings,
@@ -13,6 +14,17 @@ from inferwatch.deploy.kube.settings import (
 
 GATEWAY, DRIFT, EXPORTER, REDIS, PAGER, VLLM = "gateway", "drift", "exporter", "redis", "pager", "vllm"
 REDIS_IMAGE = "redis:7.4.6"
+# What a pod gets to finish after SIGTERM: the longest request the gateway waits for upstream,
+# and the preStop pause first. The pause covers the time callers keep sending after the pod
+# began terminating: a vLLM pod stays in the gateways' lists until their next re-resolve of
+# the headless Service; a gateway pod until kube-proxy and load balancers drop its endpoint.
+_GATEWAY_DEFAULTS = GatewaySettings()
+VLLM_DRAIN_S = round(_GATEWAY_DEFAULTS.upstream_resolve_s) + 5
+GATEWAY_DRAIN_S = 10
+GRACE_S = round(_GATEWAY_DEFAULTS.upstream_timeout_s) + 30
+# Redis keeps each answer for the ratings' window; at the cap it drops the soonest to
+# expire, never the weights and limits (no TTL). Under the container's memory limit.
+REDIS_MAXMEMORY = "400mb"
 
 
 def name(component: str) -> str:
@@ -55,16 +67,17 @@ def gateway(settings: Settings) -> list[dict]:
              o.env("INFERWATCH_GATEWAY_DRIFT_TOKEN_FILE", o.secret_file(DRIFT_SECRET, "token"))],
         resources={"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
         probes=_health("http"), mounts=[o.secret_mount(GATEWAY_SECRET), o.secret_mount(DRIFT_SECRET), tmp_mount])
+    container["lifecycle"] = _drain(GATEWAY_DRAIN_S)
     check = _check_secrets([("INFERWATCH_GATEWAY_API_KEYS_FILE", o.secret_file(GATEWAY_SECRET, "api_keys")),
                             ("INFERWATCH_GATEWAY_ADMIN_TOKEN_FILE", o.secret_file(GATEWAY_SECRET, "admin_token")),
                             ("INFERWATCH_GATEWAY_DRIFT_TOKEN_FILE", o.secret_file(DRIFT_SECRET, "token"))],
                            [o.secret_mount(GATEWAY_SECRET), o.secret_mount(DRIFT_SECRET)])
     pod = _pod(GATEWAY, [container], volumes=[o.secret_volume(GATEWAY_SECRET), o.secret_volume(DRIFT_SECRET), tmp],
-               initContainers=[check], terminationGracePeriodSeconds=60,
+               initContainers=[check], terminationGracePeriodSeconds=GRACE_S,
                topologySpreadConstraints=[_spread(GATEWAY)])
     deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": o.metadata(name(GATEWAY), GATEWAY),
-                  "spec": {"replicas": settings.gateway_replicas,
-                           "selector": {"matchLabels": o.selector(GATEWAY)},
+                  # no replicas: the HPA owns them, and an apply would reset them to the file's
+                  "spec": {"selector": {"matchLabels": o.selector(GATEWAY)},
                            "strategy": {"type": "RollingUpdate",
                                         "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
                            "template": pod}}
@@ -78,6 +91,11 @@ def gateway(settings: Settings) -> list[dict]:
             o.service(name(GATEWAY), GATEWAY, {"http": GATEWAY_PORT}, job=settings.jobs["gateway"],
                       job_label=JOB_LABEL),
             o.pod_disruption_budget(name(GATEWAY), GATEWAY), hpa]
+
+
+def _drain(seconds: int) -> dict:
+    """A pause before SIGTERM (the kubelet's own sleep: no shell in the image needed)."""
+    return {"preStop": {"sleep": {"seconds": seconds}}}
 
 
 def _check_secrets(required: list[tuple[str, str]], mounts: list[dict]) -> dict:
@@ -97,7 +115,8 @@ def redis(settings: Settings) -> list[dict]:
     """One Redis with an append-only file: the weights set at run time outlive a restart.
     The gateways keep serving without it (their shared state degrades, visibly)."""
     container = o.container(
-        "redis", REDIS_IMAGE, ["redis-server", "--appendonly", "yes", "--dir", "/data", "--protected-mode", "no"],
+        "redis", REDIS_IMAGE, ["redis-server", "--appendonly", "yes", "--dir", "/data", "--protected-mode", "no",
+                               "--maxmemory", REDIS_MAXMEMORY, "--maxmemory-policy", "volatile-ttl"],
         {"redis": REDIS_PORT},
         resources={"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
         probes={"liveness": {"exec": {"command": ["redis-cli", "ping"]}, "periodSeconds": 10, "timeoutSeconds": 3},
@@ -107,7 +126,7 @@ def redis(settings: Settings) -> list[dict]:
     pod["spec"]["securityContext"] = o.pod_security(999)  # the redis image's user
     return [o.service_account(name(REDIS), REDIS),
             _stateful_set(REDIS, 1, pod, settings.redis_storage),
-            o.service(name(REDIS), REDIS, {"redis": REDIS_PORT})]
+            o.service(name(REDIS), REDIS, {"redis": REDIS_PORT}, headless=True)]  # the StatefulSet's
 
 
 def _stateful_set(component: str, replicas: int, pod: dict, storage: str) -> dict:
@@ -143,16 +162,16 @@ def drift(settings: Settings) -> list[dict]:
 
 def exporter(settings: Settings) -> list[dict]:
     """On every GPU node, without requesting a GPU (that would take one from vLLM): the
-    NVIDIA runtime gives it every device through NVIDIA_VISIBLE_DEVICES=all. hostPID lets
-    NVML's process list (host PIDs) be named from /proc; it also shows the pod every process
-    of the node, so the container runs read-only, unprivileged, with no capability."""
+    NVIDIA runtime gives it every device through NVIDIA_VISIBLE_DEVICES=all. No hostPID: it
+    would only name the processes on each GPU (``--processes``, off by default), and would
+    put the whole namespace at Pod Security `privileged` (docs/kubernetes.md says how)."""
     key, value = settings.cluster.gpu_node_label
     container = o.container(
         "exporter", IMAGE, ["exporter", "--host", "0.0.0.0", "--port", str(EXPORTER_PORT)], {"metrics": EXPORTER_PORT},
         env=[o.env("NVIDIA_VISIBLE_DEVICES", "all"), o.env("NVIDIA_DRIVER_CAPABILITIES", "utility")],
         resources={"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
         probes=_health("metrics"))
-    pod = _pod(EXPORTER, [container], hostPID=True, nodeSelector={key: value},
+    pod = _pod(EXPORTER, [container], nodeSelector={key: value},
                tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}])
     daemon_set = {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": o.metadata(name(EXPORTER), EXPORTER),
                   "spec": {"selector": {"matchLabels": o.selector(EXPORTER)},
@@ -196,9 +215,10 @@ def vllm(model: Model, settings: Settings) -> list[dict]:
                 "liveness": o.http_probe("/health", "http", period_s=10, failures=3, timeout_s=5),
                 "readiness": o.http_probe("/health", "http", period_s=5, failures=2, timeout_s=5)},
         mounts=mounts, read_only=False)
+    container["lifecycle"] = _drain(VLLM_DRAIN_S)
     pod: dict = {"metadata": {"labels": labels}, "spec": {
         "serviceAccountName": name(component), "automountServiceAccountToken": False,
-        "containers": [container], "volumes": volumes, "terminationGracePeriodSeconds": 60}}
+        "containers": [container], "volumes": volumes, "terminationGracePeriodSeconds": GRACE_S}}
     if not model.as_root:
         pod["spec"]["securityContext"] = o.pod_security(UID)
     else:
@@ -209,13 +229,20 @@ def vllm(model: Model, settings: Settings) -> list[dict]:
     deployment = {"apiVersion": "apps/v1", "kind": "Deployment",
                   "metadata": {"name": model.service, "labels": labels},
                   "spec": {"selector": {"matchLabels": match}, "template": pod,
-                           "strategy": {"type": "RollingUpdate",
-                                        "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}}}
+                           "strategy": {"type": "RollingUpdate", "rollingUpdate": _rollout(model)}}}
     service = {"apiVersion": "v1", "kind": "Service",
                "metadata": {"name": model.service, "labels": {**labels, JOB_LABEL: settings.jobs["vllm"]}},
                "spec": {"clusterIP": "None", "selector": match,
                         "ports": [{"name": "http", "port": VLLM_PORT, "targetPort": "http", "protocol": "TCP"}]}}
     return [deployment, service]
+
+
+def _rollout(model: Model) -> dict:
+    """A surge pod needs a spare GPU, which a full pool lacks (the rollout would hang in
+    Pending): a GPU model replaces one pod at a time instead; a CPU model surges."""
+    if model.gpu:
+        return {"maxUnavailable": 1, "maxSurge": 0}
+    return {"maxUnavailable": 0, "maxSurge": 1}
 
 
 def vllm_service_account() -> dict:
@@ -227,6 +254,18 @@ def upstream_key_patch() -> dict:
     return gateway_env_patch([o.env("INFERWATCH_GATEWAY_UPSTREAM_API_KEY_FILE",
                                     o.secret_file(UPSTREAM_SECRET, "api_key"))],
                           volumes=[o.secret_volume(UPSTREAM_SECRET)], mounts=[o.secret_mount(UPSTREAM_SECRET)])
+
+
+# vLLM takes its key from `--api-key` or this variable only, not from a file: the one secret
+# here that is an environment value, by reference to the Secret (never in a manifest).
+VLLM_API_KEY = "VLLM_API_KEY"
+
+
+def vllm_key_patch() -> list[dict]:
+    """vLLM requiring the key the gateway sends (a JSON patch for every model's Deployment)."""
+    return [{"op": "add", "path": "/spec/template/spec/containers/0/env/-",
+             "value": {"name": VLLM_API_KEY, "valueFrom": {"secretKeyRef": {
+                 "name": UPSTREAM_SECRET.name, "key": "api_key"}}}}]
 
 
 def upstream_patch(model: Model) -> dict:

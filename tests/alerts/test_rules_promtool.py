@@ -31,6 +31,9 @@ def warn(**labels: str) -> dict[str, str]:
 
 
 GPU_ALERT = {k: GPU[k] for k in GPU}
+K8S_UPSTREAM = "http://vllm-m1:8000"
+K8S_VLLM_POD = {"job": "vllm", "instance": "10.1.2.3:8000", "model": "m1", "service": "vllm-m1",
+                "namespace": "inferwatch"}
 AB = {"model": "m1", "control": "v1", "treatment": "v2"}
 
 
@@ -61,7 +64,8 @@ SCENARIOS = [
               selector("inferwatch_gateway_upstream_up", {**GW, "instance": "gw2:8080",
                                                           "upstream": "https://vllm-b:8000/"}): "1 1 0x10",
               selector("up", {**VLLM, "instance": "vllm-b:8000"}): "1 1 0x10"},
-             quiet_at=("1m", "2m"), fires_at="4m", labels=crit(**GW, upstream="http://vllm:8000", address="vllm:8000"),
+             quiet_at=("1m", "2m"), fires_at="4m", labels=crit(**GW, upstream="http://vllm:8000", address="vllm:8000",
+                                                          vllm_service="vllm"),
              value="0", resolved_at="6m"),
     Scenario("gateway reaches no replica of a list while Prometheus reaches them", "GatewayUpstreamDown",
              {selector("inferwatch_gateway_upstream_up", {**GW, "upstream": "http://vllm-c:8000,http://vllm-d:8000"}):
@@ -72,7 +76,17 @@ SCENARIOS = [
                                                           "upstream": "http://vllm-e:8000/,http://vllm-f:8000"}): "1 1 0x10",
               selector("up", {**VLLM, "instance": "vllm-e:8000"}): "1 1 0x10"},
              quiet_at=("2m",), fires_at="4m",
-             labels=crit(**GW, upstream="http://vllm-c:8000,http://vllm-d:8000", address="vllm-c:8000"), value="0"),
+             labels=crit(**GW, upstream="http://vllm-c:8000,http://vllm-d:8000", address="vllm-c:8000",
+                         vllm_service="vllm-c"), value="0"),
+    # Kubernetes: the gateway resolves a Service; Prometheus scrapes the pods behind it
+    Scenario("gateway cannot reach a vLLM Service whose pods Prometheus reaches", "GatewayUpstreamDown",
+             {selector("inferwatch_gateway_upstream_up", {**GW, "upstream": K8S_UPSTREAM}): "1 1 0x10",
+              selector("up", K8S_VLLM_POD): "1x12",
+              # another model's Service, its only pod down: VLLMDown's page, not this one
+              selector("inferwatch_gateway_upstream_up", {**GW, "upstream": "http://vllm-b:8000"}): "1 1 0x10",
+              selector("up", {**K8S_VLLM_POD, "instance": "10.1.2.4:8000", "service": "vllm-b"}): "1 1 0x10"},
+             quiet_at=("2m",), fires_at="4m",
+             labels=crit(**GW, upstream=K8S_UPSTREAM, address="vllm-m1:8000", vllm_service="vllm-m1"), value="0"),
     Scenario("a child restarts three times within 15m", "InferwatchCrashLooping",
              {selector("inferwatch_supervisor_restarts_total", {"job": "inferwatch-supervisor", "instance": "h:9098",
                                                                 "child": "vllm"}): "0 0 1 2 3 3 3 3x20"},
@@ -297,6 +311,14 @@ OTHER_QUIET = [
                  _operator_discovered("podMonitor", "vllm", 0),
                  (selector("inferwatch_gpu_info", {"job": "dcgm-exporter", "instance": "n1:9400",
                                                     "gpu": "0"}), "1x20")]),
+           "15m", "InferwatchTargetAbsent"),
+    # the Operator's discovery finds every pod of the namespace; relabelling keeps none
+    _quiet("a monitor whose selector keeps none of the pods it discovers opens no absent() ticket",
+           dict([_operator_discovered("podMonitor", "inferwatch-exporter", 3),
+                 (selector("prometheus_target_scrape_pool_targets", {
+                     "job": "prometheus", "instance": "localhost:9090",
+                     "scrape_job": "podMonitor/monitoring/inferwatch-exporter/0"}), "0x20"),
+                 _operator_discovered("serviceMonitor", "vllm", 0), (selector("up", GW), "1x20")]),
            "15m", "InferwatchTargetAbsent"),
     _quiet("a vLLM that is down is VLLMDown's page, not a metric-absent ticket",
            {selector("up", VLLM): "1x5 0x20", selector("vllm:num_requests_running", VLLM): "0x5 _x20"},

@@ -28,6 +28,8 @@ from inferwatch.alerts.generate import RULES_DIR
 from inferwatch.dashboards.generate import JSON_DIR
 from inferwatch.deploy.kube import autoscaling, settings as kube
 from inferwatch.deploy.kube.layout import OVERLAYS
+from inferwatch.deploy.kube.monitoring import LEFT_OUT
+from inferwatch.deploy.kube.workloads import VLLM_API_KEY
 from inferwatch.deploy.manifests import K8S_DIR
 from tests.deploy.crd_schema import CRD_DIR, KubeLoader, custom_resource_validator
 
@@ -189,6 +191,9 @@ def test_every_secret_is_a_documented_users_secret_mounted_as_a_file(overlay, tm
         containers = template["spec"]["containers"] + template["spec"].get("initContainers", [])
         for c in containers:
             for var in c.get("env", []):
+                if var["name"] == VLLM_API_KEY:  # vLLM reads its key from no file: by reference
+                    assert var["valueFrom"] == {"secretKeyRef": {"name": kube.UPSTREAM_SECRET.name, "key": "api_key"}}
+                    continue
                 assert "valueFrom" not in var, (workload["metadata"]["name"], var)  # files, never env values
                 assert not any(word in var["name"] for word in ("TOKEN", "KEY", "PASSWORD")) \
                     or var["name"].endswith(("_FILE", "_PATH")), var
@@ -230,8 +235,83 @@ def test_the_exporter_takes_no_gpu_and_runs_on_gpu_nodes_only():
     [c] = pod["containers"]
     assert "nvidia.com/gpu" not in json.dumps(c["resources"])
     assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"} in c["env"]
-    assert pod["hostPID"] is True and pod["nodeSelector"] == dict([kube.Cluster().gpu_node_label])
+    assert pod["nodeSelector"] == dict([kube.Cluster().gpu_node_label])
     assert any(t["key"] == "nvidia.com/gpu" for t in pod["tolerations"])
+    assert "--processes" not in c["args"]  # the one thing hostPID would buy: processes named by host PID
+
+
+def test_every_pod_meets_the_baseline_pod_security_the_namespace_enforces():
+    """Pod Security Standards' baseline: no host namespaces, ports or paths, nothing
+    privileged, no added capability, no unconfined seccomp."""
+    for overlay in OVERLAYS:
+        objects = built(overlay)
+        [namespace] = _by_kind(objects, "Namespace")
+        assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"
+        for workload, template in _pod_templates(objects):
+            pod, name = template["spec"], workload["metadata"]["name"]
+            assert not any(pod.get(k) for k in ("hostPID", "hostIPC", "hostNetwork")), name
+            assert not any("hostPath" in v for v in pod.get("volumes", [])), name
+            for c in pod["containers"] + pod.get("initContainers", []):
+                context = c.get("securityContext", {})
+                assert not context.get("privileged") and not context.get("capabilities", {}).get("add"), name
+                assert all("hostPort" not in p for p in c.get("ports", [])), name
+            assert pod.get("securityContext", {}).get("seccompProfile", {}).get("type") == "RuntimeDefault", name
+
+
+def test_the_chart_prometheus_is_found_from_the_release_name():
+    """kube-prometheus-stack's Service is ``<fullname>-prometheus``; its fullname is the
+    release when that contains the chart's name, else ``<release>-kube-prometheus-stack``
+    cut to 26 characters (``helm install prometheus ...`` gives the well-known name below)."""
+    assert kube.Cluster().prometheus_url == "http://kube-prometheus-stack-prometheus.monitoring.svc:9090"
+    assert kube.Cluster(release="prometheus").prometheus_url == \
+        "http://prometheus-kube-prometheus-prometheus.monitoring.svc:9090"
+    assert kube.Cluster(release="kps", monitoring_namespace="obs").prometheus_url == \
+        "http://kps-kube-prometheus-stack-prometheus.obs.svc:9090"
+    drift_args = [o for o in built("gpu") if _key(o) == ("StatefulSet", "inferwatch-drift")][0][
+        "spec"]["template"]["spec"]["containers"][0]["args"]
+    assert drift_args[drift_args.index("--prometheus-url") + 1] == kube.Cluster().prometheus_url
+
+
+def test_scaling_holds_what_it_has_when_it_cannot_read_the_queue():
+    for overlay, model in OVERLAYS.items():
+        [scaled] = _by_kind(built(overlay), "ScaledObject")
+        assert scaled["spec"]["fallback"]["behavior"] == "currentReplicas"  # never shed a busy GPU pod
+        [trigger] = scaled["spec"]["triggers"]
+        assert trigger["metadata"]["ignoreNullValues"] == "false"  # an empty query is a failure, not 0
+        assert trigger["metadata"]["serverAddress"] == kube.Cluster().prometheus_url
+
+
+def test_pods_drain_before_they_stop():
+    """A pod's grace covers the longest upstream request after the preStop pause, which
+    outlasts the time callers keep sending to it (the gateways' re-resolve of vLLM)."""
+    from inferwatch.serving.settings import GatewaySettings
+    defaults = GatewaySettings()
+    for overlay, model in OVERLAYS.items():
+        objects = built(overlay)
+        for name in ("inferwatch-gateway", model.service):
+            [deployment] = [o for o in objects if _key(o) == ("Deployment", name)]
+            assert "replicas" not in deployment["spec"], name  # the HPA's or KEDA's, not the file's
+            pod = deployment["spec"]["template"]["spec"]
+            pause = pod["containers"][0]["lifecycle"]["preStop"]["sleep"]["seconds"]
+            assert pod["terminationGracePeriodSeconds"] >= pause + defaults.upstream_timeout_s, name
+        vllm_pod = [o for o in objects if _key(o) == ("Deployment", model.service)][0]["spec"]["template"]["spec"]
+        assert vllm_pod["containers"][0]["lifecycle"]["preStop"]["sleep"]["seconds"] > defaults.upstream_resolve_s
+
+
+def test_redis_is_capped_below_its_memory_limit_and_evicts_only_what_expires():
+    [redis] = [o for o in built("gpu") if _key(o) == ("StatefulSet", "inferwatch-redis")]
+    [c] = redis["spec"]["template"]["spec"]["containers"]
+    cap = c["args"][c["args"].index("--maxmemory") + 1]
+    assert _bytes(cap) < _bytes(c["resources"]["limits"]["memory"]) * 0.85  # room for the AOF rewrite's fork
+    assert c["args"][c["args"].index("--maxmemory-policy") + 1] == "volatile-ttl"
+    [service] = [o for o in built("gpu") if _key(o) == ("Service", redis["spec"]["serviceName"])]
+    assert service["spec"]["clusterIP"] == "None"
+
+
+def _bytes(quantity: str) -> float:
+    units = {"mb": 1e6, "gb": 1e9, "Mi": 2 ** 20, "Gi": 2 ** 30}
+    [(number, unit)] = re.findall(r"^(\d+)([A-Za-z]+)$", quantity)
+    return int(number) * units[unit]
 
 
 def test_the_gateways_resolve_their_models_headless_service_and_the_drift_pair():
@@ -246,7 +326,8 @@ def test_the_gateways_resolve_their_models_headless_service_and_the_drift_pair()
         assert drift["spec"]["replicas"] == 2 and drift["spec"]["serviceName"] == "inferwatch-drift"
         assert env["INFERWATCH_GATEWAY_DRIFT_URLS"].split(",") == [
             f"http://inferwatch-drift-{i}.inferwatch-drift:{kube.DRIFT_PORT}" for i in range(2)]
-        assert gateway["spec"]["replicas"] >= 2
+        [hpa] = [o for o in objects if _key(o) == ("HorizontalPodAutoscaler", "inferwatch-gateway")]
+        assert hpa["spec"]["minReplicas"] >= 2
 
 
 def test_ports_and_settings_are_the_components_own():
@@ -296,7 +377,10 @@ def test_prometheus_rules_are_the_rule_files_and_pass_promtool(tmp_path):
                           ("inferwatch-dcgm-exporter-compat", [dcgm.OUT])):
         rule = objects[name]
         assert rule["metadata"]["labels"]["release"] == kube.Cluster().release
-        assert _rule_groups(rule) == [g for f in sources for g in yaml.safe_load(f.read_text())["groups"]]
+        assert _rule_groups(rule) == [{**g, "rules": [r for r in g["rules"] if r.get("alert") not in LEFT_OUT]}
+                                      for f in sources for g in yaml.safe_load(f.read_text())["groups"]]
+        alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
+        assert not any(a.startswith(("Prometheus", "Alertmanager", "Host")) for a in alerts)  # the chart's own
         extracted = tmp_path / f"{name}.rules.yml"
         extracted.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
         result = subprocess.run(["promtool", "check", "rules", str(extracted)], capture_output=True, text=True)

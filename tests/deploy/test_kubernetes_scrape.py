@@ -98,3 +98,31 @@ def test_the_absent_guards_are_silent_when_every_job_is_scraped(prometheus):
     assert len(guarded) == 4
     for rule in guarded:
         assert instant_query(prometheus, rule["expr"]) == [], rule["alert"]  # a job name off by a letter fires it
+
+
+def test_an_exporter_monitor_that_selects_no_pod_keeps_its_absent_guard_silent(tmp_path):
+    """A cluster without GPU nodes runs no exporter pod; the PodMonitor's discovery still
+    finds the namespace's other pods, and relabelling keeps none. The guard must read that
+    as "configured with no targets", and still fire where the job is missing altogether."""
+    objects = built("cpu-demo")
+    [pod_monitor] = [o for o in objects if o["kind"] == "PodMonitor"]
+    gateway_pod = _one(objects, "Deployment", "inferwatch-gateway")["spec"]["template"]
+    [guard] = [r["expr"] for g in _one(objects, "PrometheusRule", "inferwatch")["spec"]["groups"]
+               for r in g["rules"] if r.get("alert") == "InferwatchTargetAbsent"
+               and r["labels"]["job"] == spec.JOB_EXPORTER]
+    prometheus_port = free_port()
+    self_scrape = {"job_name": "prometheus", "static_configs": [{"targets": [f"127.0.0.1:{prometheus_port}"]}]}
+    no_pod = pod_monitor_job(pod_monitor, NAMESPACE, [discovered(
+        f"127.0.0.1:{free_port()}", NAMESPACE, gateway_pod, "gateway", "http")])
+
+    def guard_result(jobs: list[dict], tmp) -> list[dict]:
+        config = {"global": {"scrape_interval": "1s"}, "scrape_configs": jobs}
+        with running_prometheus(config, tmp, port=prometheus_port) as url:
+            eventually(lambda: instant_query(url, 'prometheus_target_scrape_pool_targets{scrape_job="prometheus"}'),
+                       timeout_s=30)
+            return instant_query(url, guard)
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    assert guard_result([self_scrape, no_pod], tmp_path / "a") == []
+    assert len(guard_result([self_scrape], tmp_path / "b")) == 1  # the job missing: the ticket stands

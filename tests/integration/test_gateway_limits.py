@@ -22,7 +22,7 @@ from tests.conftest import TINY_MODEL_NAME
 from tests.integration.test_gateway_vllm import MSG, client, settled_vllm_metrics, vllm_metrics
 from tests.support.servers import GatewayServer, metric_sum
 from tests.support.sockets import connect, post_request, read_until, reset
-from tests.support.throttle import descendants, frozen
+from tests.support.throttle import descendants, frozen, throttled
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.vllm
@@ -78,11 +78,17 @@ def _left_while_frozen(gateway, vllm_server, sock: socket.socket) -> float:
     stopped (its API server runs on, and hears the gateway hang up in turn): on a machine of
     any speed, only the gateway's abort can keep the engine from finishing once it runs again."""
     with frozen(descendants(vllm_server.process.pid)):
-        reset(sock)
-        eventually(lambda: metric_sum(gateway.metrics_text(), "inferwatch_gateway_requests_in_flight") == 0,
-                   timeout_s=30)
-        time.sleep(ABORT_HEARD_S)
+        _leave(gateway, sock)
     return _generated(vllm_server)
+
+
+def _leave(gateway, sock: socket.socket) -> None:
+    """The client hangs up; the gateway finishes the request, and vLLM's API server has time
+    to hear the gateway hang up in turn."""
+    reset(sock)
+    eventually(lambda: metric_sum(gateway.metrics_text(), "inferwatch_gateway_requests_in_flight") == 0,
+               timeout_s=30)
+    time.sleep(ABORT_HEARD_S)
 
 
 def _sent_upstream(gateway) -> bool:
@@ -170,13 +176,18 @@ def test_a_stream_whose_client_left_while_the_gateway_was_starved_is_a_499(gatew
 
 def test_a_stream_whose_client_left_aborts_vllm(gateway, vllm_server):
     """The client leaves at its first token, vLLM's engine stopped as it leaves: vLLM stops
-    with the few tokens it had made, far short of the 450 asked for."""
+    with the few tokens it had made, far short of the 450 asked for. The engine runs slowed
+    until the first token is read and then stays stopped: at full speed it makes all 450 in
+    about 0.5 s, which a loaded machine can take to relay one token (a clean run saw 450)."""
     body = {"model": TINY_MODEL_NAME, "messages": MSG, "max_tokens": LONG, "temperature": 0.0, "ignore_eos": True,
             "stream": True}
     before = _generated(vllm_server)
-    sock = _send(gateway, body)
-    read_until(sock, b'"content"')
-    generated = _left_while_frozen(gateway, vllm_server, sock) - before
+    with throttled(descendants(vllm_server.process.pid), run_s=0.01) as hold:
+        sock = _send(gateway, body)
+        read_until(sock, b'"content"')
+        hold()
+        _leave(gateway, sock)
+    generated = _generated(vllm_server) - before
     assert 0 < generated < LONG / 2, generated
 
 

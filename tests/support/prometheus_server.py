@@ -15,10 +15,11 @@ from tests.support.sockets import free_port
 
 
 @contextlib.contextmanager
-def running_prometheus(config: dict, tmp: Path, *flags: str) -> Iterator[str]:
-    """Yields Prometheus's URL once it is ready; ``flags`` are extra command-line flags."""
+def running_prometheus(config: dict, tmp: Path, *flags: str, port: int | None = None) -> Iterator[str]:
+    """Yields Prometheus's URL once it is ready; ``flags`` are extra command-line flags, ``port``
+    one chosen before (for a config that scrapes Prometheus itself)."""
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
+    port = port or free_port()
     prom = ManagedProcess("prometheus", ["prometheus", f"--config.file={tmp / 'prometheus.yml'}",
                                          f"--storage.tsdb.path={tmp / 'data'}",
                                          f"--web.listen-address=127.0.0.1:{port}", *flags],

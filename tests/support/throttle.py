@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import psutil
@@ -34,26 +34,38 @@ def frozen(pids: Sequence[int]) -> Iterator[None]:
 
 
 @contextmanager
-def throttled(pids: Sequence[int], run_s: float, period_s: float = 0.2) -> Iterator[None]:
+def throttled(pids: Sequence[int], run_s: float, period_s: float = 0.2) -> Iterator[Callable[[], None]]:
     """``pids`` run ``run_s`` of every ``period_s``; all run again when the block ends.
+
+    Yields ``hold``: once called, ``pids`` stay stopped until the block ends (it returns when
+    they are), so a test can let a slowed process start something and then stop it at a
+    point it observed, with the process's full speed never in between.
 
     They run at the lowest priority meanwhile: vLLM's engine spins a thread per core, and at
     equal priority it can keep this process's stopping thread off both cores for a whole
     period (measured: a replica meant to run 5% of the time took 12 s of CPU in 17 s)."""
-    done = threading.Event()
+    done, holding, held = threading.Event(), threading.Event(), threading.Event()
     niceness = {pid: _renice(pid, LOWEST_PRIORITY) for pid in pids}
 
     def duty() -> None:
         while not done.is_set():
             _signal_all(pids, signal.SIGSTOP)
+            if holding.is_set():
+                held.set()
+                done.wait()
+                return
             done.wait(period_s - run_s)
             _signal_all(pids, signal.SIGCONT)
             done.wait(run_s)
 
+    def hold() -> None:
+        holding.set()
+        assert held.wait(10 * period_s), "the throttled processes were not stopped"
+
     thread = threading.Thread(target=duty, daemon=True)
     thread.start()
     try:
-        yield
+        yield hold
     finally:
         done.set()
         thread.join()
