@@ -18,6 +18,10 @@ VENV_STAMP := $(VENV)/.inferwatch-venv
 ENGINE_STAMP := $(VENV)/.inferwatch-engine-$(subst ==,-,$(VLLM_PACKAGE))
 DEPS_STAMP := $(VENV)/.inferwatch-deps
 SYSTEM_STAMP := $(VENV)/.inferwatch-system
+GRAFANA_TYPES := tests/dashboards/grafana_types
+GRAFANA_TYPES_STAMP := $(GRAFANA_TYPES)/node_modules/.installed
+GRAFANA_PROMETHEUS := 12.3.0
+GRAFANA_PROMETHEUS_SHA512 := 85YKiaGgIf7ZV8wlchbuBzL8grDUlGmPBqKFL0J/wWOiVw8cpj+NmmK7V1rPk4wdp5NKogCXWeYdmdXWX0oYNw==
 
 .PHONY: up test test-compose secrets install model bench bench-drift bench-alerts clean generate lock
 
@@ -29,7 +33,7 @@ up: install
 # in-process gateways' event loops run late enough to blur what these tests measure.
 TIMING_TESTS := tests/integration/test_gateway_limits.py tests/integration/test_disconnect_burst.py \
 	tests/integration/test_replicas_vllm.py
-test: install
+test: install $(GRAFANA_TYPES_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS) $(TIMING_TESTS)
 	$(PY) -m pytest $(PYTEST_ARGS) $(addprefix --ignore=,$(TIMING_TESTS) tests/compose)
 
@@ -104,6 +108,21 @@ $(SYSTEM_STAMP): $(VENV_STAMP) Makefile
 	fi
 	@command -v kubectl >/dev/null || { echo "kubectl is missing: install it (https://kubernetes.io/docs/tasks/tools/);" \
 	  "its kustomize builds deploy/kubernetes offline for the tests" >&2; exit 1; }
+	touch $@
+
+# Grafana's own TypeScript types of the dashboard model (@grafana/schema, with TypeScript, from
+# the lock in $(GRAFANA_TYPES)), for tests/dashboards/test_grafana_types.py. The Prometheus
+# query type is one declaration file of @grafana/prometheus, taken from its tarball (checked
+# against the registry's sha512): installing the package would bring React and Grafana's UI.
+$(GRAFANA_TYPES_STAMP): $(GRAFANA_TYPES)/package.json $(GRAFANA_TYPES)/package-lock.json
+	@command -v npm >/dev/null || { echo "npm is missing: install Node.js 20 (Debian: nodejs npm);" \
+	  "the dashboards are type-checked against Grafana's own types" >&2; exit 1; }
+	cd $(GRAFANA_TYPES) && npm ci --ignore-scripts --no-audit --no-fund --silent
+	cd $(GRAFANA_TYPES)/node_modules && npm pack --silent @grafana/prometheus@$(GRAFANA_PROMETHEUS) >/dev/null \
+	  && test "$$(openssl dgst -sha512 -binary grafana-prometheus-$(GRAFANA_PROMETHEUS).tgz | base64 -w0)" \
+	     = "$(GRAFANA_PROMETHEUS_SHA512)" \
+	  && tar xzf grafana-prometheus-$(GRAFANA_PROMETHEUS).tgz --strip-components=3 package/dist/types/dataquery.d.ts \
+	  && mv dataquery.d.ts grafana-prometheus-dataquery.d.ts && rm grafana-prometheus-$(GRAFANA_PROMETHEUS).tgz
 	touch $@
 
 model: install

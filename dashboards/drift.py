@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from inferwatch.dashboards import uids
+from inferwatch.dashboards.health import RED_FROM_ONE, alerts_firing, targets_up
 from inferwatch.dashboards.panels import (RATE, dashboard, or_zero, q, quantiles, query_variable, server_error_ratio, stat_panel,
                                timeseries_panel)
 from inferwatch.alerts.spec import DRIFT_FOR, DRIFT_MIN_WINDOW_RECORDS, JOB_DRIFT
@@ -32,7 +33,7 @@ def drift() -> list:
         timeseries_panel("Feature p-values vs alpha", "short",
                          q(f'{m("inferwatch_drift_feature_p_value")}{{{feature}}}', "{{variant}} {{feature}}"),
                          q(f'max({m("inferwatch_drift_alpha")}{{instance=~"$drift"}})', "alpha"),
-                         width=9, height=9,
+                         width=9, height=9, log_scale=True,
                          description="Each feature's calibrated p-value for 'some method flags it'. Holm compares the "
                                      "smallest with alpha / (number of features), the next with alpha / (one fewer), "
                                      "and so on."),
@@ -41,14 +42,17 @@ def drift() -> list:
                            "{{variant}} {{feature}}"),
                          width=12, height=9, description=f"What DriftDetected alerts on (for {DRIFT_FOR}, with at "
                                                          f"least {DRIFT_MIN_WINDOW_RECORDS} records in the window)."),
-        timeseries_panel("Drift score vs threshold", "short",
-                         q(f'{m("inferwatch_drift_score")}{{{RES}}}', "{{variant}} {{feature}} {{method}}"),
+        # one panel per feature: methods x variants x (score, threshold) of every feature
+        # on one axis would be dozens of lines
+        timeseries_panel("Drift score vs threshold ($feature)", "short",
+                         q(f'{m("inferwatch_drift_score")}{{{RES}}}', "{{variant}} {{method}}"),
                          q(f'{m("inferwatch_drift_threshold")}{{{RES}}}',
-                           "threshold ({{source}}) {{variant}} {{feature}} {{method}}"),
+                           "threshold ({{source}}) {{variant}} {{method}}"),
                          width=12, height=9,
                          description="Each method's score of the current window against the baseline, with the "
                                      "threshold its verdict used and where it came from: calibrated (from the "
-                                     "baseline at the window's size and alpha), alpha (a p-value) or fixed."),
+                                     "baseline at the window's size and alpha), alpha (a p-value) or fixed.")
+        .repeat("feature").repeat_direction("h").max_per_row(2),
         timeseries_panel("Window and baseline sizes", "short",
                          q(f'{m("inferwatch_drift_window_records")}{{{SEG}}}', "window {{model}}/{{variant}}"),
                          q(f'{m("inferwatch_drift_baseline_records")}{{{SEG}}}', "baseline {{model}}/{{variant}}")),
@@ -71,6 +75,51 @@ def drift() -> list:
                          q(f'sum by (outcome) (rate({m("inferwatch_gateway_feature_records_total")}[{RATE}]))',
                            "{{outcome}}"),
                          width=24, description="queued, sent, dropped_full, dropped_send_error."),
+    ]
+
+
+def health() -> list:
+    return [targets_up((JOB_DRIFT,)), alerts_firing(uids.DRIFT)]
+
+
+def verdicts() -> list:
+    """The A/B verdict per experiment (model, control, treatment): what ABCanaryWorse and
+    ABCanaryHurtingUsers read, and the weights that decide how many users it reaches."""
+    ab_sel = 'model=~"$model"'
+    arms = "{{treatment}} vs {{control}}"
+    return [
+        stat_panel("Decision", "short",
+                   q(f'max by (model, control, treatment, decision) ({m("inferwatch_ab_decision")}{{{ab_sel}}}) == 1',
+                     f"{{{{model}}}} {arms}: {{{{decision}}}}"),
+                   width=6, height=6, names_only=True,
+                   description="rollback, hold, continue or promote, for the latest weight epoch."),
+        timeseries_panel("Guardrails worse (1 = worse)", "short",
+                         q(f'max by (treatment, metric) ({m("inferwatch_ab_guardrail_worse")}{{{ab_sel}}})',
+                           "{{treatment}} {{metric}}"),
+                         thresholds=RED_FROM_ONE, width=6, height=6,
+                         description="Always-valid test per guardrail, Holm across guardrails: ABCanaryWorse opens "
+                                     "a ticket; ABCanaryHurtingUsers pages once the treatment has a real share."),
+        timeseries_panel("Effect, treatment vs control", "percentunit",
+                         q(f'max by (treatment, metric) ({m("inferwatch_ab_effect_relative")}{{{ab_sel}}})',
+                           "{{treatment}} {{metric}}"),
+                         width=6, height=6, description="Treatment minus control over control, per guardrail."),
+        timeseries_panel("Sample ratio p-value", "short",
+                         q(f'max by (treatment) ({m("inferwatch_ab_srm_p_value")}{{{ab_sel}}})', "{{treatment}}"),
+                         thresholds=[(None, "red"), (0.001, "green")], width=6, height=6, log_scale=True,
+                         description="Units per arm against the epoch's weights: below 0.001 the split is broken "
+                                     "and no verdict can be trusted."),
+        timeseries_panel("Live weights per gateway", "percentunit",
+                         q(f'max by (instance, variant) ({m("inferwatch_gateway_experiment_weight_ratio")}'
+                           f'{{{ab_sel}}})', "{{instance}} {{variant}}"),
+                         q(f'max by (treatment) ({m("inferwatch_ab_treatment_share_ratio")}{{{ab_sel}}})',
+                           "units seen: {{treatment}}"),
+                         width=12, height=6,
+                         description="The weights each gateway routes by, and the treatment's share of the units "
+                                     "the drift service saw (they agree unless the split is broken)."),
+        timeseries_panel("Units per arm", "short",
+                         q(f'max by (treatment, arm) ({m("inferwatch_ab_units")}{{{ab_sel}}})',
+                           "{{treatment}} {{arm}}"),
+                         width=12, height=6, description="Randomized units (users) per arm in the judged epoch."),
     ]
 
 
@@ -98,9 +147,10 @@ def build():
     return dashboard(
         uids.DRIFT, "inferwatch / drift and A/B", "Drift of request features and confidence against the "
                                                    "baseline; two model variants side by side.",
-        [query_variable("model", "Model", f"label_values({score}, model)"),
+        # models with drift scores and models in A/B experiments (either may be without the other)
+        [query_variable("model", "Model", f'label_values({{__name__=~"{score}|{m("inferwatch_ab_decision")}"}}, model)'),
          query_variable("variant", "Variant", f'label_values({score}{{model=~"$model"}}, variant)'),
          query_variable("feature", "Feature", f'label_values({score}{{model=~"$model"}}, feature)'),
          query_variable("method", "Method", f"label_values({score}, method)"),
          query_variable("drift", "Drift service", f'label_values(up{{job="{JOB_DRIFT}"}}, instance)')],
-        [("Drift", drift()), ("A/B between variants", ab())])
+        [("Health", health()), ("Drift", drift()), ("A/B verdicts", verdicts()), ("A/B between variants", ab())])

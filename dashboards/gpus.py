@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from inferwatch.dashboards import uids
-from inferwatch.dashboards.panels import RATE, dashboard, or_zero, q, query_variable, stat_panel, timeseries_panel
-from inferwatch.alerts.spec import SNAPSHOT_STALE_S
+from inferwatch.dashboards.health import RED_FROM_ONE, alerts_firing, targets_up
+from inferwatch.dashboards.panels import (
+    RATE, added_in_window, dashboard, or_zero, q, query_variable, stat_panel, timeseries_panel,
+)
+from inferwatch.alerts.spec import JOB_EXPORTER, SNAPSHOT_STALE_S
 from inferwatch.catalog import metric as m
 
 SEL = 'instance=~"$host", gpu=~"$gpu"'
@@ -14,6 +17,42 @@ GPU = "{{instance}} gpu{{gpu}}"
 def g(name: str, extra: str = "") -> str:
     """A per-GPU series on the selected hosts and GPUs."""
     return f'{m(name)}{{{SEL}{", " + extra if extra else ""}}}'
+
+
+def health() -> list:
+    return [
+        targets_up((JOB_EXPORTER,)),
+        stat_panel("NVML up", "short", q(f'min({m("inferwatch_nvml_up")}{{instance=~"$host"}})', "NVML"),
+                   thresholds=[(None, "red"), (1, "green")], width=6),
+        stat_panel("GPUs failing NVML", "short",
+                   q(f'sum({g("inferwatch_gpu_device_failed")}) or vector(0)', "failing"),
+                   thresholds=RED_FROM_ONE, width=6,
+                   description="GPUs that do not answer NVML (lost, off the bus): GPUDeviceFailed pages after 1m."),
+        alerts_firing(uids.GPUS),
+    ]
+
+
+def busy() -> list:
+    """How busy, from GPM: utilization says a kernel ran, these say how much of the GPU it
+    used. A GPU without GPM (before Hopper, or the exporter's --no-gpm) has no series here:
+    it is counted as such, never drawn as 0."""
+    def activity(title: str, metric: str, description: str) -> object:
+        return timeseries_panel(title, "percentunit", q(g(metric), GPU), width=5, description=description)
+
+    return [
+        activity("SM active", "inferwatch_gpu_sm_active_ratio", "Share of time at least one warp ran on an SM."),
+        activity("SM occupancy", "inferwatch_gpu_sm_occupancy_ratio", "Warps resident against the SMs' maximum."),
+        activity("Tensor cores active", "inferwatch_gpu_tensor_active_ratio",
+                 "Share of cycles the tensor pipes ran: the honest 'how busy' of an LLM's matmuls."),
+        activity("DRAM active", "inferwatch_gpu_dram_active_ratio",
+                 "Share of cycles device memory was read or written: decode is bound by it."),
+        stat_panel("GPUs without GPM", "short",
+                   q(f'count({g("inferwatch_gpu_info")}) - (count({g("inferwatch_gpu_sm_active_ratio")}) '
+                     f'or vector(0))', "without GPM"),
+                   width=4, height=8,
+                   description="GPUs whose activity NVML does not report (GPM needs Hopper or later and the "
+                               "exporter's --gpm): their activity panels stay empty."),
+    ]
 
 
 def use() -> list:
@@ -40,7 +79,7 @@ def errors() -> list:
                          q(f'sum by (reason) ({g("inferwatch_gpu_throttle_active")})', "{{reason}}"),
                          description="GPUs held down by each clock-event reason (0 = none)."),
         timeseries_panel("ECC errors", "short",
-                         q(f'sum by (type, scope) (increase({g("inferwatch_gpu_ecc_errors_total")}[{RATE}]))',
+                         q(f'sum by (type, scope) ({added_in_window(g("inferwatch_gpu_ecc_errors_total"), RATE)})',
                            "{{type}} {{scope}}"),
                          thresholds=[(None, "green"), (1, "red")]),
         timeseries_panel("Row remapping", "short",
@@ -48,8 +87,8 @@ def errors() -> list:
                          q(f'sum({g("inferwatch_gpu_row_remap_pending")})', "pending"),
                          q(f'sum({g("inferwatch_gpu_row_remap_failure")})', "failed")),
         timeseries_panel("XID errors", "short",
-                         q(or_zero(f'sum by (xid) (increase({g("inferwatch_gpu_xid_errors_total")}[{RATE}]))', "xid"),
-                           "XID {{xid}}"),
+                         q(or_zero(f'sum by (xid) ({added_in_window(g("inferwatch_gpu_xid_errors_total"), RATE)})',
+                                   "xid"), "XID {{xid}}"),
                          thresholds=[(None, "green"), (1, "red")]),
         timeseries_panel("PCIe throughput", "Bps", q(g("inferwatch_gpu_pcie_tx_bytes_per_second"), "tx " + GPU),
                          q(g("inferwatch_gpu_pcie_rx_bytes_per_second"), "rx " + GPU)),
@@ -58,6 +97,20 @@ def errors() -> list:
                            "tx " + GPU),
                          q(f'sum by (instance, gpu) (rate({g("inferwatch_gpu_nvlink_rx_bytes_total")}[{RATE}]))',
                            "rx " + GPU)),
+        timeseries_panel("PCIe replays and NVLink errors", "short",
+                         *[q(or_zero(f'sum by (instance, gpu) ({added_in_window(g(metric), RATE)})', "gpu"),
+                             f"{what} {GPU}")
+                           for what, metric in (("PCIe replays", "inferwatch_gpu_pcie_replays_total"),
+                                                ("NVLink errors", "inferwatch_gpu_nvlink_errors_total"))],
+                         thresholds=RED_FROM_ONE,
+                         description="Link-level retries and errors: a rising count is a failing riser, cable or "
+                                     "NVSwitch port long before an XID."),
+        timeseries_panel("PCIe link width (of max)", "percentunit",
+                         q(f'{g("inferwatch_gpu_pcie_link_width")} / {g("inferwatch_gpu_pcie_link_width_max")}', GPU),
+                         thresholds=[(None, "red"), (1, "green")],
+                         description="A link trained below its width (x8 of x16) halves host transfers."),
+        timeseries_panel("Performance state", "short", q(g("inferwatch_gpu_performance_state"), GPU),
+                         description="P0 is full performance; a busy GPU in P2 or higher is held down."),
     ]
 
 
@@ -66,8 +119,6 @@ def processes_and_health() -> list:
         timeseries_panel("Memory per process", "bytes",
                          q(g("inferwatch_gpu_process_memory_used_bytes"), "{{process}} ({{pid}}) " + GPU),
                          description="Opt-in: the exporter's --processes.", width=12),
-        stat_panel("NVML up", "short", q(f'min({m("inferwatch_nvml_up")}{{instance=~"$host"}})', "NVML"),
-                   thresholds=[(None, "red"), (1, "green")], height=8),
         stat_panel("Snapshot age", "s",
                    q(f'max(time() - {m("inferwatch_nvml_snapshot_timestamp_seconds")}{{instance=~"$host"}})', "age"),
                    thresholds=[(None, "green"), (SNAPSHOT_STALE_S, "red")], height=8),
@@ -84,5 +135,5 @@ def build():
         # hosts from nvml_up, which an exporter serves even when NVML is down or finds no GPU
         [query_variable("host", "Host", f'label_values({m("inferwatch_nvml_up")}, instance)'),
          query_variable("gpu", "GPU", f'label_values({info}{{instance=~"$host"}}, gpu)')],
-        [("Utilization and saturation", use()), ("Errors and links", errors()),
-         ("Processes and exporter health", processes_and_health())])
+        [("Health", health()), ("How busy (GPM)", busy()), ("Utilization and saturation", use()),
+         ("Errors and links", errors()), ("Processes and exporter health", processes_and_health())])

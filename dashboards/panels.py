@@ -47,11 +47,18 @@ OK = [(None, "green")]
 
 def timeseries_panel(title: str, unit: str, *queries: prometheus.Dataquery, description: str = "",
                      thresholds: list[tuple[float | None, str]] = OK, width: int = 8, height: int = 8,
-                     stacked: bool = False) -> timeseries.Panel:
+                     stacked: bool = False, log_scale: bool = False) -> timeseries.Panel:
+    """``log_scale``: a log10 axis, for values that matter across decades (p-values against
+    alpha = 0.01 would lie on the floor of a linear one)."""
     panel = (timeseries.Panel().title(title).description(description).unit(unit).datasource(DATASOURCE)
              .span(width).height(height).thresholds(_thresholds(thresholds)).fill_opacity(10).line_width(1)
              .legend(common_b.VizLegendOptions().show_legend(True).display_mode(common.LegendDisplayMode.LIST)
                      .placement(common.LegendPlacement.BOTTOM)))
+    if thresholds != OK:  # a time series draws its thresholds only when told how
+        panel = panel.thresholds_style(
+            common_b.GraphThresholdsStyleConfig().mode(common.GraphThresholdsStyleMode.DASHED))
+    if log_scale:
+        panel = panel.scale_distribution(common_b.ScaleDistributionConfig().type(common.ScaleDistribution.LOG).log(10))
     if stacked:
         panel = panel.stacking(common_b.StackingConfig().mode(common.StackingMode.NORMAL))
     for query in _refs(queries):
@@ -60,11 +67,16 @@ def timeseries_panel(title: str, unit: str, *queries: prometheus.Dataquery, desc
 
 
 def stat_panel(title: str, unit: str, *queries: prometheus.Dataquery, description: str = "",
-               thresholds: list[tuple[float | None, str]] = OK, width: int = 4, height: int = 4) -> stat.Panel:
+               thresholds: list[tuple[float | None, str]] = OK, width: int = 4, height: int = 4,
+               names_only: bool = False) -> stat.Panel:
+    """``names_only``: each series shown by its legend alone, for a state a label names (the
+    value is a 1 that says nothing)."""
     panel = (stat.Panel().title(title).description(description).unit(unit).datasource(DATASOURCE)
              .span(width).height(height).thresholds(_thresholds(thresholds))
              .reduce_options(common_b.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
              .color_mode(common.BigValueColorMode.VALUE).graph_mode(common.BigValueGraphMode.AREA))
+    if names_only:
+        panel = panel.text_mode(common.BigValueTextMode.NAME)
     for query in _refs(queries):
         panel = panel.with_target(query)
     return panel
@@ -84,7 +96,7 @@ def quantiles(metric: str, selector: str, by: str = "", qs: tuple[float, ...] = 
               exemplar: bool = True) -> list[prometheus.Dataquery]:
     """p50/p95/p99 of a histogram, ``sum by (le, ...)`` first so replicas add up."""
     group = ", ".join(["le", *filter(None, [by])])
-    by_legend = f" {{{{{by}}}}}" if by else ""
+    by_legend = "".join(f" {{{{{label.strip()}}}}}" for label in by.split(",") if label.strip())
     return [q(f"histogram_quantile({x}, sum by ({group}) (rate({metric}{{{selector}}}[{RATE}])))",
               f"p{round(x * 100)}{by_legend}", exemplar=exemplar) for x in qs]
 
@@ -96,17 +108,29 @@ def server_error_ratio(requests_total: str, selector: str, by: str) -> str:
     return f"({errors} or 0 * {total}) / {total}"
 
 
+def added_in_window(selector: str, window: str) -> str:
+    """How much a counter rose over ``window``, a series that first appeared within it with
+    its whole value: an XID counter is born at 1, and ``increase`` (two samples needed) would
+    show that first error as nothing. A reset (the exporter restarted) counts as no rise."""
+    return f"(clamp_min({selector} - {selector} offset {window}, 0) or ({selector} unless {selector} offset {window}))"
+
+
 def or_zero(expr: str, label: str) -> str:
     """An error counter has no series until its first error: show a 0 labelled ``none``
     instead of "No data"."""
     return f'{expr} or on () label_replace(vector(0), "{label}", "none", "", "")'
 
 
-def query_variable(name: str, label: str, query: str, multi: bool = True) -> dash_b.QueryVariable:
+def query_variable(name: str, label: str, query: str, multi: bool = True,
+                   all_value: str | None = ".*") -> dash_b.QueryVariable:
+    """``all_value``: what "All" sends. ``.*`` also matches series without the label; None
+    sends the listed values, so a value the query leaves out (the ``unknown`` model) stays out."""
     var = (dash_b.QueryVariable(name).label(label).query(query).datasource(DATASOURCE)
            .refresh(dash.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dash.VariableSort.ALPHABETICAL_ASC))
     if multi:
-        var = var.multi(True).include_all(True).all_value(".*")
+        var = var.multi(True).include_all(True)
+        if all_value is not None:
+            var = var.all_value(all_value)
     return var
 
 
@@ -119,8 +143,10 @@ def dashboard(uid: str, title: str, description: str, variables: list,
     """A dashboard of titled rows; panel ids are assigned in order, links go to the others."""
     board = (dash_b.Dashboard(title).uid(uid).description(description).tags([TAG]).time("now-1h", "now")
              .refresh("30s").timezone("browser").tooltip(dash.DashboardCursorSync.CROSSHAIR)
+             # no placement: Grafana 12.3.0's link bar shows only links without one (the SDK's
+             # default, the controls menu, learnt to show dashboard links after 12.3.0)
              .link(dash_b.DashboardLink("inferwatch").type(dash.DashboardLinkType.DASHBOARDS).tags([TAG])
-                   .as_dropdown(True).include_vars(True).keep_time(True)))
+                   .as_dropdown(True).include_vars(True).keep_time(True).placement(None)))
     board = board.with_variable(datasource_variable())
     for var in variables:
         board = board.with_variable(var)

@@ -21,7 +21,7 @@ from inferwatch.dashboards.queries import TimeRange, panel_results, resolve_vari
 
 UNIT_SCALE = {"percentunit": (100, "%"), "bytes": (1 / 2**30, "GiB"), "Bps": (1 / 2**20, "MiB/s"),
               "hertz": (1e-6, "MHz"), "watt": (1, "W"), "joule": (1e-3, "kJ"), "celsius": (1, "°C"),
-              "s": (1, "s"), "reqps": (1, "req/s"), "ops": (1, "/s"), "x": (1, "×"), "short": (1, "")}
+              "s": (1, "s"), "reqps": (1, "req/s"), "ops": (1, "/s"), "suffix:×": (1, "×"), "short": (1, "")}
 CELL_W, CELL_H = 0.62, 0.32  # inches per grid column and row
 
 
@@ -38,7 +38,9 @@ def _draw_timeseries(ax, panel: dict, results: list[list[dict]], t_end: float) -
         for s in series[:8]:
             ts = np.array([float(x) for x, _ in s["values"]])
             ys = np.array([float(y) for _, y in s["values"]]) * scale
-            ax.plot((ts - t_end) / 60, ys, linewidth=1, label=_legend(s["metric"], target.get("legendFormat", "")))
+            # one panel stands for a repeated panel's copies: the repeated label tells them apart
+            legend = target.get("legendFormat", "") + (f" {{{{{panel['repeat']}}}}}" if panel.get("repeat") else "")
+            ax.plot((ts - t_end) / 60, ys, linewidth=1, label=_legend(s["metric"], legend))
     ax.set_xlabel("minutes (0 = now)", fontsize=6)
     ax.set_ylabel(suffix, fontsize=6)
     if any(not line.get_label().startswith("_") for line in ax.lines):
@@ -52,8 +54,10 @@ def _draw_stat(ax, panel: dict, results: list[list[dict]]) -> None:
              for t, series in zip(panel["targets"], results) for s in series if s["values"]][:4]
     if not shown:
         ax.text(0.5, 0.45, "no data", ha="center", va="center", fontsize=14, transform=ax.transAxes)
+    names_only = panel["options"].get("textMode") == "name"
     for i, (label, value) in enumerate(shown):
-        text = "NaN" if math.isnan(value) else f"{value:.3g} {suffix}"
+        text = label if names_only else "NaN" if math.isnan(value) else f"{value:.3g} {suffix}"
+        label = "" if names_only else label
         y = 0.5 if len(shown) == 1 else 0.85 - i * 0.75 / max(1, len(shown) - 1)
         ax.text(0.5, y, text + (f"  {label}" if len(shown) > 1 else ""), ha="center", va="center",
                 fontsize=16 if len(shown) == 1 else 9, transform=ax.transAxes)

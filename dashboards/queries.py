@@ -59,10 +59,18 @@ def variable_values(prometheus: str, query: str, variables: dict[str, str], tr: 
     return resp.json()["data"]
 
 
+def all_of(values: list[str]) -> str:
+    """"All" without an allValue, as Grafana sends it to Prometheus: the values as one
+    regex, each escaped for a regex inside a PromQL string."""
+    escaped = [re.sub(r"([$^*{}\[\]'+?.()|])", r"\\\\\1", v.replace("\\", "\\\\\\\\")) for v in values]
+    return escaped[0] if len(escaped) == 1 else "(" + "|".join(escaped) + ")"
+
+
 def resolve_variables(prometheus: str, doc: dict, tr: TimeRange, strict: bool = False) -> dict[str, str]:
-    """Each query variable's value as Grafana's default would be: "All" (its allValue) for
-    multi-value variables, else the first value. A variable without values is "All" too, as
-    in Grafana (no GPUs yet, no drift baseline yet); ``strict`` raises instead."""
+    """Each query variable's value as Grafana's default would be: "All" (its allValue, or
+    the values it lists) for multi-value variables, else the first value. A variable without
+    values is ``.*``, as in Grafana (no GPUs yet, no drift baseline yet); ``strict`` raises
+    instead."""
     resolved: dict[str, str] = {}
     for var in doc["templating"]["list"]:
         if var["type"] != "query":
@@ -70,8 +78,12 @@ def resolve_variables(prometheus: str, doc: dict, tr: TimeRange, strict: bool = 
         values = variable_values(prometheus, var["query"], resolved, tr)
         if not values and strict:
             raise LookupError(f"variable {var['name']} ({var['query']}) has no values")
-        multi = var.get("includeAll") or not values
-        resolved[var["name"]] = (var.get("allValue") or ".*") if multi else values[0]
+        if not values:
+            resolved[var["name"]] = ".*"
+        elif var.get("includeAll"):
+            resolved[var["name"]] = var.get("allValue") or all_of(values)
+        else:
+            resolved[var["name"]] = values[0]
     return resolved
 
 

@@ -5,6 +5,7 @@ Threshold lines are the alert spec's numbers (``inferwatch.alerts.spec``), never
 from __future__ import annotations
 
 from inferwatch.dashboards import uids
+from inferwatch.dashboards.health import RED_BELOW_ONE, RED_FROM_ONE, alerts_firing, targets_up
 from inferwatch.dashboards.panels import (RATE, dashboard, heatmap_panel, or_zero, q, quantiles, query_variable,
                                server_error_ratio, stat_panel, timeseries_panel)
 from inferwatch.alerts.spec import AVAILABILITY, FAST_BURN, JOB_GATEWAY, JOB_VLLM, KV_CACHE_HIGH, TTFT_THRESHOLD_S
@@ -17,10 +18,31 @@ VLLM_SEL = 'model=~"$model", instance=~"$vllm"'
 # Red where the fastest burn-rate window pages on availability: the error ratio that spends
 # its share of the budget within that window.
 ERROR_RATIO_PAGES = AVAILABILITY.burn_threshold(FAST_BURN.windows[0])
+# Latency per model, so "All" shows a slow model beside a fast one instead of their blend;
+# the median and the tail (two series a model keeps a panel readable).
+PER_MODEL = {"by": "model", "qs": (0.5, 0.95)}
 
 
 def _rate(name: str, by: str, selector: str = SEL) -> str:
     return f"sum by ({by}) (rate({m(name)}{{{selector}}}[{RATE}]))"
+
+
+def health() -> list:
+    return [
+        targets_up((JOB_GATEWAY, JOB_VLLM)),
+        stat_panel("Gateways reaching vLLM", "percentunit",
+                   q(f'avg by (upstream) ({m("inferwatch_gateway_upstream_up")}{{instance=~"$gateway"}})',
+                     "{{upstream}}"),
+                   thresholds=RED_BELOW_ONE, width=6,
+                   description="Share of gateways whose probe of each upstream passes (GatewayUpstreamDown "
+                               "pages when one fails while Prometheus reaches vLLM)."),
+        stat_panel("Restarts (15m)", "short",
+                   q(or_zero(f'sum by (child) (changes({m("inferwatch_supervisor_restarts_total")}[15m]))', "child"),
+                     "{{child}}"),
+                   thresholds=RED_FROM_ONE, width=6,
+                   description="Children `inferwatch up` restarted; InferwatchCrashLooping pages at 3."),
+        alerts_firing(uids.SERVING),
+    ]
 
 
 def users() -> list:
@@ -37,19 +59,21 @@ def users() -> list:
                    q(f'sum(rate({m("inferwatch_gateway_output_tokens_total")}{{{SEL}}}[{RATE}]))', "tokens/s"),
                    width=4, height=8),
         timeseries_panel("Request latency", "s",
-                         *quantiles(m("inferwatch_gateway_request_duration_seconds_bucket"), SEL),
+                         *quantiles(m("inferwatch_gateway_request_duration_seconds_bucket"), SEL, **PER_MODEL),
                          description="Request received to last byte sent. Exemplars link to the trace."),
         heatmap_panel("Request latency heatmap",
                       f'sum by (le) (rate({m("inferwatch_gateway_request_duration_seconds_bucket")}{{{SEL}}}[{RATE}]))',
                       "s", description="Requests per second in each latency bucket."),
         timeseries_panel("Time to first token", "s",
-                         *quantiles(m("inferwatch_gateway_time_to_first_token_seconds_bucket"), SEL),
+                         *quantiles(m("inferwatch_gateway_time_to_first_token_seconds_bucket"), SEL, **PER_MODEL),
                          thresholds=[(None, "green"), (TTFT_THRESHOLD_S, "red")],
                          description=f"What a streaming user waits for; the TTFT SLO is {TTFT_THRESHOLD_S:g} s."),
         timeseries_panel("Inter-token latency", "s",
-                         *quantiles(m("inferwatch_gateway_inter_token_latency_seconds_bucket"), SEL, exemplar=False)),
+                         *quantiles(m("inferwatch_gateway_inter_token_latency_seconds_bucket"), SEL, exemplar=False,
+                                    **PER_MODEL)),
         timeseries_panel("Time per output token", "s",
-                         *quantiles(m("inferwatch_gateway_time_per_output_token_seconds_bucket"), SEL, exemplar=False)),
+                         *quantiles(m("inferwatch_gateway_time_per_output_token_seconds_bucket"), SEL, exemplar=False,
+                                    **PER_MODEL)),
         timeseries_panel("Tokens/s in and out", "short",
                          q(_rate("inferwatch_gateway_input_tokens_total", "model"), "in {{model}}"),
                          q(_rate("inferwatch_gateway_output_tokens_total", "model"), "out {{model}}")),
@@ -84,6 +108,29 @@ def engine() -> list:
         timeseries_panel("vLLM time to first token", "s",
                          *quantiles(m("vllm:time_to_first_token_seconds_bucket"), VLLM_SEL, exemplar=False),
                          description="The engine's own view; the gateway's TTFT adds the network and the relay."),
+    ]
+
+
+def model_layer() -> list:
+    """What the model is asked and answers, and where its time goes (vLLM's own dashboard
+    shows the same): lengths, why generation stopped, prefill against decode."""
+    return [
+        timeseries_panel("Prompt length", "short",
+                         *quantiles(m("inferwatch_gateway_request_prompt_tokens_bucket"), SEL, exemplar=False,
+                                    **PER_MODEL), description="Prompt tokens per request, as vLLM counted them."),
+        timeseries_panel("Generation length", "short",
+                         *quantiles(m("inferwatch_gateway_request_completion_tokens_bucket"), SEL, exemplar=False,
+                                    **PER_MODEL), description="Completion tokens per request."),
+        timeseries_panel("Finish reasons", "reqps",
+                         q(_rate("vllm:request_success_total", "model, finished_reason", VLLM_SEL),
+                           "{{model}} {{finished_reason}}"),
+                         description="stop (the model ended), length (max_tokens cut it), abort (the client left)."),
+        timeseries_panel("Prefill and decode time (p95)", "s",
+                         *[q(f"histogram_quantile(0.95, sum by (le, model) "
+                             f"(rate({m(f'vllm:request_{phase}_time_seconds_bucket')}{{{VLLM_SEL}}}[{RATE}])))",
+                             f"{phase} {{{{model}}}}") for phase in ("prefill", "decode")],
+                         description="Per request: reading the prompt, then generating; a long prefill is long "
+                                     "prompts, a long decode long answers or a crowded batch."),
     ]
 
 
@@ -122,8 +169,9 @@ def replicas() -> list:
 def build():
     return dashboard(
         uids.SERVING, "inferwatch / LLM serving", "RED and token-level metrics at the gateway; vLLM's engine.",
-        [query_variable("model", "Model", f'label_values({REQ}{{model!="{UNKNOWN_MODEL}"}}, model)'),
+        [query_variable("model", "Model", f'label_values({REQ}{{model!="{UNKNOWN_MODEL}"}}, model)', all_value=None),
          query_variable("variant", "Variant", f'label_values({REQ}{{model=~"$model"}}, variant)'),
          query_variable("gateway", "Gateway", f'label_values(up{{job="{JOB_GATEWAY}"}}, instance)'),
          query_variable("vllm", "vLLM", f'label_values(up{{job="{JOB_VLLM}"}}, instance)')],
-        [("Users (gateway)", users()), ("Engine (vLLM)", engine()), ("Replicas (gateway)", replicas())])
+        [("Health", health()), ("Users (gateway)", users()), ("Engine (vLLM)", engine()),
+         ("Model layer (vLLM)", model_layer()), ("Replicas (gateway)", replicas())])

@@ -11,6 +11,7 @@ from inferwatch.serving.metrics import UNKNOWN_MODEL
 
 SEL = 'model=~"$model", slo=~"$slo"'
 BUDGET = "inferwatch_slo:error_budget:ratio"
+BURN_UNIT = "suffix:×"  # a multiple of the budget rate: Grafana has no unit for it, a suffix says it
 # The meta-alerts fire by design; counting them would hide whether anything is wrong.
 ALWAYS_FIRING = [a.name for a in ALERTS if a.severity == "none"]
 FIRING = f'ALERTS{{alertstate="firing", alertname!~"{"|".join(ALWAYS_FIRING)}"}}'
@@ -26,7 +27,7 @@ def _ratio(window: str) -> str:
 def build():
     windows = sorted({w for tier in TIERS for bw in tier.windows for w in (bw.long, bw.short)}, key=seconds)
     lowest, highest = min(f for _, f in PAGE_FACTORS), max(f for _, f in PAGE_FACTORS)
-    burn = [q(f'{_ratio(w)} / on (slo) group_left {BUDGET}{{slo=~"$slo"}}', f"{w} {{{{model}}}} {{{{slo}}}}")
+    burn = [q(f'{_ratio(w)} / on (slo) group_left {BUDGET}{{slo=~"$slo"}}', f"{w} {{{{model}}}}")
             for w in windows]
     slo_panels = [
         stat_panel("Objective", "percentunit", q('inferwatch_slo:objective:ratio{slo=~"$slo"}', "{{slo}}"),
@@ -35,17 +36,24 @@ def build():
                    q(fresh(f"{BUDGET_REMAINING}{{{SEL}}}", PERIOD_INTERVAL), "{{model}} {{slo}}"),
                    thresholds=[(None, "red"), (0.25, "orange"), (0.5, "green")], width=10, height=6,
                    description="Share of the period's budget left; recomputed hourly."),
-        stat_panel("Current burn rate", "x",
+        stat_panel("Current burn rate", BURN_UNIT,
                    q(f'inferwatch_slo:current_burn_rate:ratio{{{SEL}}}', "{{model}} {{slo}}"),
                    thresholds=[(None, "green"), (1, "orange"), (highest, "red")], width=8, height=6),
-        timeseries_panel("SLI: share of bad events", "percentunit",
-                         *[q(_ratio(w), f"{w} {{{{model}}}} {{{{slo}}}}") for w in ("5m", "1h", "6h", "1d")],
-                         width=12),
-        timeseries_panel("Burn rate per window", "x", *burn, width=12,
+        timeseries_panel(f"Error budget remaining over time ({SLO_PERIOD})", "percentunit",
+                         q(fresh(f"{BUDGET_REMAINING}{{{SEL}}}", PERIOD_INTERVAL), "{{model}} {{slo}}"),
+                         thresholds=[(None, "red"), (0.25, "orange"), (0.5, "green")], width=24,
+                         description="How the period's budget was spent: a cliff is an incident, a slope a "
+                                     "chronic burn."),
+        # one panel per SLO: windows x models of every SLO on one axis would be dozens of lines
+        timeseries_panel("SLI: share of bad events ($slo)", "percentunit",
+                         *[q(_ratio(w), f"{w} {{{{model}}}}") for w in ("5m", "1h", "6h", "1d")],
+                         width=12).repeat("slo").repeat_direction("v"),
+        timeseries_panel("Burn rate per window ($slo)", BURN_UNIT, *burn, width=12,
                          thresholds=[(None, "green"), (1, "orange"), (lowest, "red")],
                          description="Error ratio divided by the budget: 1x spends the budget exactly over the "
                                      "period; pages at "
-                                     + " and ".join(f"{f:g}x ({w})" for w, f in PAGE_FACTORS) + "."),
+                                     + " and ".join(f"{f:g}x ({w})" for w, f in PAGE_FACTORS) + ".")
+        .repeat("slo").repeat_direction("v"),
     ]
     alert_panels = [
         timeseries_panel("Alerts firing by severity", "short",
@@ -57,6 +65,7 @@ def build():
     ]
     return dashboard(
         uids.SLOS, "inferwatch / SLOs and alerts", "Per-model SLOs with multi-window burn rates; alerts firing.",
-        [query_variable("model", "Model", f'label_values({error_ratio("5m")}{{model!="{UNKNOWN_MODEL}"}}, model)'),
+        [query_variable("model", "Model", f'label_values({error_ratio("5m")}{{model!="{UNKNOWN_MODEL}"}}, model)',
+                        all_value=None),
          query_variable("slo", "SLO", "label_values(inferwatch_slo:objective:ratio, slo)")],
         [("SLOs", slo_panels), ("Alerts", alert_panels)])

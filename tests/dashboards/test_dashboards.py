@@ -13,7 +13,7 @@ from grafana_foundation_sdk.models import dashboard as dash
 from inferwatch.alerts.generate import rule_files
 from inferwatch.alerts.spec import ALERTS
 from inferwatch.dashboards import uids
-from inferwatch.dashboards.generate import dashboards
+from inferwatch.dashboards.generate import INTERVAL_ONLY, dashboards
 from inferwatch.catalog import exposed, kind_of
 from tests.support.promql import metric_names, range_functions
 
@@ -93,6 +93,12 @@ def test_checks_catch_what_they_should():
 def test_json_loads_back_into_the_sdk_models_without_loss(uid):
     doc = DOCS[uid]
     again = json.loads(json.dumps(dash.Dashboard.from_json(doc), cls=JSONEncoder))
+    # the SDK's model fills in its defaults for what the generator leaves out
+    for link in again["links"]:
+        assert link.pop("placement") == "inControlsMenu"
+    for var in again["templating"]["list"]:
+        for key in INTERVAL_ONLY if var["type"] != "interval" else ():
+            var.pop(key)
     assert again == doc
 
 
@@ -108,3 +114,124 @@ def test_legends_name_their_series():
             for t in p["targets"]:
                 legend = t.get("legendFormat", "")
                 assert not re.search(r"(?<!\{)\{\w+\}(?!\})", legend), f"{p['title']}: {legend}"
+
+
+def test_links_have_no_placement_so_grafana_12_3_shows_them():
+    for doc in DOCS.values():
+        assert all("placement" not in link for link in doc["links"]), doc["uid"]
+
+
+def test_legends_use_one_label_per_template():
+    """``{{model, variant}}`` is no template Grafana knows: it renders empty, and every series
+    of the panel gets the same legend."""
+    for doc in DOCS.values():
+        for p in panels(doc):
+            for t in p["targets"]:
+                for template in re.findall(r"\{\{(.*?)\}\}", t.get("legendFormat", "")):
+                    assert re.fullmatch(r"\s*[a-zA-Z_]\w*\s*", template), f"{p['title']}: {t['legendFormat']}"
+
+
+def test_time_series_with_thresholds_draw_them():
+    for doc in DOCS.values():
+        for p in panels(doc):
+            defaults = p["fieldConfig"]["defaults"]
+            if p["type"] == "timeseries" and len(defaults["thresholds"]["steps"]) > 1:
+                assert defaults["custom"]["thresholdsStyle"]["mode"] != "off", p["title"]
+
+
+def test_all_models_means_the_listed_ones_not_unknown():
+    from inferwatch.serving.metrics import UNKNOWN_MODEL
+
+    for doc in DOCS.values():
+        for var in doc["templating"]["list"]:
+            if var["name"] == "model" and f'model!="{UNKNOWN_MODEL}"' in var["query"]:
+                assert var["includeAll"] and not var.get("allValue"), doc["uid"]  # ".*" would bring it back
+
+
+def test_all_is_sent_as_grafana_sends_it():
+    """Grafana's Prometheus data source: the values joined as a regex, each escaped for a
+    regex inside a PromQL string (``.`` becomes ``\\\\.``); one value alone, unbracketed."""
+    from inferwatch.dashboards.queries import all_of
+
+    assert all_of(["llama-3.1-8b", "tiny"]) == r"(llama-3\\.1-8b|tiny)"
+    assert all_of(["tiny"]) == "tiny"
+
+
+def test_the_xid_panel_counts_the_first_xid_of_a_gpu(tmp_path):
+    """An XID counter is born at 1 (the exporter exports it once the first XID is seen):
+    the panel must show 1 for it, as GPUFatalXID pages for it. Evaluated by promtool."""
+    from tests.alerts.promtool import run_promtool, selector
+
+    [panel] = [p for p in panels(DOCS[uids.GPUS]) if p["title"] == "XID errors"]
+    expr = panel["targets"][0]["expr"].replace("$__rate_interval", "4m").replace('=~"$host"', '=~".*"') \
+        .replace('=~"$gpu"', '=~".*"')
+    series = selector("inferwatch_gpu_xid_errors_total", {"instance": "n1:9400", "gpu": "0", "xid": "79"})
+    doc = {"rule_files": [], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": [{"series": series, "values": "_x5 1x20"}],
+        "promql_expr_test": [
+            {"expr": expr, "eval_time": "2m", "exp_samples": [{"labels": '{xid="none"}', "value": 0}]},
+            {"expr": expr, "eval_time": "6m", "exp_samples": [{"labels": '{xid="79"}', "value": 1}]},
+            {"expr": expr, "eval_time": "15m", "exp_samples": [{"labels": '{xid="79"}', "value": 0}]}]}]}
+    result = run_promtool(doc, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_p_values_are_on_a_log_axis():
+    [panel] = [p for p in panels(DOCS[uids.DRIFT]) if p["title"] == "Feature p-values vs alpha"]
+    assert panel["fieldConfig"]["defaults"]["custom"]["scaleDistribution"] == {"type": "log", "log": 10}
+
+
+def test_every_alert_links_to_a_dashboard_that_shows_what_it_reads():
+    """An alert's dashboard_url must lead to its signal: some panel reads a metric its
+    expression reads (the A/B, NVML and upstream alerts once led to none)."""
+    for alert in ALERTS:
+        if not alert.dashboard:
+            continue
+        shown = {name for p in panels(DOCS[alert.dashboard]) for t in p["targets"] for name in metric_names(t["expr"])}
+        read = metric_names(alert.expr) - {"ALERTS", "ALERTS_FOR_STATE"}
+        assert read & shown, (alert.name, sorted(read))
+
+
+@pytest.mark.parametrize("uid", [uids.SERVING, uids.GPUS, uids.DRIFT])
+def test_each_dashboard_opens_with_its_health(uid):
+    """Targets up and the alerts of this dashboard's scope, above everything else."""
+    doc = DOCS[uid]
+    assert doc["panels"][0]["type"] == "row" and doc["panels"][0]["title"] == "Health"
+    second_row = next(i for i, p in enumerate(doc["panels"][1:], 1) if p["type"] == "row")
+    titles = {p["title"] for p in doc["panels"][1:second_row]}
+    assert {"Targets up", "Alerts firing here"} <= titles, titles
+    [firing] = [p for p in doc["panels"] if p["title"] == "Alerts firing here"]
+    linked = {a.name for a in ALERTS if a.dashboard == uid}
+    assert set(re.search(r'alertname=~"([^"]+)"', firing["targets"][0]["expr"])[1].split("|")) == linked
+
+
+def test_every_query_parses(tmp_path):
+    """Each panel query, with variables and macros substituted as Grafana would, is PromQL
+    that promtool accepts (each as a recording rule's expression)."""
+    import subprocess
+
+    import yaml
+
+    from inferwatch.dashboards.queries import TimeRange, substitute
+
+    tr = TimeRange(0, 3600, 15)
+    rules = []
+    for doc in DOCS.values():
+        variables = {v["name"]: ".*" for v in doc["templating"]["list"]}
+        rules += [{"record": f"check:{doc['uid'].replace('-', '_')}:{i}", "expr": substitute(expr, variables, tr)}
+                  for i, expr in enumerate(exprs(doc))]
+    path = tmp_path / "queries.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboards", "rules": rules}]}))
+    result = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_latency_is_per_model_and_the_model_layer_is_shown():
+    """With "All" models a slow model must not be averaged away: the quantiles are grouped
+    by model; prompt and generation lengths, finish reasons, prefill and decode are there."""
+    serving = {p["title"]: p for p in panels(DOCS[uids.SERVING])}
+    for title in ("Request latency", "Time to first token", "Inter-token latency", "Time per output token"):
+        assert all(re.search(r"sum by \(le, model\)", t["expr"]) and "{{model}}" in t["legendFormat"]
+                   for t in serving[title]["targets"]), title
+    assert {"Prompt length", "Generation length", "Finish reasons", "Prefill and decode time (p95)"} <= set(serving)
+    assert "finished_reason" in serving["Finish reasons"]["targets"][0]["expr"]

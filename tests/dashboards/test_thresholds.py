@@ -76,8 +76,8 @@ def test_burn_rate_panels_mark_where_paging_starts_and_where_it_is_certain():
     rates = page_burn_rates("availability")
     assert rates == page_burn_rates("ttft") == page_burn_rates("e2e_latency")
     assert steps(uids.SLOS, "Current burn rate")["red"] == max(rates)
-    assert steps(uids.SLOS, "Burn rate per window")["red"] == min(rates)
-    description = panel(uids.SLOS, "Burn rate per window")["description"]
+    assert steps(uids.SLOS, "Burn rate per window ($slo)")["red"] == min(rates)
+    description = panel(uids.SLOS, "Burn rate per window ($slo)")["description"]
     assert all(f"{rate:g}x" in description for rate in rates), description
 
 

@@ -33,6 +33,8 @@ from tests.support.servers import AppServer, GatewayServer
 from tests.support.sockets import free_port
 from tests.support.waiting import eventually
 
+AB_MODEL = "tiny-ab"  # the model clients ask for that the live experiment splits
+
 pytestmark = pytest.mark.vllm
 DOCS = dashboards()
 SCRAPE_S = 1.0
@@ -54,11 +56,11 @@ def prometheus(vllm_server, otlp_receiver, tmp_path_factory):
     experiments = tmp / "experiments.yaml"
     experiments.write_text(f"""
 experiments:
-  tiny-ab:
+  {AB_MODEL}:
     name: live
     variants:
-      - {{name: v1, upstream_url: "{vllm_server.url}", model: {TINY_MODEL_NAME}, weight: 0.9}}
-      - {{name: v2, upstream_url: "{vllm_server.url}", model: {TINY_MODEL_NAME}, weight: 0.1}}
+      - {{name: v1, upstream_url: "{vllm_server.url}", model: {TINY_MODEL_NAME}, weight: 0.5}}
+      - {{name: v2, upstream_url: "{vllm_server.url}", model: {TINY_MODEL_NAME}, weight: 0.5}}
 """)
     with RedisServer(tmp / "redis") as redis, AppServer(drift_app(DriftSettings(db_path=":memory:"))) as drift, \
             GatewayServer(GatewaySettings(upstream_url=vllm_server.url, drift_url=drift.url, feature_flush_s=0.2,
@@ -84,6 +86,7 @@ experiments:
                 # the 5-second SLO groups and the drift verdicts have run a few times
                 eventually(lambda: instant_query(url, "inferwatch_slo:period_error_budget_remaining:ratio"),
                            timeout_s=60)
+                eventually(lambda: instant_query(url, "inferwatch_ab_decision"), timeout_s=30)  # a scrape since
                 yield url
         finally:
             exporter_http.shutdown()
@@ -105,10 +108,16 @@ def _drive(gateway: str, drift: str, nvml) -> None:
     while time.monotonic() < deadline:
         i += 1
         requests.post(f"{gateway}/v1/chat/completions", timeout=30, json={
-            "model": TINY_MODEL_NAME, "max_tokens": 8 + i % 24, "stream": i % 2 == 0,
+            "model": AB_MODEL if i % 3 == 0 else TINY_MODEL_NAME, "max_tokens": 8 + i % 24, "stream": i % 2 == 0,
             "messages": [{"role": "user", "content": "hello " * (1 + i % 7)}]})
         if i % 10 == 0:  # a refused request, so rejected-request panels have a real series too
             requests.post(f"{gateway}/v1/chat/completions", data=b"{not json", timeout=10)
+    # the A/B verdict panels show the experiments the drift service watches: judging one watches
+    # it (200 or 412 by its decision; 404 until the gateway's records of the experiment arrive),
+    # and 10 units an arm (of ~20 s of traffic) let its guardrails be judged
+    eventually(lambda: requests.get(f"{drift}/v1/ab/{AB_MODEL}", params={"control": "v1", "treatment": "v2",
+                                                                             "min_units": 10},
+                                    timeout=30).status_code in (200, 412), timeout_s=30)
 
 
 # Panels that cannot have data in this stack, and why. Keep this short.
