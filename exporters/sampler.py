@@ -198,6 +198,34 @@ class Sampler:
         self.devices = sorted([*self.devices, dev], key=lambda d: d.index)
         return None
 
+    def _nvlinks(self, h: Any) -> int:
+        """How many NVLinks the GPU has (a disabled link is still a link, exported as down):
+        the count NVML reports where the driver answers that field; else the links probed one
+        by one, up to the first index NVML says does not exist. A link whose state is not
+        supported is no link of ours; a GPU without NVLink answers so for every one (no
+        links, no error). Any other error fails the discovery, as any discovery query does."""
+        nv = self.nvml
+        try:
+            count = nv.nvmlDeviceGetFieldValues(h, [nv.NVML_FI_DEV_NVLINK_LINK_COUNT])[0]
+            if count.nvmlReturn == nv.NVML_SUCCESS:
+                return min(int(count.value.uiVal), nv.NVML_NVLINK_MAX_LINKS)
+        except _cannot_answer(nv):
+            pass
+        except nv.NVMLError as exc:
+            raise DeviceFailed("nvmlDeviceGetFieldValues", exc) from None
+        links = 0
+        for link in range(nv.NVML_NVLINK_MAX_LINKS):
+            try:
+                nv.nvmlDeviceGetNvLinkState(h, link)
+            except nv.NVMLError_InvalidArgument:
+                break  # no such link: the links are numbered from 0
+            except _cannot_answer(nv):
+                continue
+            except nv.NVMLError as exc:
+                raise DeviceFailed("nvmlDeviceGetNvLinkState", exc) from None
+            links = link + 1
+        return links
+
     def _discover(self, index: int) -> Device:
         nv = self.nvml
 
@@ -210,15 +238,7 @@ class Sampler:
         h = call("nvmlDeviceGetHandleByIndex", index)
         labels = (str(index), _text(call("nvmlDeviceGetUUID", h)), _text(call("nvmlDeviceGetName", h)),
                   _text(call("nvmlDeviceGetPciInfo", h).busId))
-        links = 0
-        try:  # the link count NVML reports; a disabled link is still a link (exported as down)
-            count = nv.nvmlDeviceGetFieldValues(h, [nv.NVML_FI_DEV_NVLINK_LINK_COUNT])[0]
-            if count.nvmlReturn == nv.NVML_SUCCESS:
-                links = min(int(count.value.uiVal), nv.NVML_NVLINK_MAX_LINKS)
-        except _cannot_answer(nv):
-            pass
-        except nv.NVMLError as exc:
-            raise DeviceFailed("nvmlDeviceGetFieldValues", exc) from None
+        links = self._nvlinks(h)
         fields: list[Any] = [nv.NVML_FI_DEV_MEMORY_TEMP]
         for link in range(links):
             fields += [(nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, link), (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, link)]

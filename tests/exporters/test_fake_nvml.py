@@ -1,6 +1,7 @@
 """The fake NVML against the real nvidia-ml-py: same constants, errors and call shapes."""
 
 import inspect
+import types
 
 import pynvml
 import pytest
@@ -81,12 +82,61 @@ def test_a_library_wide_fault_fails_every_call_but_shutdown():
     assert fake.inits == 0
 
 
-def test_gpm_structures_have_pynvml_field_names():
-    ours = FakeNVML.c_nvmlGpmMetricsGet_t()
-    assert {name for name, _ in pynvml.c_nvmlGpmMetricsGet_t._fields_} <= set(vars(ours))
-    assert len(ours.metrics) == pynvml.NVML_GPM_METRIC_MAX
-    metric_fields = {name for name, _ in pynvml.c_nvmlGpmMetric_t._fields_} - {"metricInfo"}
-    assert metric_fields <= set(vars(ours.metrics[0]))
+def test_the_gpm_binding_is_the_one_the_exporter_and_the_fake_were_written_for():
+    """The exporter fills pynvml's own request structure and reads its metric slots; the fake
+    writes into the same structure. A new nvidia-ml-py that changes the layout, the version
+    or a metric id fails here, before a GPU host reads wrong numbers. The ids are nvml.h's
+    ``nvmlGpmMetricId_t`` values; the exporter's factors assume its units (% and MiB/s)."""
+    import ctypes
+
+    from inferwatch.exporters.metrics import GPM_METRICS
+
+    assert FakeNVML.c_nvmlGpmMetricsGet_t is pynvml.c_nvmlGpmMetricsGet_t
+    fields = dict(pynvml.c_nvmlGpmMetricsGet_t._fields_)
+    assert list(fields) == ["version", "numMetrics", "sample1", "sample2", "metrics"]
+    assert fields["version"] is ctypes.c_uint and fields["numMetrics"] is ctypes.c_uint
+    assert fields["sample1"] is fields["sample2"] is pynvml.c_nvmlGpmSample_t
+    assert fields["metrics"]._type_ is pynvml.c_nvmlGpmMetric_t and fields["metrics"]._length_ == 477
+    metric = dict(pynvml.c_nvmlGpmMetric_t._fields_)
+    assert list(metric)[:3] == ["metricId", "nvmlReturn", "value"]
+    assert (metric["metricId"], metric["nvmlReturn"], metric["value"]) == (ctypes.c_uint, ctypes.c_uint,
+                                                                           ctypes.c_double)
+    assert (pynvml.NVML_GPM_METRICS_GET_VERSION, pynvml.NVML_GPM_SUPPORT_VERSION) == (1, 1)
+    nvml_h = {"NVML_GPM_METRIC_GRAPHICS_UTIL": 1, "NVML_GPM_METRIC_SM_UTIL": 2, "NVML_GPM_METRIC_SM_OCCUPANCY": 3,
+              "NVML_GPM_METRIC_ANY_TENSOR_UTIL": 5, "NVML_GPM_METRIC_DRAM_BW_UTIL": 10,
+              "NVML_GPM_METRIC_PCIE_TX_PER_SEC": 20, "NVML_GPM_METRIC_PCIE_RX_PER_SEC": 21,
+              "NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC": 60, "NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC": 61}
+    assert set(GPM_METRICS) == set(nvml_h)
+    assert {name: getattr(pynvml, name) for name in nvml_h} == nvml_h
+    assert max(nvml_h.values()) < fields["metrics"]._length_
+
+
+def test_gpm_goes_through_pynvmls_structures():
+    """A request built as the exporter builds it, filled by the fake: the values land in the
+    ctypes slots, and a plain object in place of pynvml's request is refused."""
+    clock = [0.0]
+    fake = FakeNVML([FakeDevice(gpm={pynvml.NVML_GPM_METRIC_SM_UTIL: 40.0})], clock=lambda: clock[0])
+    fake.nvmlInit()
+    h = fake.nvmlDeviceGetHandleByIndex(0)
+    assert fake.nvmlGpmQueryDeviceSupport(h).isSupportedDevice == 1
+    one, two = fake.nvmlGpmSampleAlloc(), fake.nvmlGpmSampleAlloc()
+    assert isinstance(one, pynvml.c_nvmlGpmSample_t)
+    fake.nvmlGpmSampleGet(h, one)
+    clock[0] = 1.0
+    fake.nvmlGpmSampleGet(h, two)
+    request = pynvml.c_nvmlGpmMetricsGet_t()
+    request.version, request.numMetrics = pynvml.NVML_GPM_METRICS_GET_VERSION, 2
+    request.sample1, request.sample2 = one, two
+    request.metrics[0].metricId = pynvml.NVML_GPM_METRIC_SM_UTIL
+    request.metrics[1].metricId = pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL
+    fake.nvmlGpmMetricsGet(request)
+    assert (request.metrics[0].nvmlReturn, request.metrics[0].value) == (pynvml.NVML_SUCCESS, pytest.approx(40.0))
+    assert request.metrics[1].nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED
+    with pytest.raises(TypeError):
+        fake.nvmlGpmMetricsGet(types.SimpleNamespace(**{n: getattr(request, n) for n, _ in request._fields_}))
+    fake.nvmlGpmSampleFree(one)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        fake.nvmlGpmSampleGet(h, one)
 
 
 def test_memory_v2_has_pynvml_field_names_and_v1_counts_reserved_as_used():

@@ -89,7 +89,7 @@ def test_a_failed_gpm_read_restarts_the_interval_instead_of_spanning_it():
 
     readers = [d.gpm for d in sampler.devices]
     sampler.stop()
-    assert all(s.freed for r in readers for s in (r._previous, r._current))
+    assert all(nvml.gpm_freed(s) for r in readers for s in (r._previous, r._current))
 
 
 def test_memory_through_the_v2_api_and_v1_on_older_drivers():

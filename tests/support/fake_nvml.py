@@ -16,6 +16,7 @@ gets an error, not a plausible number.
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 from collections import deque
@@ -149,6 +150,7 @@ class FakeDevice:
     persistence_mode: int = 1
     compute_mode: int = 0
     nvlink_links: int = 0  # links present; each link reads the values below
+    nvlink_count_field: bool = True  # False: a driver that answers NotSupported for the link-count field
     nvlink_disabled: set[int] = field(default_factory=set)  # links present but down
     nvlink_ecc_data_errors: int = 0  # over all links
     nvlink_tx_kib: int = 0
@@ -170,30 +172,20 @@ class FakeDevice:
 
 @dataclass(eq=False)
 class _GpmSample:
-    """An opaque sample buffer, as ``nvmlGpmSampleAlloc`` hands out."""
+    """What NVML keeps behind a sample handle: the counters at the moment it was taken."""
 
+    buffer: ctypes.Array  # the memory the handle points at, kept alive while allocated
     index: int | None = None
     taken_at: float = 0.0
     cumulative: dict[int, float] = field(default_factory=dict)
     freed: bool = False
 
 
-class _GpmMetric:
-    def __init__(self) -> None:
-        self.metricId = 0
-        self.nvmlReturn = NVML_SUCCESS
-        self.value = 0.0
-
-
-class _GpmMetricsGet:
-    """pynvml's ``c_nvmlGpmMetricsGet_t``: the same fields, as a plain object."""
-
-    def __init__(self) -> None:
-        self.version = 0
-        self.numMetrics = 0
-        self.sample1: _GpmSample | None = None
-        self.sample2: _GpmSample | None = None
-        self.metrics = [_GpmMetric() for _ in range(NVML_GPM_METRIC_MAX)]
+def _address(handle: object) -> int | None:
+    """A sample handle (pynvml's ``c_nvmlGpmSample_t``, a pointer) as the address it holds."""
+    if not isinstance(handle, _pynvml.c_nvmlGpmSample_t):
+        return None
+    return ctypes.cast(handle, ctypes.c_void_p).value
 
 
 class FakeNVML:
@@ -222,12 +214,15 @@ class FakeNVML:
         self._lock = threading.Lock()
         self._clock = clock
         self._gpm_activity: dict[int, tuple[float, dict[int, float]]] = {}  # index -> (time, cumulative)
+        self._gpm_samples: dict[int | None, _GpmSample] = {}  # handle address -> sample
         for name, value in globals().items():  # constants and error classes, as module attributes
             if name.isupper() or name.startswith(("NVMLError", "nvmlEventType", "nvmlClocksEventReason", "NVML_",
                                                   "nvmlMemory")):
                 setattr(self, name, value)
 
-    c_nvmlGpmMetricsGet_t = _GpmMetricsGet
+    # GPM goes through nvidia-ml-py's own ctypes structures, as the real module: the request
+    # and its metric slots are pynvml's, and sample handles are pointers of pynvml's type.
+    c_nvmlGpmMetricsGet_t = _pynvml.c_nvmlGpmMetricsGet_t
 
     # -- test controls -------------------------------------------------------------------
     def fail(self, call: str, index: int | None, code: int, times: int | None = None) -> None:
@@ -325,6 +320,8 @@ class FakeNVML:
     # -- readings -------------------------------------------------------------------------------
     def nvmlDeviceGetUtilizationRates(self, handle):
         d = self._dev("nvmlDeviceGetUtilizationRates", handle)
+        if d.mig:  # NVML: device utilization is not supported on a MIG-enabled GPU
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         return SimpleNamespace(gpu=d.gpu_util, memory=d.mem_util)
 
     def nvmlDeviceGetMemoryInfo(self, handle, version=None):
@@ -368,7 +365,7 @@ class FakeNVML:
                 else:
                     value = d.nvlink_tx_kib if fid == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX else d.nvlink_rx_kib
             elif fid in (NVML_FI_DEV_NVLINK_LINK_COUNT, NVML_FI_DEV_NVLINK_ECC_DATA_ERROR_COUNT_TOTAL):
-                if d.nvlink_links == 0:
+                if d.nvlink_links == 0 or (fid == NVML_FI_DEV_NVLINK_LINK_COUNT and not d.nvlink_count_field):
                     ret = NVML_ERROR_NOT_SUPPORTED
                 elif fid == NVML_FI_DEV_NVLINK_LINK_COUNT:
                     value = d.nvlink_links
@@ -522,35 +519,54 @@ class FakeNVML:
     # -- GPM (Hopper and later) -----------------------------------------------------------------
     def nvmlGpmQueryDeviceSupport(self, device):
         d = self._dev("nvmlGpmQueryDeviceSupport", device)
-        return SimpleNamespace(version=NVML_GPM_SUPPORT_VERSION, isSupportedDevice=int(d.gpm is not None))
+        return _pynvml.c_nvmlGpmSupport_t(version=NVML_GPM_SUPPORT_VERSION, isSupportedDevice=int(d.gpm is not None))
 
     def nvmlGpmSampleAlloc(self):
         self._check("nvmlGpmSampleAlloc", None)
-        return _GpmSample()
+        buffer = ctypes.create_string_buffer(64)
+        handle = ctypes.cast(buffer, _pynvml.c_nvmlGpmSample_t)
+        self._gpm_samples[_address(handle)] = _GpmSample(buffer)
+        return handle
+
+    def gpm_freed(self, handle: object) -> bool:
+        """Whether a sample handle this fake handed out has been freed (a test control)."""
+        return self._gpm_samples[_address(handle)].freed
+
+    def _gpm_sample(self, handle: object) -> _GpmSample:
+        """The sample a handle points at; a handle NVML did not hand out, or freed, is invalid."""
+        sample = self._gpm_samples.get(_address(handle))
+        if sample is None or sample.freed:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        return sample
 
     def nvmlGpmSampleFree(self, gpmSample):
         self._check("nvmlGpmSampleFree", None)
-        gpmSample.freed = True
+        self._gpm_sample(gpmSample).freed = True
 
     def nvmlGpmSampleGet(self, device, gpmSample):
         d = self._dev("nvmlGpmSampleGet", device)
-        if d.gpm is None:
+        # a MIG-enabled GPU is sampled per GPU instance (nvmlGpmMigSampleGet), which the
+        # exporter does not call: the fake answers the whole GPU's sample NotSupported there
+        if d.gpm is None or d.mig:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
-        if gpmSample.freed:
-            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        sample = self._gpm_sample(gpmSample)
         now = self._clock()
         then, cumulative = self._gpm_activity.get(device.index, (now, {}))
         cumulative = {m: cumulative.get(m, 0.0) + rate * (now - then) for m, rate in d.gpm.items()}
         self._gpm_activity[device.index] = (now, cumulative)
-        gpmSample.index, gpmSample.taken_at, gpmSample.cumulative = device.index, now, cumulative
+        sample.index, sample.taken_at, sample.cumulative = device.index, now, cumulative
         return gpmSample
 
     def nvmlGpmMetricsGet(self, metricsGet):
-        """Average rates between ``sample1`` and the later ``sample2`` of one GPU."""
+        """Average rates between ``sample1`` and the later ``sample2`` of one GPU, written into
+        the request's own metric slots; only pynvml's request structure is accepted."""
         self._check("nvmlGpmMetricsGet", None)
-        one, two = metricsGet.sample1, metricsGet.sample2
-        if (metricsGet.version != NVML_GPM_METRICS_GET_VERSION or one is None or two is None or one.freed or two.freed
-                or one.index is None or one.index != two.index or two.taken_at <= one.taken_at):
+        if not isinstance(metricsGet, _pynvml.c_nvmlGpmMetricsGet_t):
+            raise TypeError(f"nvmlGpmMetricsGet takes pynvml's c_nvmlGpmMetricsGet_t, not {type(metricsGet)}")
+        if metricsGet.version != NVML_GPM_METRICS_GET_VERSION or metricsGet.numMetrics > NVML_GPM_METRIC_MAX:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        one, two = self._gpm_sample(metricsGet.sample1), self._gpm_sample(metricsGet.sample2)
+        if one.index is None or one.index != two.index or two.taken_at <= one.taken_at:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
         elapsed = two.taken_at - one.taken_at
         for metric in metricsGet.metrics[:metricsGet.numMetrics]:
