@@ -57,7 +57,7 @@ class Device:
     index: int
     handle: Any
     labels: tuple[str, str, str, str]  # GPU_LABELS values
-    nvlinks: int = 0  # links NVML reports, up or down
+    nvlinks: tuple[int, ...] = ()  # indices of the links NVML reports, up or down
     fields: tuple[Any, ...] = ()  # nvmlDeviceGetFieldValues ids, built once
     gpm: GpmReader | None = None
 
@@ -198,33 +198,32 @@ class Sampler:
         self.devices = sorted([*self.devices, dev], key=lambda d: d.index)
         return None
 
-    def _nvlinks(self, h: Any) -> int:
-        """How many NVLinks the GPU has (a disabled link is still a link, exported as down):
-        the count NVML reports where the driver answers that field; else the links probed one
-        by one, up to the first index NVML says does not exist. A link whose state is not
-        supported is no link of ours; a GPU without NVLink answers so for every one (no
-        links, no error). Any other error fails the discovery, as any discovery query does."""
+    def _nvlinks(self, h: Any) -> tuple[int, ...]:
+        """The GPU's NVLinks, by index (a disabled link is still a link, exported as down).
+        Where the driver answers the link-count field, links 0 to count - 1; else every link
+        index is probed, as DCGM does: numbering may have gaps (a part with links fused off),
+        so a link NVML calls invalid or cannot answer for is skipped and the probe goes on. A
+        GPU without NVLink answers so for every index: no links, no error. Any other error
+        fails the discovery, as any discovery query does."""
         nv = self.nvml
         try:
             count = nv.nvmlDeviceGetFieldValues(h, [nv.NVML_FI_DEV_NVLINK_LINK_COUNT])[0]
             if count.nvmlReturn == nv.NVML_SUCCESS:
-                return min(int(count.value.uiVal), nv.NVML_NVLINK_MAX_LINKS)
+                return tuple(range(min(int(count.value.uiVal), nv.NVML_NVLINK_MAX_LINKS)))
         except _cannot_answer(nv):
             pass
         except nv.NVMLError as exc:
             raise DeviceFailed("nvmlDeviceGetFieldValues", exc) from None
-        links = 0
+        links = []
         for link in range(nv.NVML_NVLINK_MAX_LINKS):
             try:
                 nv.nvmlDeviceGetNvLinkState(h, link)
-            except nv.NVMLError_InvalidArgument:
-                break  # no such link: the links are numbered from 0
-            except _cannot_answer(nv):
+            except (nv.NVMLError_InvalidArgument, *_cannot_answer(nv)):
                 continue
             except nv.NVMLError as exc:
                 raise DeviceFailed("nvmlDeviceGetNvLinkState", exc) from None
-            links = link + 1
-        return links
+            links.append(link)
+        return tuple(links)
 
     def _discover(self, index: int) -> Device:
         nv = self.nvml
@@ -240,7 +239,7 @@ class Sampler:
                   _text(call("nvmlDeviceGetPciInfo", h).busId))
         links = self._nvlinks(h)
         fields: list[Any] = [nv.NVML_FI_DEV_MEMORY_TEMP]
-        for link in range(links):
+        for link in links:
             fields += [(nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, link), (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, link)]
         if links:
             fields.append(nv.NVML_FI_DEV_NVLINK_ECC_DATA_ERROR_COUNT_TOTAL)
@@ -470,13 +469,26 @@ class Sampler:
             if supported & bit:
                 put("inferwatch_gpu_throttle_active", 1 if reasons & bit else 0, reason)
 
+    def _link_state(self, dev: Device, link: int) -> int | None:
+        """A link's state; None for a link NVML cannot answer for or calls invalid (a gap in
+        the numbering the count field did not show), remembered like NotSupported, never a
+        failed GPU."""
+        key = (dev.index, "nvmlDeviceGetNvLinkState", (link,))
+        try:
+            return self._q(dev, "nvmlDeviceGetNvLinkState", link)
+        except DeviceFailed as failed:
+            if not isinstance(failed.error, self.nvml.NVMLError_InvalidArgument):
+                raise
+            self._unsupported.add(key)
+            return None
+
     def _sample_nvlinks(self, dev: Device, values: Any, put: Callable[..., None]) -> None:
         """Link state as NVML reports it; throughput and error counters of links that are up.
         ``values`` (nvmlDeviceGetFieldValues: throughput, the ECC total) is None where the
         device cannot answer it: state and error counters come from their own calls."""
         nv = self.nvml
-        for link in range(dev.nvlinks):
-            state = self._q(dev, "nvmlDeviceGetNvLinkState", link)
+        for slot, link in enumerate(dev.nvlinks):
+            state = self._link_state(dev, link)
             if state is None:
                 continue
             up = state == nv.NVML_FEATURE_ENABLED
@@ -484,7 +496,7 @@ class Sampler:
             if not up:
                 continue
             if values is not None:
-                tx, rx = values[1 + 2 * link], values[2 + 2 * link]
+                tx, rx = values[1 + 2 * slot], values[2 + 2 * slot]
                 if tx.nvmlReturn == nv.NVML_SUCCESS:
                     put("inferwatch_gpu_nvlink_tx_bytes", tx.value.ullVal * KIB, str(link))
                 if rx.nvmlReturn == nv.NVML_SUCCESS:

@@ -331,26 +331,29 @@ def test_settings_validation(field, value):
 
 
 def test_what_a_mig_partitioned_h100_exports_and_what_it_does_not():
-    """docs/exporter.md's MIG list: the GPU's own readings and each instance's memory, but
-    no device utilization (NVML does not support it in MIG mode) and no GPM activity (read
-    per GPU instance with nvmlGpmMigSampleGet, which the exporter does not call): absent,
+    """docs/exporter.md's MIG list, as the fake models NVML in MIG mode: the GPU's own
+    readings and each instance's memory; its NVLinks down (NVML reports them so); no device
+    utilization (NVML does not support it) and, where the whole GPU's GPM sample answers
+    NotSupported, no GPM activity (the exporter does not read GPM per GPU instance): absent,
     not 0, and neither a failed GPU nor a collection error."""
-    nvml = fleet(1)
-    nvml.devices[0].nvlink_ecc_data_errors = 4
+    clock = Clock()
+    nvml = fleet(1, clock=clock)
     nvml.devices[0].mig = [FakeMig(1, 0, "MIG-a", 10 * 2**30, 2**30), FakeMig(2, 0, "MIG-b", 20 * 2**30, 0)]
-    sampler = Sampler(nvml)
+    sampler = Sampler(nvml, monotonic=clock)
     sampler.start()
     sampler.sample()
-    exposition = CachedExposition(SnapshotStore(sampler.sample()))  # a second cycle: GPM would have an interval
+    clock.now += 1.0  # a whole GPM interval: activity would be exported now if NVML answered it
+    exposition = CachedExposition(SnapshotStore(sampler.sample()))
     families = {f.name: f for f in text_string_to_metric_families(exposition.render().decode())}
     for name in ("inferwatch_gpu_temperature_celsius", "inferwatch_gpu_power_watts", "inferwatch_gpu_energy_joules",
                  "inferwatch_gpu_memory_used_bytes", "inferwatch_gpu_sm_clock_hertz",
-                 "inferwatch_gpu_pcie_tx_bytes_per_second", "inferwatch_gpu_nvlink_ecc_data_errors"):
+                 "inferwatch_gpu_pcie_tx_bytes_per_second"):
         assert value(families, name) is not None, name
-    assert value(families, "inferwatch_gpu_nvlink_ecc_data_errors") == 4
     assert {s.labels["mig_uuid"] for s in families["inferwatch_gpu_mig_memory_used_bytes"].samples} == {"MIG-a", "MIG-b"}
+    assert {s.value for s in families["inferwatch_gpu_nvlink_up"].samples} == {0.0}
     for name in ("inferwatch_gpu_utilization_ratio", "inferwatch_gpu_sm_active_ratio",
-                 "inferwatch_gpu_tensor_active_ratio"):
+                 "inferwatch_gpu_tensor_active_ratio", "inferwatch_gpu_nvlink_tx_bytes"):
         assert name not in families, name
+    assert sampler.devices[0].gpm is None  # NotSupported: turned off for this GPU
     assert value(families, "inferwatch_gpu_device_failed") == 0
     assert "inferwatch_gpu_collection_errors" not in families or not families["inferwatch_gpu_collection_errors"].samples

@@ -96,11 +96,16 @@ def test_the_gpm_binding_is_the_one_the_exporter_and_the_fake_were_written_for()
     assert list(fields) == ["version", "numMetrics", "sample1", "sample2", "metrics"]
     assert fields["version"] is ctypes.c_uint and fields["numMetrics"] is ctypes.c_uint
     assert fields["sample1"] is fields["sample2"] is pynvml.c_nvmlGpmSample_t
-    assert fields["metrics"]._type_ is pynvml.c_nvmlGpmMetric_t and fields["metrics"]._length_ == 477
+    assert fields["metrics"]._type_ is pynvml.c_nvmlGpmMetric_t
     metric = dict(pynvml.c_nvmlGpmMetric_t._fields_)
     assert list(metric)[:3] == ["metricId", "nvmlReturn", "value"]
     assert (metric["metricId"], metric["nvmlReturn"], metric["value"]) == (ctypes.c_uint, ctypes.c_uint,
                                                                            ctypes.c_double)
+    # the bytes the driver writes: nvml.h's nvmlGpmMetric_t (with its metricInfo) is 40 bytes,
+    # the request's metrics start at 24; a slot of another size shifts every slot after the first
+    request, slot = pynvml.c_nvmlGpmMetricsGet_t, pynvml.c_nvmlGpmMetric_t
+    assert ctypes.sizeof(slot) == 40 and (slot.metricId.offset, slot.nvmlReturn.offset, slot.value.offset) == (0, 4, 8)
+    assert (request.sample1.offset, request.sample2.offset, request.metrics.offset) == (8, 16, 24)
     assert (pynvml.NVML_GPM_METRICS_GET_VERSION, pynvml.NVML_GPM_SUPPORT_VERSION) == (1, 1)
     nvml_h = {"NVML_GPM_METRIC_GRAPHICS_UTIL": 1, "NVML_GPM_METRIC_SM_UTIL": 2, "NVML_GPM_METRIC_SM_OCCUPANCY": 3,
               "NVML_GPM_METRIC_ANY_TENSOR_UTIL": 5, "NVML_GPM_METRIC_DRAM_BW_UTIL": 10,
@@ -108,7 +113,7 @@ def test_the_gpm_binding_is_the_one_the_exporter_and_the_fake_were_written_for()
               "NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC": 60, "NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC": 61}
     assert set(GPM_METRICS) == set(nvml_h)
     assert {name: getattr(pynvml, name) for name in nvml_h} == nvml_h
-    assert max(nvml_h.values()) < fields["metrics"]._length_
+    assert max(nvml_h.values()) < fields["metrics"]._length_  # the binding has a slot for each id asked
 
 
 def test_gpm_goes_through_pynvmls_structures():
@@ -135,7 +140,7 @@ def test_gpm_goes_through_pynvmls_structures():
     with pytest.raises(TypeError):
         fake.nvmlGpmMetricsGet(types.SimpleNamespace(**{n: getattr(request, n) for n, _ in request._fields_}))
     fake.nvmlGpmSampleFree(one)
-    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+    with pytest.raises(AssertionError):  # undefined in NVML: the fake fails the test, never answers
         fake.nvmlGpmSampleGet(h, one)
 
 

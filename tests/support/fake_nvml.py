@@ -152,6 +152,7 @@ class FakeDevice:
     nvlink_links: int = 0  # links present; each link reads the values below
     nvlink_count_field: bool = True  # False: a driver that answers NotSupported for the link-count field
     nvlink_disabled: set[int] = field(default_factory=set)  # links present but down
+    nvlink_gaps: set[int] = field(default_factory=set)  # indices below nvlink_links that NVML calls invalid
     nvlink_ecc_data_errors: int = 0  # over all links
     nvlink_tx_kib: int = 0
     nvlink_rx_kib: int = 0
@@ -360,7 +361,7 @@ class FakeNVML:
                     value = d.memory_temperature
             elif fid in (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX):
                 vtype = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
-                if scope >= d.nvlink_links:
+                if scope >= d.nvlink_links or scope in d.nvlink_gaps:
                     ret = NVML_ERROR_NOT_SUPPORTED
                 else:
                     value = d.nvlink_tx_kib if fid == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX else d.nvlink_rx_kib
@@ -448,9 +449,11 @@ class FakeNVML:
         d = self._dev("nvmlDeviceGetNvLinkState", device, link)
         if d.nvlink_links == 0:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
-        if link >= d.nvlink_links:
+        if link >= d.nvlink_links or link in d.nvlink_gaps:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
-        return NVML_FEATURE_DISABLED if link in d.nvlink_disabled else NVML_FEATURE_ENABLED
+        # NVML reports the links of a MIG-enabled GPU down (DCGM's source cites NVIDIA bug
+        # 200682374): no GPU-to-GPU NVLink under MIG
+        return NVML_FEATURE_DISABLED if link in d.nvlink_disabled or d.mig else NVML_FEATURE_ENABLED
 
     def nvmlDeviceGetNvLinkErrorCounter(self, device, link, counter):
         d = self._dev("nvmlDeviceGetNvLinkErrorCounter", device, link, counter)
@@ -535,8 +538,9 @@ class FakeNVML:
     def _gpm_sample(self, handle: object) -> _GpmSample:
         """The sample a handle points at; a handle NVML did not hand out, or freed, is invalid."""
         sample = self._gpm_samples.get(_address(handle))
-        if sample is None or sample.freed:
-            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        # NVML's behaviour here is undefined (a freed or foreign buffer: heap corruption); the
+        # fake fails the test instead of answering with an error code the exporter would swallow
+        assert sample is not None and not sample.freed, "a GPM sample handle used after free, or never allocated"
         return sample
 
     def nvmlGpmSampleFree(self, gpmSample):
