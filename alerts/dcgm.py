@@ -113,10 +113,15 @@ MAPPINGS = (
     Mapping("inferwatch_gpu_power_limit_watts", "DCGM_FI_DEV_POWER_MGMT_LIMIT"),
     Mapping("inferwatch_gpu_row_remap_pending", "DCGM_FI_DEV_ROW_REMAP_PENDING"),
 )
-# What the GPU dashboard reads that no dcgm-exporter counter gives: per-link NVLink bytes,
-# memory per process, and the health of inferwatch's own sampler. Those panels stay empty.
+# What the GPU dashboard reads that no dcgm-exporter counter gives: per-link NVLink bytes and
+# error counters, memory per process, a GPU that fails NVML (dcgm-exporter drops it), and the
+# health of inferwatch's own sampler; and what DCGM has fields for that are off in
+# dcgm-exporter's default counters and not mapped here (PCIe link width, P-state). Those
+# panels stay empty.
 NOT_FROM_DCGM = frozenset({
     "inferwatch_gpu_nvlink_tx_bytes_total", "inferwatch_gpu_nvlink_rx_bytes_total",
+    "inferwatch_gpu_nvlink_errors_total", "inferwatch_gpu_device_failed",
+    "inferwatch_gpu_pcie_link_width", "inferwatch_gpu_pcie_link_width_max", "inferwatch_gpu_performance_state",
     "inferwatch_gpu_process_memory_used_bytes", "inferwatch_nvml_sampler_duration_seconds",
     "inferwatch_nvml_snapshot_timestamp_seconds",
 })
