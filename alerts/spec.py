@@ -201,8 +201,12 @@ ALERTS = (
     # vLLM down is VLLMDown's page. Prometheus names a vLLM by its address where it scrapes
     # the address the gateway uses (compose, `inferwatch up`) and by its Service where it
     # scrapes pods behind the Service the gateway resolves (Kubernetes).
+    # An upstream that no variant sends traffic to (a rolled-back canary, the demo's slow canary
+    # at rest) pages nobody while it is down: its vLLM may be gone on purpose.
     Alert("GatewayUpstreamDown",
-          _vllm_service(_address(f'{m("inferwatch_gateway_upstream_up")} == 0', "upstream", "https?://([^/,]+).*"),
+          _vllm_service(_address(f'({m("inferwatch_gateway_upstream_up")} == 0 unless on (instance, upstream) '
+                                 f'{m("inferwatch_gateway_upstream_weight_ratio")} == 0)',
+                                 "upstream", "https?://([^/,]+).*"),
                         "upstream", "https?://([^/:.,]+).*")
           + "\nunless on (address) " + _address(f'up{{job="{JOB_VLLM}"}} == 0', "instance", "(.+)")
           + "\nunless on (vllm_service) " + _vllm_service(f'up{{job="{JOB_VLLM}"}} == 0', "service", "(.+)"),

@@ -373,6 +373,99 @@ def pager(
     uvicorn.run(create_app(), host=host, port=port, log_level="warning", access_log=False)
 
 
+@app.command("slow-relay", hidden=True)
+def slow_relay(
+    upstream: Annotated[str, typer.Option(help="host:port of vLLM.")],
+    host: str = "127.0.0.1",
+    port: int = 8001,
+    delay: Annotated[float, typer.Option(min=0, max=30, help="Seconds each request is held back.")] = 0.3,
+) -> None:
+    """The demo's slow canary: vLLM behind a TCP relay that delays what clients send."""
+    import asyncio
+
+    from inferwatch.demo.relay import serve
+
+    where, _, number = upstream.rpartition(":")
+    if not where or not number.isdigit():
+        _fail(f"--upstream must be host:port, got {upstream!r}")
+    logging.basicConfig(level="WARNING", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        asyncio.run(serve(host, port, (where, int(number)), delay))
+    except OSError as exc:
+        _fail(f"slow-relay: cannot listen on {host}:{port}: {exc}")
+    except KeyboardInterrupt:
+        pass
+
+
+def _local_url(port: int) -> str:
+    return f"http://127.0.0.1:{port}"
+
+
+@app.command()
+def demo(
+    scenario: Annotated[Optional[list[str]], typer.Option(
+        help="Run only these, in the demo's order (repeat it): steady, burst, outage, canary, drift.")] = None,
+    pace: Annotated[float, typer.Option(min=0.05, max=10, help="Scales each scenario's traffic phase "
+                                                                "(0.5: half as long).")] = 1.0,
+    max_requests: Annotated[int, typer.Option(min=1, max=100_000, help="Requests the whole demo may send.")] = 5000,
+    gateway_url: str = _local_url(8080),
+    vllm_url: str = _local_url(8000),
+    prometheus_url: str = _local_url(9090),
+    pager_url: str = _local_url(9097),
+    drift_url: str = _local_url(8090),
+    model: Annotated[str, typer.Option(help="The model steady traffic asks for.")] = "tiny-llama",
+    ab_model: Annotated[Optional[str], typer.Option(help="The public model of the canary's experiment "
+                                                          "(default: MODEL-ab, as `inferwatch up` sets it).")] = None,
+    admin_token: Annotated[Optional[str], typer.Option(
+        envvar="INFERWATCH_GATEWAY_ADMIN_TOKEN", show_default=False,
+        help="The gateway's admin token (default: <run-dir>/gateway_admin_token, written by `inferwatch up`).")] = None,
+    api_key: Annotated[Optional[str], typer.Option(envvar="INFERWATCH_DEMO_API_KEY", show_default=False,
+                                                   help="An API key of the gateway, if it requires one.")] = None,
+    run_dir: Annotated[Path, typer.Option(help="The run folder of `inferwatch up`.")] = DEFAULT_RUN_DIR,
+    allow_remote: Annotated[bool, typer.Option(help="Allow URLs off this machine's loopback (the demo floods "
+                                                    "and breaks what it targets).")] = False,
+) -> None:
+    """Drive the local stack (`make up`) through scenarios a newcomer can watch: steady traffic,
+    a burst, a vLLM outage, a slow canary in an A/B experiment, a prompt-length drift. Each is
+    announced with where its effect shows and checked for it; exit 1 if one was not seen."""
+    import requests
+
+    from inferwatch.demo.run import run
+    from inferwatch.demo.scenarios import SCENARIOS, Demo
+    from inferwatch.demo.stack import Stack
+    from inferwatch.demo.traffic import Budget, Load
+
+    unknown = sorted(set(scenario or ()) - set(SCENARIOS))
+    if unknown:
+        raise typer.BadParameter(f"unknown scenario {', '.join(unknown)}: choose from {', '.join(SCENARIOS)}",
+                                 param_hint="--scenario")
+    chosen = [sc for name, sc in SCENARIOS.items() if not scenario or name in scenario]
+    if admin_token is None and (run_dir / "gateway_admin_token").is_file():
+        admin_token = (run_dir / "gateway_admin_token").read_text().strip()
+    stack = Stack(gateway_url.rstrip("/"), vllm_url.rstrip("/"), prometheus_url.rstrip("/"), pager_url.rstrip("/"),
+                  drift_url.rstrip("/"), model, ab_model or f"{model}-ab", admin_token, api_key)
+    for name, url in stack.urls().items():
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            _fail(f"--{name}-url must be an http(s) URL, got {url!r}")
+    if stack.remote() and not allow_remote:
+        _fail("The demo floods what it targets, pauses vLLM and changes experiment weights: it runs against "
+              f"this machine only. Not on loopback: {', '.join(stack.remote())}. Pass --allow-remote to "
+              "target them anyway.")
+    down = []
+    for name, url in (("gateway", f"{stack.gateway}/health"), ("Prometheus", f"{stack.prometheus}/-/ready")):
+        try:
+            requests.get(url, timeout=5).raise_for_status()
+        except requests.RequestException as exc:
+            down.append(f"{name} at {url}: {exc}")
+    if down:
+        _fail("The stack does not answer (is `make up` running?):\n  " + "\n  ".join(down))
+    load = Load(stack.gateway, Budget(max_requests), api_key)
+    results = run(Demo(stack, load, pace, say=typer.echo), chosen)
+    if not all(s.seen for _, seen in results for s in seen):
+        raise typer.Exit(1)
+
+
 @app.command()
 def up(
     model: Annotated[str, typer.Option(help="Model folder or id; 'tiny' builds the local tiny model.")] = "tiny",
@@ -386,6 +479,10 @@ def up(
     alertmanager_port: int = 9093,
     pager_port: Annotated[int, typer.Option(help="Local pager (Alertmanager's webhook receiver).")] = 9097,
     supervisor_port: Annotated[int, typer.Option(help="The supervisor's own /metrics (restarts).")] = 9098,
+    canary_port: Annotated[int, typer.Option(
+        help="The demo's slow canary: vLLM behind a relay on this port, the 'canary' variant (weight 0) of the "
+             "experiment MODEL-ab next to 'stable'; 0 leaves both out.")] = 8001,
+    canary_delay: Annotated[float, typer.Option(min=0, max=30, help="Seconds the canary holds each request.")] = 0.3,
     host: str = "127.0.0.1",
     dtype: str = "auto",
     max_model_len: int = 512,
@@ -451,18 +548,27 @@ def up(
         if otlp_endpoint:
             gw_argv += ["--otlp-endpoint", otlp_endpoint]
         children.append((vllm_process(cfg, run_dir / "vllm.log"), startup_timeout))
+        gw_env = _admin_token_env(run_dir)
+        if canary_port:
+            relay_url = f"http://{host}:{canary_port}"
+            gw_argv += ["--experiment-file", str(_demo_experiment(run_dir, served_model_name, cfg.base_url, relay_url))]
+            children.append((child("slow canary (demo)", "canary", [
+                "slow-relay", "--host", host, "--port", str(canary_port), "--upstream", f"{host}:{vllm_port}",
+                "--delay", str(canary_delay)], canary_port), 30.0))
         if drift_port:
             gw_argv += ["--drift-url", f"http://{host}:{drift_port}"]
             children.append((child("drift service", "drift", ["drift", "serve", "--host", host, "--port",
                                                                str(drift_port), "--db-path",
                                                                str(run_dir / "drift.sqlite3")], drift_port), 30.0))
-        children.append((child("gateway", "gateway", gw_argv, gateway_port), 30.0))
+        children.append((child("gateway", "gateway", gw_argv, gateway_port, env=gw_env), 30.0))
         gw_url = f"http://{host}:{gateway_port}"
         urls.update({
             "OpenAI endpoint (gateway)": f"{gw_url}/v1",
             "gateway /metrics": f"{gw_url}/metrics",
             "vLLM /metrics": f"{cfg.base_url}/metrics",
         })
+        if canary_port:
+            urls[f"slow canary of {served_model_name}-ab (demo)"] = f"http://{host}:{canary_port}"
         if drift_port:
             urls["drift report"] = f"http://{host}:{drift_port}/report"
             urls["drift /metrics"] = f"http://{host}:{drift_port}/metrics"
@@ -489,6 +595,36 @@ def up(
     urls["supervisor /metrics"] = f"http://{host}:{supervisor_port}/metrics"
     urls["logs"] = str(run_dir)
     _supervise(children, urls, (host, supervisor_port))
+
+
+def _admin_token_env(run_dir: Path) -> dict[str, str] | None:
+    """The gateway's admin endpoints on (the demo and `inferwatch experiment` use them): a
+    random token in <run-dir>/gateway_admin_token, readable by this user only, unless the
+    environment already gives one."""
+    import secrets
+
+    if os.environ.get("INFERWATCH_GATEWAY_ADMIN_TOKEN") or os.environ.get("INFERWATCH_GATEWAY_ADMIN_TOKEN_FILE"):
+        return None
+    path = run_dir / "gateway_admin_token"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not path.is_file() or not path.read_text().strip():
+        path.touch(mode=0o600)
+        path.write_text(secrets.token_urlsafe(32) + "\n")
+    path.chmod(0o600)
+    return {"INFERWATCH_GATEWAY_ADMIN_TOKEN_FILE": str(path)}
+
+
+def _demo_experiment(run_dir: Path, served: str, stable_url: str, canary_url: str) -> Path:
+    """The A/B experiment the demo's canary scenario ramps: MODEL-ab split between vLLM
+    ('stable', all traffic) and vLLM behind the slow relay ('canary', none until ramped)."""
+    import yaml
+
+    path = run_dir / "experiments.yaml"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump({"experiments": {f"{served}-ab": {"name": "demo-canary", "variants": [
+        {"name": "stable", "upstream_url": stable_url, "model": served, "weight": 1.0},
+        {"name": "canary", "upstream_url": canary_url, "model": served, "weight": 0.0}]}}}, sort_keys=False))
+    return path
 
 
 def _alerts_page(prometheus_url: str) -> str:

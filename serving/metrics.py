@@ -81,6 +81,7 @@ class GatewayMetrics:
     limits_reload_errors: Counter
     assignments: Counter
     experiment_weight: Gauge
+    upstream_weight: Gauge
     experiment_epoch: Gauge
     feedback: Counter
     shared_state_up: Gauge
@@ -217,6 +218,14 @@ def create_metrics(registry: CollectorRegistry, shared_state: bool = True) -> Ga
         experiment_weight=Gauge(
             "experiment_weight_ratio", "The share of an experiment's traffic each variant is configured to get.",
             ("model", "experiment", "variant"), namespace=NAMESPACE, registry=registry,
+        ),
+        # GatewayUpstreamDown stands down for an upstream at 0: a rolled-back canary's vLLM may be
+        # gone on purpose, and no user's request goes there
+        upstream_weight=Gauge(
+            "upstream_weight_ratio", "The largest share of an experiment's traffic any variant routed to the "
+            "upstream gets (1 for the default upstream, which serves every model without an experiment); 0: only "
+            "requests that force a variant reach it.",
+            ("upstream",), namespace=NAMESPACE, registry=registry,
         ),
         experiment_epoch=Gauge(
             "experiment_epoch", "The weight epoch this replica routes an experiment by (it grows with every weight "

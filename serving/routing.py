@@ -90,6 +90,7 @@ class Experiments:
             model: tuple(metrics.assignments.labels(model, v.name) for v in split.variants)
             for model, split in self.splits.items()}
         self._weights, self._epochs = metrics.experiment_weight, metrics.experiment_epoch
+        self._upstream_weights = metrics.upstream_weight
         for split in self.splits.values():
             self._publish(split)
         self._lock = asyncio.Lock()
@@ -99,6 +100,12 @@ class Experiments:
         for v, w in zip(split.variants, split.weights):
             self._weights.labels(split.model, split.name, v.name).set(w)
         self._epochs.labels(split.model, split.name).set(split.epoch)
+        share = {url: 0.0 for url in self.upstreams} | {self._default.base_url: 1.0}
+        for s in self.splits.values():
+            for v, w in zip(s.variants, s.weights):
+                share[v.upstream_url] = max(share[v.upstream_url], w)
+        for url, w in share.items():
+            self._upstream_weights.labels(url).set(w)
 
     def _adopt(self, new: Split) -> None:
         self.splits = {**self.splits, new.model: new}

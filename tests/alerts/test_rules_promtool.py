@@ -78,6 +78,15 @@ SCENARIOS = [
              quiet_at=("2m",), fires_at="4m",
              labels=crit(**GW, upstream="http://vllm-c:8000,http://vllm-d:8000", address="vllm-c:8000",
                          vllm_service="vllm-c"), value="0"),
+    Scenario("an upstream without traffic share pages only once a variant routed there gets some",
+             "GatewayUpstreamDown",
+             {selector("inferwatch_gateway_upstream_up", {**GW, "upstream": "http://canary:8001"}): "1 1 0x10",
+              # a rolled-back canary: nothing goes there until it is ramped again at 5m
+              selector("inferwatch_gateway_upstream_weight_ratio", {**GW, "upstream": "http://canary:8001"}):
+                  "0x4 0.05x8"},
+             quiet_at=("2m", "4m", "5m"), fires_at="6m",
+             labels=crit(**GW, upstream="http://canary:8001", address="canary:8001", vllm_service="canary"),
+             value="0"),
     # Kubernetes: the gateway resolves a Service; Prometheus scrapes the pods behind it
     Scenario("gateway cannot reach a vLLM Service whose pods Prometheus reaches", "GatewayUpstreamDown",
              {selector("inferwatch_gateway_upstream_up", {**GW, "upstream": K8S_UPSTREAM}): "1 1 0x10",

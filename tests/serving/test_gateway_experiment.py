@@ -363,3 +363,17 @@ def test_the_cli_ramps_and_rolls_back_through_the_admin_endpoint(gw):
         refused = runner.invoke(app, ["experiment", "set-weights", "chat", *args], env=env)
         assert refused.exit_code == 2 and says in refused.output, (args, refused.output)
     assert weights(gw) == [1.0, 0.0]  # none of them reached the gateway
+
+
+def test_each_upstream_exports_the_largest_share_routed_to_it(experiment_file, stubs):
+    """GatewayUpstreamDown stands down for an upstream at 0 (a rolled-back canary may be gone)."""
+    a, b = stubs
+    share = lambda g, url: metric_sum(g.metrics_text(), "inferwatch_gateway_upstream_weight_ratio",  # noqa: E731
+                                      upstream=url)
+    with gateway(experiment_file, stubs) as g:
+        assert (share(g, a.url), share(g, b.url)) == (1.0, 0.5)  # a is also the default upstream
+        for given, expected in (({"v2": 0}, 0.0), ({"v2": 0.25}, 0.25), ({"v1": 0}, 1.0)):
+            r = requests.put(g.url + "/admin/experiments/chat/weights", json={"weights": given}, headers=AUTH,
+                             timeout=5)
+            assert r.status_code == 200, r.text
+            assert (share(g, a.url), share(g, b.url)) == (1.0, expected), given

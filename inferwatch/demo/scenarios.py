@@ -1,0 +1,331 @@
+"""The demo's scenarios, in the order a newcomer meets them. Each one says up front what it
+does and where its effect shows (panel, alert, page), runs for a bounded time on the shared
+request budget, then looks for that effect where an SRE would (Prometheus, the local pager,
+the drift service, the gateway) and reports what it saw. Nothing here asserts: the demo
+reports, and `inferwatch demo` exits non-zero when an announced effect was not seen.
+
+Times are at pace 1 (about eight minutes in all, at `inferwatch up`'s default 10 s scrape
+and evaluation); ``--pace`` scales the traffic phases, never the waits for Prometheus,
+Alertmanager or the drift service, which run on their own clocks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import psutil
+import requests
+
+from inferwatch.demo.stack import DemoError, Stack, is_loopback
+from inferwatch.demo.traffic import Ask, Load, short_asks
+
+T = TypeVar("T")
+AB_MIN_UNITS = 20  # units per arm before the verdict may say more than hold (the service's floor is 10)
+OUTAGE_MAX_S = 60.0  # below GatewayUpstreamDown's 1m `for`: the canary's relay loses vLLM too, and must not page
+CANARY_MIN_S = 60.0  # at pace 1: the canary's traffic outlasts a quick verdict, for the panels
+OUTAGE_MIN_S = 30.0  # at pace 1: long enough for users to see it, where alerting is fast
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One announced effect and whether the demo found it."""
+
+    effect: str
+    seen: bool
+    detail: str = ""
+
+
+@dataclass
+class Demo:
+    """What every scenario shares: the stack, the load and its budget, the pace, the console."""
+
+    stack: Stack
+    load: Load
+    pace: float
+    say: Callable[[str], None]
+    marks: dict[str, float] = field(default_factory=dict)  # times scenarios leave for later ones
+
+    def seconds(self, nominal: float) -> float:
+        return max(5.0, nominal * self.pace)
+
+    def wait_for(self, check: Callable[[], T], timeout_s: float, every_s: float = 2.0) -> T | None:
+        """Poll until ``check()`` returns something truthy; None at the timeout. A read that
+        fails (a service restarting) counts as not yet."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if value := check():
+                    return value
+            except (requests.RequestException, KeyError, ValueError):
+                pass
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(every_s)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    title: str
+    nominal_s: float  # the traffic phase at pace 1
+    announce: tuple[str, ...]
+    run: Callable[[Demo], list[Seen]]
+
+
+def _codes(counts: Counter[int]) -> str:
+    return ", ".join(f"{n} × {code or 'no answer'}" for code, n in sorted(counts.items())) or "none sent"
+
+
+def _window(since: float) -> str:
+    return f"{max(1, int(time.time() - since) + 1)}s"
+
+
+# -- steady ---------------------------------------------------------------------------------------
+
+def steady(demo: Demo) -> list[Seen]:
+    s = demo.stack
+    start = time.time()
+    counts = demo.load.run(demo.seconds(90), clients=2, asks=short_asks(s.model, seed=1), per_client_rps=1.5)
+    demo.marks["steady_from"], demo.marks["steady_to"] = start, time.time()
+    ok = counts[200]
+    expr = (f'sum(increase(inferwatch_gateway_requests_total{{model="{s.model}",status_class="2xx"}}'
+            f'[{_window(start)}]))')
+    counted = demo.wait_for(lambda: (v := s.scalar(expr)) is not None and v >= 0.5 * ok and v, 45)
+    return [Seen("requests answered", ok > 0 and set(counts) == {200}, _codes(counts)),
+            Seen("Prometheus counts them at the gateway", counted is not None,
+                 f"increase() over the scenario: {counted:.0f}" if counted else "no samples yet"),
+            _no_page(s, start)]
+
+
+def _no_page(s: Stack, since: float) -> Seen:
+    pages = s.pages(None, since)
+    return Seen("nothing pages", not pages, ", ".join(p["labels"]["alertname"] for p in pages))
+
+
+STEADY = Scenario(
+    "steady", "Steady traffic with the tiny model", 90,
+    ("two clients, about 3 requests a second, short prompts, half of them streamed",
+     "Serving → Requests per second and Time to first token fill in; Error ratio stays 0",
+     "SLOs → every budget stays full; nothing pages"), steady)
+
+
+# -- burst ----------------------------------------------------------------------------------------
+
+BURST_CLIENTS = 24
+
+
+def burst(demo: Demo) -> list[Seen]:
+    s = demo.stack
+    start = time.time()
+    asks = lambda i: Ask(s.model, 8 + i % 8, 96, True)  # noqa: E731
+    counts = demo.load.run(demo.seconds(45), clients=BURST_CLIENTS, asks=asks)
+    expr = (f'max_over_time(sum(inferwatch_gateway_requests_in_flight{{model="{s.model}"}})'
+            f'[{_window(start)}:1s])')
+    peak = demo.wait_for(lambda: (v := s.scalar(expr)) is not None and v >= BURST_CLIENTS / 2 and v, 30)
+    return [Seen("requests answered", counts[200] > 0, _codes(counts)),
+            Seen(f"at least {BURST_CLIENTS // 2} requests in flight at the gateway", peak is not None,
+                 f"peak seen by Prometheus: {peak:.0f}" if peak else "no scrape saw the burst"),
+            _no_page(s, start)]
+
+
+BURST = Scenario(
+    "burst", "A burst", 45,
+    (f"{BURST_CLIENTS} clients stream long answers at once, as a batch job or a retry storm would",
+     "Serving → In flight jumps, vLLM's Waiting queue and Time to first token p95 rise, KV cache usage climbs",
+     "nothing pages: a short burst is within the SLO"), burst)
+
+
+# -- vLLM outage ----------------------------------------------------------------------------------
+
+def vllm_process_group(vllm_url: str) -> int:
+    """The process group of what listens on vLLM's port on this machine (vLLM's API server and
+    its engine core share one, as `inferwatch up` starts them)."""
+    from urllib.parse import urlsplit
+
+    port = urlsplit(vllm_url).port
+    if not is_loopback(vllm_url) or port is None:
+        raise DemoError(f"vLLM at {vllm_url} is not on this machine's loopback: the outage pauses a local process")
+    try:
+        pids = {c.pid for c in psutil.net_connections("tcp")
+                if c.status == psutil.CONN_LISTEN and c.laddr.port == port and c.pid}
+    except psutil.AccessDenied:
+        raise DemoError("cannot list listening sockets (needs the right to read other processes' sockets)") from None
+    if not pids:
+        raise DemoError(f"no process of this user listens on port {port} (vLLM {vllm_url})")
+    group = os.getpgid(min(pids))
+    if group == os.getpgrp():
+        raise DemoError("vLLM runs in the demo's own process group: start it apart (`make up`)")
+    return group
+
+
+@contextmanager
+def paused(group: int) -> Iterator[None]:
+    """SIGSTOP the group, and SIGCONT it however the block ends (Ctrl-C included)."""
+    os.killpg(group, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.killpg(group, signal.SIGCONT)
+
+
+def outage(demo: Demo) -> list[Seen]:
+    s = demo.stack
+    try:
+        group = vllm_process_group(s.vllm)
+    except DemoError as exc:
+        return [Seen("vLLM paused", False, str(exc))]
+    start = time.time()
+    stop = threading.Event()
+    result: dict[str, Counter[int]] = {}
+    client = Load(demo.load.gateway, demo.load.budget, s.api_key, timeout_s=5)  # gives up as a user would
+    light = threading.Thread(target=lambda: result.setdefault("c", client.run(
+        OUTAGE_MAX_S + 30, clients=1, asks=short_asks(s.model, seed=3), per_client_rps=1, stop=stop.is_set)))
+    with paused(group):
+        demo.say(f"  vLLM's processes (group {group}) paused with SIGSTOP")
+        light.start()
+        firing = demo.wait_for(lambda: s.firing("VLLMDown"), OUTAGE_MAX_S)
+        time.sleep(max(0.0, min(demo.seconds(OUTAGE_MIN_S), OUTAGE_MAX_S) - (time.time() - start)))
+        held = time.time() - start
+    demo.say(f"  vLLM resumed (SIGCONT) after {held:.0f} s")
+    page = demo.wait_for(lambda: s.pages("VLLMDown", start), 60)
+    stop.set()
+    light.join()
+    demo.marks["outage_from"], demo.marks["outage_to"] = start, start + held
+    counts = result.get("c", Counter())
+    return [Seen("VLLMDown fires in Prometheus", firing is not None,
+                 "while vLLM was paused" if firing else f"not within {held:.0f} s"),
+            Seen("VLLMDown pages the on-call (local pager)", page is not None,
+                 f"received {page[0]['received_at'] - start:.0f} s after the outage began" if page else "no page"),
+            Seen("clients saw failures while vLLM was paused", sum(n for c, n in counts.items() if c != 200) > 0,
+                 _codes(counts))]
+
+
+OUTAGE = Scenario(
+    "outage", "vLLM outage", OUTAGE_MIN_S,
+    ("vLLM is paused (SIGSTOP) until VLLMDown fires (at least 30 s, at most a minute) while one client keeps "
+     "asking, giving up after 5 s",
+     "Serving → Error ratio and the upstream-up stat go red; the client sees 503/504s",
+     "VLLMDown (critical) pages the local pager; the availability SLO burns but its page is inhibited while "
+     "vLLM is down; VLLMDown resolves about a minute after vLLM returns"), outage)
+
+
+# -- slow canary ----------------------------------------------------------------------------------
+
+def _treatment(exp: dict) -> str:
+    names = [v["name"] for v in exp["variants"] if v["name"] != exp["control"]]
+    return "canary" if "canary" in names else names[0]
+
+
+def canary(demo: Demo) -> list[Seen]:
+    s = demo.stack
+    try:
+        exp = s.experiment()
+    except DemoError as exc:
+        return [Seen("the canary takes half the traffic", False, str(exc))]
+    control, treatment = exp["control"], _treatment(exp)
+    run = uuid.uuid4().hex[:8]
+    asks = lambda i: Ask(s.ab_model, 4 + i % 8, 16, True, user=f"demo-{run}-{i}")  # noqa: E731
+    verdict: dict = {}
+
+    def judged() -> dict | None:  # the epoch this ramp opened, not an earlier run's
+        r = s.drift_get(f"/v1/ab/{s.ab_model}", control=control, treatment=treatment, min_units=AB_MIN_UNITS,
+                        epoch=epoch)
+        if r.status_code in (200, 412):
+            verdict.update(r.json())
+        return verdict if verdict.get("decision") == "rollback" else None
+
+    stop = threading.Event()
+    epoch = s.set_weights({control: 0.5, treatment: 0.5})["epoch"]
+    ramped = time.monotonic()
+    demo.say(f"  {s.ab_model}: {control} 50 % / {treatment} 50 % (weight epoch {epoch})")
+    try:
+        load = threading.Thread(target=lambda: demo.load.run(demo.seconds(180), clients=4, asks=asks,
+                                                             stop=stop.is_set))
+        load.start()
+        rolled = demo.wait_for(judged, demo.seconds(180) + 30, every_s=3)
+        time.sleep(max(0.0, demo.seconds(CANARY_MIN_S) - (time.monotonic() - ramped)))  # long enough to see
+        stop.set()
+        load.join()
+    finally:
+        stop.set()
+        after = s.set_weights({control: 1.0, treatment: 0.0})
+    demo.say(f"  rolled back: {s.ab_model} sends all traffic to {control}")
+    weight = next(v["weight"] for v in after["variants"] if v["name"] == treatment)
+    return [Seen("the A/B verdict says rollback, naming time to first token", bool(rolled) and "ttft" in verdict["worse"],
+                 f"{verdict.get('decision', 'no verdict')}: {'; '.join(verdict.get('reasons', []))[:300]}"),
+            Seen("the canary's weight is back to 0 at the gateway", weight == 0, f"{treatment} weight {weight}")]
+
+
+CANARY = Scenario(
+    "canary", "A slow canary in an A/B experiment", 180,
+    ("the experiment's canary is the same vLLM behind a relay that holds each request back (a slower build); "
+     "it gets 50 % of the A/B model's traffic, each request from a new user",
+     "Drift → A/B verdicts: the decision turns to rollback, with time to first token worse; Serving → latency "
+     "per variant splits",
+     "the demo then rolls the canary back to 0 % (ABCanaryHurtingUsers would page after 2 minutes above 5 %)"),
+    canary)
+
+
+# -- prompt-length drift --------------------------------------------------------------------------
+
+def _segment(s: Stack) -> dict | None:
+    segments = s.drift_get("/v1/drift", model=s.model).json()["segments"]
+    return next((seg for seg in segments if seg["model"] == s.model), None)
+
+
+def _baseline(demo: Demo) -> str:
+    """A baseline of the steady traffic for the model's segment, unless one exists."""
+    s = demo.stack
+    seg = demo.wait_for(lambda: _segment(s), 30)
+    if seg is None:
+        raise DemoError(f"the drift service holds no records of {s.model}")
+    if seg["status"] != "no_baseline":
+        return f"{s.model}/{seg['variant']} already has a baseline"
+    if "steady_from" not in demo.marks:
+        raise DemoError("no baseline yet and no steady traffic to freeze one from: run the steady scenario first")
+    r = requests.post(f"{s.drift}/v1/baselines", timeout=30, json={
+        "model": s.model, "variant": seg["variant"], "from": demo.marks["steady_from"],
+        "to": demo.marks["steady_to"]})
+    if r.status_code != 201:
+        raise DemoError(f"the drift service refused a baseline of the steady traffic: {r.status_code} {r.text[:300]}")
+    return f"froze a baseline of {s.model}/{seg['variant']} from the steady traffic ({r.json().get('records')} records)"
+
+
+def drift(demo: Demo) -> list[Seen]:
+    s = demo.stack
+    try:
+        demo.say(f"  {_baseline(demo)}")
+    except DemoError as exc:
+        return [Seen("prompt_tokens drifts", False, str(exc))]
+    def drifted() -> dict | None:
+        seg = _segment(s)
+        return seg if seg and seg["status"] == "drift" and "prompt_tokens" in seg["drifted_features"] else None
+
+    before = drifted()
+    asks = lambda i: Ask(s.model, 50 + i % 50, 8, False)  # noqa: E731  (≤ ~350 tokens: max_model_len is 512)
+    counts = demo.load.run(demo.seconds(90), clients=2, asks=asks)
+    seg = demo.wait_for(drifted, 90, every_s=3)
+    last = seg or _segment(s) or {}
+    earlier = " (it already did before: an earlier run's long prompts are in the hour-long window)" if before else ""
+    return [Seen("long prompts answered", counts[200] > 0, _codes(counts)),
+            Seen("the drift verdict names prompt_tokens", seg is not None,
+                 f"{last.get('status')}: drifted {', '.join(last.get('drifted_features', [])) or 'nothing'} "
+                 f"({last.get('window_records')} records in the window){earlier}")]
+
+
+DRIFT = Scenario(
+    "drift", "A prompt-length drift", 90,
+    ("the steady traffic becomes the baseline, then two clients send prompts 20 times longer",
+     "Drift → Drift score vs threshold: prompt_tokens crosses its threshold; the drift report "
+     "(/report on the drift service) shows the two histograms apart",
+     "DriftDetected opens a ticket once the drift has held for 15 minutes"), drift)
+
+SCENARIOS: dict[str, Scenario] = {sc.name: sc for sc in (STEADY, BURST, OUTAGE, CANARY, DRIFT)}
