@@ -8,6 +8,7 @@ from inferwatch.dashboards.panels import (RATE, dashboard, or_zero, q, quantiles
                                timeseries_panel)
 from inferwatch.alerts.spec import DRIFT_FOR, DRIFT_MIN_WINDOW_RECORDS, JOB_DRIFT
 from inferwatch.catalog import metric as m
+from inferwatch.drift.schema import CATEGORICAL_FEATURES, NUMERIC_FEATURES
 
 SEG = 'model=~"$model", variant=~"$variant", instance=~"$drift"'
 RES = f'{SEG}, feature=~"$feature", method=~"$method"'
@@ -30,13 +31,17 @@ def drift() -> list:
                          description="Features per segment that drifted (drift), did not (no_drift), wait for their "
                                      "threshold to be calibrated in the background (calibrating) or have too few "
                                      "values (insufficient_data)."),
-        timeseries_panel("Feature p-values vs alpha", "short",
-                         q(f'{m("inferwatch_drift_feature_p_value")}{{{feature}}}', "{{variant}} {{feature}}"),
-                         q(f'max({m("inferwatch_drift_alpha")}{{instance=~"$drift"}})', "alpha"),
-                         width=9, height=9, log_scale=True,
-                         description="Each feature's calibrated p-value for 'some method flags it'. Holm compares the "
-                                     "smallest with alpha / (number of features), the next with alpha / (one fewer), "
-                                     "and so on."),
+        *(timeseries_panel(f"{kind} features: p-values vs alpha", "short",
+                           q(f'{m("inferwatch_drift_feature_p_value")}{{{feature}, feature=~"{names}"}}',
+                             "{{variant}} {{feature}}"),
+                           q(f'max({m("inferwatch_drift_alpha")}{{instance=~"$drift"}})', "alpha"),
+                           width=width, height=9, log_scale=True,
+                           description="Each feature's calibrated p-value for 'some method flags it'. Holm compares "
+                                       "the smallest of the segment's features with alpha / (number of features), "
+                                       "the next with alpha / (one fewer), and so on.")
+          # two panels: every feature of a segment and alpha on one axis would be past eight lines
+          for kind, names, width in (("Numeric", "|".join(f.name for f in NUMERIC_FEATURES), 5),
+                                     ("Categorical", "|".join(f.name for f in CATEGORICAL_FEATURES), 4))),
         timeseries_panel("Feature verdict (1 = drifted)", "short",
                          q(f'max by (model, variant, feature) ({m("inferwatch_drift_feature_detected")}{{{feature}}})',
                            "{{variant}} {{feature}}"),
@@ -86,28 +91,36 @@ def verdicts() -> list:
     """The A/B verdict per experiment (model, control, treatment): what ABCanaryWorse and
     ABCanaryHurtingUsers read, and the weights that decide how many users it reaches."""
     ab_sel = 'model=~"$model"'
+    guardrail = f'{ab_sel},metric=~"$guardrail"'
     arms = "{{treatment}} vs {{control}}"
     return [
         stat_panel("Decision", "short",
                    q(f'max by (model, control, treatment, decision) ({m("inferwatch_ab_decision")}{{{ab_sel}}}) == 1',
-                     f"{{{{model}}}} {arms}: {{{{decision}}}}"),
-                   width=6, height=6, names_only=True,
+                     f"{{{{model}}}} {arms}: {{{{decision}}}}", instant=True),
+                   width=8, height=6, names_only=True,
                    description="rollback, hold, continue or promote, for the latest weight epoch."),
         timeseries_panel("Guardrails worse (1 = worse)", "short",
                          q(f'max by (treatment, metric) ({m("inferwatch_ab_guardrail_worse")}{{{ab_sel}}})',
                            "{{treatment}} {{metric}}"),
-                         thresholds=RED_FROM_ONE, width=6, height=6,
+                         thresholds=RED_FROM_ONE, width=8, height=6,
                          description="Always-valid test per guardrail, Holm across guardrails: ABCanaryWorse opens "
                                      "a ticket; ABCanaryHurtingUsers pages once the treatment has a real share."),
-        timeseries_panel("Effect, treatment vs control", "percentunit",
-                         q(f'max by (treatment, metric) ({m("inferwatch_ab_effect_relative")}{{{ab_sel}}})',
-                           "{{treatment}} {{metric}}"),
-                         width=6, height=6, description="Treatment minus control over control, per guardrail."),
         timeseries_panel("Sample ratio p-value", "short",
                          q(f'max by (treatment) ({m("inferwatch_ab_srm_p_value")}{{{ab_sel}}})', "{{treatment}}"),
-                         thresholds=[(None, "red"), (0.001, "green")], width=6, height=6, log_scale=True,
+                         thresholds=[(None, "red"), (0.001, "green")], width=8, height=6, log_scale=True,
                          description="Units per arm against the epoch's weights: below 0.001 the split is broken "
                                      "and no verdict can be trusted."),
+        # one panel per guardrail: an effect and its two bounds per treatment stay readable
+        timeseries_panel("Effect on $guardrail, treatment vs control", "percentunit",
+                         q(f'max by (treatment, metric) ({m("inferwatch_ab_effect_relative")}{{{guardrail}}})',
+                           "{{treatment}} {{metric}}"),
+                         q(f'max by (treatment, metric, bound) ({m("inferwatch_ab_effect_relative_bound")}'
+                           f'{{{guardrail}}})', "{{treatment}} {{metric}} {{bound}}"),
+                         width=24, height=6,  # Grafana sizes the copies: 24 / min(guardrails, 3) each
+                         description="Treatment minus control over control, with its fixed-sample interval at the "
+                                     "verdict's alpha (the decision itself uses always-valid p-values, which are "
+                                     "wider early on).")
+        .repeat("guardrail").repeat_direction("h").max_per_row(3),
         timeseries_panel("Live weights per gateway", "percentunit",
                          q(f'max by (instance, variant) ({m("inferwatch_gateway_experiment_weight_ratio")}'
                            f'{{{ab_sel}}})', "{{instance}} {{variant}}"),
@@ -152,5 +165,7 @@ def build():
          query_variable("variant", "Variant", f'label_values({score}{{model=~"$model"}}, variant)'),
          query_variable("feature", "Feature", f'label_values({score}{{model=~"$model"}}, feature)'),
          query_variable("method", "Method", f"label_values({score}, method)"),
+         query_variable("guardrail", "A/B guardrail",
+                        f'label_values({m("inferwatch_ab_effect_relative")}{{model=~"$model"}}, metric)'),
          query_variable("drift", "Drift service", f'label_values(up{{job="{JOB_DRIFT}"}}, instance)')],
         [("Health", health()), ("Drift", drift()), ("A/B verdicts", verdicts()), ("A/B between variants", ab())])

@@ -76,8 +76,10 @@ def use() -> list:
 def errors() -> list:
     return [
         timeseries_panel("Throttle reasons active", "short",
-                         q(f'sum by (reason) ({g("inferwatch_gpu_throttle_active")})', "{{reason}}"),
-                         description="GPUs held down by each clock-event reason (0 = none)."),
+                         q(or_zero(f'sum by (reason) ({g("inferwatch_gpu_throttle_active")}) > 0', "reason"),
+                           "{{reason}}"),
+                         description="GPUs held down by each clock-event reason, for the reasons active (of the "
+                                     "driver's eleven); none: no GPU is held down."),
         timeseries_panel("ECC errors", "short",
                          q(f'sum by (type, scope) ({added_in_window(g("inferwatch_gpu_ecc_errors_total"), RATE)})',
                            "{{type}} {{scope}}"),
@@ -97,14 +99,14 @@ def errors() -> list:
                            "tx " + GPU),
                          q(f'sum by (instance, gpu) (rate({g("inferwatch_gpu_nvlink_rx_bytes_total")}[{RATE}]))',
                            "rx " + GPU)),
-        timeseries_panel("PCIe replays and NVLink errors", "short",
-                         *[q(or_zero(f'sum by (instance, gpu) ({added_in_window(g(metric), RATE)})', "gpu"),
-                             f"{what} {GPU}")
-                           for what, metric in (("PCIe replays", "inferwatch_gpu_pcie_replays_total"),
-                                                ("NVLink errors", "inferwatch_gpu_nvlink_errors_total"))],
-                         thresholds=RED_FROM_ONE,
-                         description="Link-level retries and errors: a rising count is a failing riser, cable or "
-                                     "NVSwitch port long before an XID."),
+        *(timeseries_panel(what, "short",
+                           q(or_zero(f'sum by (instance, gpu) ({added_in_window(g(metric), RATE)}) > 0', "gpu"), GPU),
+                           thresholds=RED_FROM_ONE, width=4,
+                           description=f"{what} per GPU, for the GPUs that had some: a rising count is a failing "
+                                       f"{where} long before an XID.")
+          for what, metric, where in (("PCIe replays", "inferwatch_gpu_pcie_replays_total", "riser or slot"),
+                                      ("NVLink errors", "inferwatch_gpu_nvlink_errors_total",
+                                       "cable or NVSwitch port"))),
         timeseries_panel("PCIe link width (of max)", "percentunit",
                          q(f'{g("inferwatch_gpu_pcie_link_width")} / {g("inferwatch_gpu_pcie_link_width_max")}', GPU),
                          thresholds=[(None, "red"), (1, "green")],

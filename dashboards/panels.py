@@ -23,8 +23,13 @@ RATE = "$__rate_interval"
 TAG = "inferwatch"
 
 
-def q(expr: str, legend: str = "", ref: str = "A", exemplar: bool = False, heat: bool = False) -> prometheus.Dataquery:
+def q(expr: str, legend: str = "", ref: str = "A", exemplar: bool = False, heat: bool = False,
+      instant: bool = False) -> prometheus.Dataquery:
+    """``instant``: the value now only, for a state whose earlier values must not show (a
+    stat of the current decision)."""
     query = prometheus.Dataquery().expr(expr).ref_id(ref).legend_format(legend or "__auto")
+    if instant:
+        query = query.instant()
     if exemplar:
         query = query.exemplar(True)
     if heat:

@@ -51,16 +51,19 @@ def _draw_stat(ax, panel: dict, results: list[list[dict]]) -> None:
     """Each series' last value, as Grafana's stat panel shows one value per series."""
     scale, suffix = UNIT_SCALE.get(panel["fieldConfig"]["defaults"]["unit"], (1, ""))
     shown = [(_legend(s["metric"], t.get("legendFormat", "")), float(s["values"][-1][1]) * scale)
-             for t, series in zip(panel["targets"], results) for s in series if s["values"]][:4]
+             for t, series in zip(panel["targets"], results) for s in series if s["values"]][:8]
     if not shown:
         ax.text(0.5, 0.45, "no data", ha="center", va="center", fontsize=14, transform=ax.transAxes)
     names_only = panel["options"].get("textMode") == "name"
+    rows = max(1, min(len(shown), 2))  # Grafana wraps many values into a grid: two rows, as many columns as needed
+    cols = math.ceil(len(shown) / rows)
     for i, (label, value) in enumerate(shown):
         text = label if names_only else "NaN" if math.isnan(value) else f"{value:.3g} {suffix}"
         label = "" if names_only else label
-        y = 0.5 if len(shown) == 1 else 0.85 - i * 0.75 / max(1, len(shown) - 1)
-        ax.text(0.5, y, text + (f"  {label}" if len(shown) > 1 else ""), ha="center", va="center",
-                fontsize=16 if len(shown) == 1 else 9, transform=ax.transAxes)
+        x = (i // rows + 0.5) / cols
+        y = 0.5 if rows == 1 else 0.75 - (i % rows) * 0.5
+        ax.text(x, y, text + (f"  {label}" if len(shown) > 1 else ""), ha="center", va="center",
+                fontsize=16 if len(shown) == 1 else 9 if cols == 1 else 7, transform=ax.transAxes)
     ax.set_xticks([])
     ax.set_yticks([])
 

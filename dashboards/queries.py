@@ -95,6 +95,16 @@ def range_query(prometheus: str, expr: str, tr: TimeRange) -> list[dict]:
     return resp.json()["data"]["result"]
 
 
+def instant_query(prometheus: str, expr: str, tr: TimeRange) -> list[dict]:
+    """An instant query at the range's end, shaped as a range result of one point (as Grafana
+    draws an instant target)."""
+    resp = requests.get(f"{prometheus}/api/v1/query", timeout=60, params={"query": expr, "time": tr.end})
+    if resp.status_code != 200:
+        raise ValueError(f"Prometheus refused {expr}: {resp.text}")
+    return [{"metric": r["metric"], "values": [r["value"]]} for r in resp.json()["data"]["result"]]
+
+
 def panel_results(prometheus: str, panel: dict, variables: dict[str, str], tr: TimeRange) -> list[list[dict]]:
     """Per target of ``panel``, the series Prometheus returns for it."""
-    return [range_query(prometheus, substitute(t["expr"], variables, tr), tr) for t in panel["targets"]]
+    return [(instant_query if t.get("instant") else range_query)(prometheus, substitute(t["expr"], variables, tr), tr)
+            for t in panel["targets"]]

@@ -76,6 +76,9 @@ AB_P_VALUE = DriftMetric("inferwatch_ab_p_value", "gauge",
 AB_EFFECT_RELATIVE = DriftMetric("inferwatch_ab_effect_relative", "gauge",
                                  "Treatment minus control over control (a rate, or the Hodges-Lehmann shift over the "
                                  "control's median).", (*AB_LABELS, "metric"))
+AB_EFFECT_BOUND = DriftMetric("inferwatch_ab_effect_relative_bound", "gauge",
+                              "The relative effect's fixed-sample 1 - alpha interval: its low and high bound.",
+                              (*AB_LABELS, "metric", "bound"))
 AB_REQUESTS = DriftMetric("inferwatch_ab_requests", "gauge", "Requests per arm in the judged weight epoch.",
                           (*AB_LABELS, "arm"))
 AB_UNITS = DriftMetric("inferwatch_ab_units", "gauge",
@@ -92,7 +95,7 @@ AB_NOT_KEPT = DriftMetric("inferwatch_ab_records_not_kept", "counter",
                           "INFERWATCH_DRIFT_AB_EXPERIMENTS), 'no_epoch' (a gateway that does not stamp the weight epoch), "
                           "'too_old' (finished before the retention), 'rating_unknown_experiment'.", ("reason",))
 AB_LEDGER_BYTES = DriftMetric("inferwatch_ab_ledger_bytes", "gauge", "Bytes held by the experiment ledgers.", ())
-AB_METRICS = (AB_DECISION, AB_WORSE, AB_P_VALUE, AB_EFFECT_RELATIVE, AB_REQUESTS, AB_UNITS, AB_EPOCH,
+AB_METRICS = (AB_DECISION, AB_WORSE, AB_P_VALUE, AB_EFFECT_RELATIVE, AB_EFFECT_BOUND, AB_REQUESTS, AB_UNITS, AB_EPOCH,
               AB_TREATMENT_SHARE, AB_SRM_P_VALUE)
 
 DRIFT_METRICS = (SCORE, DETECTED, THRESHOLD, FEATURE_DETECTED, FEATURE_P_VALUE, SEGMENT_DETECTED, SEGMENT_STATUS,

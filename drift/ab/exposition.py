@@ -6,6 +6,8 @@ epoch is judged again from the ledgers, as the question asked it."""
 
 from __future__ import annotations
 
+import math
+
 import threading
 from dataclasses import dataclass
 from typing import Iterator
@@ -81,6 +83,9 @@ class AbCollector(Collector):
                 families[m.AB_P_VALUE].add_metric([*key, name], r.p_value_sequential)  # type: ignore[arg-type]
                 if r.relative is not None:
                     families[m.AB_EFFECT_RELATIVE].add_metric([*key, name], r.relative)
+                for bound, value in zip(("low", "high"), r.relative_interval or ()):
+                    if math.isfinite(value):  # a control at 0 has no relative interval
+                        families[m.AB_EFFECT_BOUND].add_metric([*key, name, bound], value)
         yield from families.values()
         not_kept = CounterMetricFamily(m.AB_NOT_KEPT.name, m.AB_NOT_KEPT.doc, labels=list(m.AB_NOT_KEPT.labels))
         counts, held = self.state.with_ledgers(lambda ledgers: (

@@ -22,7 +22,9 @@ def run(demo: Demo, scenarios: Sequence[Scenario]) -> list[tuple[Scenario, list[
         done.append((sc, seen))
     minutes = (time.time() - started) / 60
     missed = [f"{sc.name}: {s.effect}" for sc, seen in done for s in seen if not s.seen]
-    demo.say(f"\nDemo over after {minutes:.1f} min, {demo.load.budget.left} requests of its budget left.")
+    demo.say(f"\nDemo over after {minutes:.1f} min, {demo.load.budget.left} requests of its budget left"
+             + (" (it ran out: scenarios after that sent less than announced; raise --max-requests)."
+                if demo.load.budget.left == 0 else "."))
     demo.say("Missed: " + "; ".join(missed) if missed else "Every announced effect was seen.")
     demo.say(f"The dashboards over the demo: inferwatch dashboards preview --minutes {max(1, round(minutes + 1))}")
     return done

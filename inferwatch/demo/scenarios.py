@@ -4,7 +4,7 @@ request budget, then looks for that effect where an SRE would (Prometheus, the l
 the drift service, the gateway) and reports what it saw. Nothing here asserts: the demo
 reports, and `inferwatch demo` exits non-zero when an announced effect was not seen.
 
-Times are at pace 1 (about eight minutes in all, at `inferwatch up`'s default 10 s scrape
+Times are at pace 1 (about six minutes in all, at `inferwatch up`'s default 10 s scrape
 and evaluation); ``--pace`` scales the traffic phases, never the waits for Prometheus,
 Alertmanager or the drift service, which run on their own clocks."""
 
@@ -16,8 +16,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -29,9 +28,8 @@ from inferwatch.demo.traffic import Ask, Load, short_asks
 
 T = TypeVar("T")
 AB_MIN_UNITS = 20  # units per arm before the verdict may say more than hold (the service's floor is 10)
-OUTAGE_MAX_S = 60.0  # below GatewayUpstreamDown's 1m `for`: the canary's relay loses vLLM too, and must not page
 CANARY_MIN_S = 60.0  # at pace 1: the canary's traffic outlasts a quick verdict, for the panels
-OUTAGE_MIN_S = 30.0  # at pace 1: long enough for users to see it, where alerting is fast
+RESTART_MAX_S = 300.0  # a restarted vLLM loads its model again: the tiny one in ~30-60 s on two cores
 
 
 @dataclass(frozen=True)
@@ -145,76 +143,71 @@ BURST = Scenario(
 
 # -- vLLM outage ----------------------------------------------------------------------------------
 
-def vllm_process_group(vllm_url: str) -> int:
-    """The process group of what listens on vLLM's port on this machine (vLLM's API server and
-    its engine core share one, as `inferwatch up` starts them)."""
+def supervised_vllm(vllm_url: str) -> psutil.Process:
+    """vLLM's API server on this machine, when `inferwatch up` supervises it (and so restarts
+    it): the only vLLM the demo will crash. One started by hand would stay down."""
     from urllib.parse import urlsplit
 
     port = urlsplit(vllm_url).port
     if not is_loopback(vllm_url) or port is None:
-        raise DemoError(f"vLLM at {vllm_url} is not on this machine's loopback: the outage pauses a local process")
+        raise DemoError(f"vLLM at {vllm_url} is not on this machine's loopback: the outage crashes a local process")
     try:
         pids = {c.pid for c in psutil.net_connections("tcp")
                 if c.status == psutil.CONN_LISTEN and c.laddr.port == port and c.pid}
-    except psutil.AccessDenied:
-        raise DemoError("cannot list listening sockets (needs the right to read other processes' sockets)") from None
-    if not pids:
+        server = psutil.Process(min(pids)) if pids else None
+        parent = server.parent() if server else None
+        supervised = parent is not None and {"inferwatch", "up"} <= {os.path.basename(a) for a in parent.cmdline()}
+    except (psutil.AccessDenied, psutil.NoSuchProcess) as exc:
+        raise DemoError(f"cannot look at the process on port {port}: {exc}") from None
+    if server is None:
         raise DemoError(f"no process of this user listens on port {port} (vLLM {vllm_url})")
-    group = os.getpgid(min(pids))
-    if group == os.getpgrp():
-        raise DemoError("vLLM runs in the demo's own process group: start it apart (`make up`)")
-    return group
-
-
-@contextmanager
-def paused(group: int) -> Iterator[None]:
-    """SIGSTOP the group, and SIGCONT it however the block ends (Ctrl-C included)."""
-    os.killpg(group, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.killpg(group, signal.SIGCONT)
+    if not supervised:
+        raise DemoError(f"vLLM on port {port} (pid {server.pid}) is not run by `inferwatch up`, which would restart "
+                        "it: the demo leaves it alone")
+    return server
 
 
 def outage(demo: Demo) -> list[Seen]:
     s = demo.stack
     try:
-        group = vllm_process_group(s.vllm)
+        server = supervised_vllm(s.vllm)
     except DemoError as exc:
-        return [Seen("vLLM paused", False, str(exc))]
+        return [Seen("vLLM crashed", False, str(exc))]
     start = time.time()
     stop = threading.Event()
     result: dict[str, Counter[int]] = {}
     client = Load(demo.load.gateway, demo.load.budget, s.api_key, timeout_s=5)  # gives up as a user would
     light = threading.Thread(target=lambda: result.setdefault("c", client.run(
-        OUTAGE_MAX_S + 30, clients=1, asks=short_asks(s.model, seed=3), per_client_rps=1, stop=stop.is_set)))
-    with paused(group):
-        demo.say(f"  vLLM's processes (group {group}) paused with SIGSTOP")
-        light.start()
-        firing = demo.wait_for(lambda: s.firing("VLLMDown"), OUTAGE_MAX_S)
-        time.sleep(max(0.0, min(demo.seconds(OUTAGE_MIN_S), OUTAGE_MAX_S) - (time.time() - start)))
-        held = time.time() - start
-    demo.say(f"  vLLM resumed (SIGCONT) after {held:.0f} s")
-    page = demo.wait_for(lambda: s.pages("VLLMDown", start), 60)
-    stop.set()
-    light.join()
-    demo.marks["outage_from"], demo.marks["outage_to"] = start, start + held
+        RESTART_MAX_S, clients=1, asks=short_asks(s.model, seed=3), per_client_rps=1, stop=stop.is_set)))
+    os.killpg(os.getpgid(server.pid), signal.SIGKILL)  # the API server and its engine core, as an OOM kill would
+    demo.say(f"  vLLM (pid {server.pid} and its engine) killed; `inferwatch up` restarts it")
+    light.start()
+    try:
+        firing = demo.wait_for(lambda: s.firing("VLLMDown"), 90)
+        back = demo.wait_for(lambda: requests.get(f"{s.vllm}/health", timeout=2).status_code == 200 and time.time(),
+                             RESTART_MAX_S)
+        demo.say(f"  vLLM serves again after {back - start:.0f} s" if back else "  vLLM has not come back")
+        page = demo.wait_for(lambda: s.pages("VLLMDown", start), 60)
+    finally:
+        stop.set()
+        light.join()
     counts = result.get("c", Counter())
-    return [Seen("VLLMDown fires in Prometheus", firing is not None,
-                 "while vLLM was paused" if firing else f"not within {held:.0f} s"),
+    return [Seen("VLLMDown fires in Prometheus", firing is not None),
             Seen("VLLMDown pages the on-call (local pager)", page is not None,
-                 f"received {page[0]['received_at'] - start:.0f} s after the outage began" if page else "no page"),
-            Seen("clients saw failures while vLLM was paused", sum(n for c, n in counts.items() if c != 200) > 0,
-                 _codes(counts))]
+                 f"received {page[0]['received_at'] - start:.0f} s after the crash" if page else "no page"),
+            Seen("clients got errors while vLLM was down", sum(n for c, n in counts.items() if c != 200) > 0,
+                 _codes(counts)),
+            Seen("the supervisor brought vLLM back", back is not None,
+                 f"after {back - start:.0f} s" if back else f"not within {RESTART_MAX_S:.0f} s")]
 
 
 OUTAGE = Scenario(
-    "outage", "vLLM outage", OUTAGE_MIN_S,
-    ("vLLM is paused (SIGSTOP) until VLLMDown fires (at least 30 s, at most a minute) while one client keeps "
-     "asking, giving up after 5 s",
-     "Serving → Error ratio and the upstream-up stat go red; the client sees 503/504s",
+    "outage", "vLLM outage", 60,
+    ("vLLM is killed (SIGKILL, as the kernel's OOM killer would) and `inferwatch up` restarts it, while one client "
+     "keeps asking, giving up after 5 s",
+     "Serving → Error ratio goes red with 503s, Gateways reaching vLLM drops, Restarts counts one",
      "VLLMDown (critical) pages the local pager; the availability SLO burns but its page is inhibited while "
-     "vLLM is down; VLLMDown resolves about a minute after vLLM returns"), outage)
+     "vLLM is down; VLLMDown resolves about a minute after vLLM serves again"), outage)
 
 
 # -- slow canary ----------------------------------------------------------------------------------
@@ -248,7 +241,7 @@ def canary(demo: Demo) -> list[Seen]:
     demo.say(f"  {s.ab_model}: {control} 50 % / {treatment} 50 % (weight epoch {epoch})")
     try:
         load = threading.Thread(target=lambda: demo.load.run(demo.seconds(180), clients=4, asks=asks,
-                                                             stop=stop.is_set))
+                                                             per_client_rps=2, stop=stop.is_set))
         load.start()
         rolled = demo.wait_for(judged, demo.seconds(180) + 30, every_s=3)
         time.sleep(max(0.0, demo.seconds(CANARY_MIN_S) - (time.monotonic() - ramped)))  # long enough to see
@@ -267,7 +260,7 @@ def canary(demo: Demo) -> list[Seen]:
 CANARY = Scenario(
     "canary", "A slow canary in an A/B experiment", 180,
     ("the experiment's canary is the same vLLM behind a relay that holds each request back (a slower build); "
-     "it gets 50 % of the A/B model's traffic, each request from a new user",
+     "it gets 50 % of the A/B model's traffic (4 clients, 8 requests a second), each request from a new user",
      "Drift → A/B verdicts: the decision turns to rollback, with time to first token worse; Serving → latency "
      "per variant splits",
      "the demo then rolls the canary back to 0 % (ABCanaryHurtingUsers would page after 2 minutes above 5 %)"),
@@ -311,7 +304,7 @@ def drift(demo: Demo) -> list[Seen]:
 
     before = drifted()
     asks = lambda i: Ask(s.model, 50 + i % 50, 8, False)  # noqa: E731  (≤ ~350 tokens: max_model_len is 512)
-    counts = demo.load.run(demo.seconds(90), clients=2, asks=asks)
+    counts = demo.load.run(demo.seconds(90), clients=2, asks=asks, per_client_rps=2)
     seg = demo.wait_for(drifted, 90, every_s=3)
     last = seg or _segment(s) or {}
     earlier = " (it already did before: an earlier run's long prompts are in the hour-long window)" if before else ""
@@ -323,7 +316,7 @@ def drift(demo: Demo) -> list[Seen]:
 
 DRIFT = Scenario(
     "drift", "A prompt-length drift", 90,
-    ("the steady traffic becomes the baseline, then two clients send prompts 20 times longer",
+    ("the steady traffic becomes the baseline, then two clients send prompts about 10 times longer, 4 a second",
      "Drift → Drift score vs threshold: prompt_tokens crosses its threshold; the drift report "
      "(/report on the drift service) shows the two histograms apart",
      "DriftDetected opens a ticket once the drift has held for 15 minutes"), drift)

@@ -14,6 +14,7 @@ from inferwatch.catalog import exposed
 from inferwatch.drift.service import DriftSettings, create_app
 from tests.support import ab_simulation as sim
 from tests.support.feature_records import body, records
+from tests.support.servers import metric_sum
 
 ARMS = {"control": "control", "treatment": "treatment"}
 M = sim.MODEL
@@ -85,6 +86,12 @@ def test_gauges_follow_the_last_experiment_asked_and_the_catalog_knows_them(clie
     assert f'inferwatch_ab_guardrail_worse{{control="control",metric="ttft",model="{M}",treatment="treatment"}} 1.0' \
         in text
     assert f"inferwatch_ab_epoch{{{key}}} 5.0" in text
+    # the effect sits inside its interval, as the JSON verdict gives them
+    ttft = client.get(f"/v1/ab/{M}", params=ARMS).json()["metrics"]["ttft"]
+    gauge = {bound: metric_sum(text, "inferwatch_ab_effect_relative_bound", metric="ttft", bound=bound)
+             for bound in ("low", "high")}
+    assert gauge == pytest.approx(ttft["relative_interval"])  # {"low": ..., "high": ...}
+    assert gauge["low"] <= metric_sum(text, "inferwatch_ab_effect_relative", metric="ttft") <= gauge["high"]
     for line in text.splitlines():
         if line.startswith("inferwatch_ab"):
             assert line.split("{")[0].split(" ")[0] in exposed()

@@ -53,7 +53,6 @@ def test_every_reading_in_base_units():
         "inferwatch_gpu_memory_temperature_celsius": 61,
         "inferwatch_gpu_power_watts": 251.0,
         "inferwatch_gpu_power_limit_watts": 700.0,
-        "inferwatch_gpu_energy_joules": 2000.0,
         "inferwatch_gpu_sm_clock_hertz": 1755e6,
         "inferwatch_gpu_memory_clock_hertz": 2619e6,
         "inferwatch_gpu_sm_clock_max_hertz": 1980e6,
@@ -70,6 +69,9 @@ def test_every_reading_in_base_units():
         "inferwatch_gpu_device_failed": 0,
         "inferwatch_gpu_info": 1,
     }
+    # the energy counter moves at the power's rate from its first read, which a scrape makes
+    assert value(families, "inferwatch_gpu_energy_joules", gpu="1") == pytest.approx(2000.0, abs=251 * 2)
+    assert families["inferwatch_gpu_energy_joules"].samples[0].name == "inferwatch_gpu_energy_joules_total"
     for name, want in expected.items():
         suffix = "_total" if name.endswith(("_joules", "_replays")) else ""
         assert value(families, name, gpu="1") == pytest.approx(want), name

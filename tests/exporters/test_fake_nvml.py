@@ -197,3 +197,18 @@ def test_real_pynvml_fails_cleanly_without_a_driver_and_counts_gpus_with_one():
         assert gpus is not None and pynvml.nvmlDeviceGetCount() == gpus
     finally:
         pynvml.nvmlShutdown()
+
+
+def test_the_energy_counter_moves_at_the_power_drawn():
+    """As the driver's: millijoules since load, growing by power × time (a flat counter would
+    draw "0 kJ in range" beside a GPU drawing 250 W)."""
+    clock = Clock()
+    fake = FakeNVML([FakeDevice(power_mw=250_000, energy_mj=1_000)], clock=clock)
+    fake.nvmlInit()
+    handle = fake.nvmlDeviceGetHandleByIndex(0)
+    assert fake.nvmlDeviceGetTotalEnergyConsumption(handle) == 1_000
+    clock.now += 10
+    assert fake.nvmlDeviceGetTotalEnergyConsumption(handle) == 1_000 + 2_500_000  # 250 W for 10 s: 2.5 kJ
+    fake.devices[0].power_mw = 100_000
+    clock.now += 1
+    assert fake.nvmlDeviceGetTotalEnergyConsumption(handle) == 1_000 + 2_600_000

@@ -4,8 +4,8 @@ fits a test run, checked where an SRE would look, independently of what the demo
 the pager's pages, the drift service's verdicts, the gateway's and vLLM's own counters.
 
 The stack runs with ``--fast-alerting`` (1 s scrape and evaluation) and the rules as they
-ship (no ``for`` capped): the outage must page VLLMDown without GatewayUpstreamDown, whose
-1m ``for`` the outage stays under. With INFERWATCH_PREVIEW_DIR set, the run also draws the
+ship (no ``for`` capped): the outage (vLLM killed, restarted by `inferwatch up`) must page
+VLLMDown alone, though the canary's relay loses vLLM too. With INFERWATCH_PREVIEW_DIR set, the run also draws the
 serving, SLO and drift previews over the demo's span (the GPU preview needs the fake GPUs
 of tests/integration/test_dashboards_live.py).
 """
@@ -101,6 +101,8 @@ def test_the_outage_pages_vllm_down_alone_and_the_page_resolves(stack, run):
     # the canary's relay lost vLLM too, but at weight 0 its upstream pages nobody
     assert not stack.events(receiver="pager", alertname="GatewayUpstreamDown")
     assert stack.chat(1) == [200]
+    supervisor = requests.get(f"{stack.url('supervisor')}/metrics", timeout=5).text
+    assert metric_sum(supervisor, "inferwatch_supervisor_restarts_total", child="vllm") == 1
 
 
 def test_the_slow_canary_is_rolled_back_on_time_to_first_token(stack, run):

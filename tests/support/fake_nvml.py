@@ -215,6 +215,7 @@ class FakeNVML:
         self._lock = threading.Lock()
         self._clock = clock
         self._gpm_activity: dict[int, tuple[float, dict[int, float]]] = {}  # index -> (time, cumulative)
+        self._energy_read_at: dict[int, float] = {}  # index -> the clock at the last energy read
         self._gpm_samples: dict[int | None, _GpmSample] = {}  # handle address -> sample
         for name, value in globals().items():  # constants and error classes, as module attributes
             if name.isupper() or name.startswith(("NVMLError", "nvmlEventType", "nvmlClocksEventReason", "NVML_",
@@ -385,7 +386,15 @@ class FakeNVML:
         return self._dev("nvmlDeviceGetEnforcedPowerLimit", handle).power_limit_mw
 
     def nvmlDeviceGetTotalEnergyConsumption(self, handle):
-        return self._dev("nvmlDeviceGetTotalEnergyConsumption", handle).energy_mj
+        """Millijoules since the driver loaded, as the driver counts them: the device's power
+        (mW) times the seconds of the fake's clock since the last read, added to the count."""
+        d = self._dev("nvmlDeviceGetTotalEnergyConsumption", handle)
+        now = self._clock()
+        with self._lock:
+            last = self._energy_read_at.get(handle.index, now)
+            d.energy_mj += round(d.power_mw * (now - last))
+            self._energy_read_at[handle.index] = now
+        return d.energy_mj
 
     def nvmlDeviceGetClockInfo(self, handle, type):
         d = self._dev("nvmlDeviceGetClockInfo", handle, type)
