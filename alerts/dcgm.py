@@ -123,7 +123,8 @@ NOT_FROM_DCGM = frozenset({
     "inferwatch_gpu_nvlink_errors_total", "inferwatch_gpu_device_failed",
     "inferwatch_gpu_pcie_link_width", "inferwatch_gpu_pcie_link_width_max", "inferwatch_gpu_performance_state",
     "inferwatch_gpu_process_memory_used_bytes", "inferwatch_nvml_sampler_duration_seconds",
-    "inferwatch_nvml_snapshot_timestamp_seconds",
+    "inferwatch_nvml_snapshot_timestamp_seconds", "inferwatch_gpu_nvlink_up", "inferwatch_gpu_retired_pages_pending",
+    "inferwatch_gpu_collection_errors_total", "inferwatch_nvml_sampler_errors_total",
 })
 CLOCK_EVENTS = "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"
 XID = "DCGM_FI_DEV_XID_ERRORS"

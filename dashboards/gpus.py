@@ -57,12 +57,15 @@ def busy() -> list:
 
 def use() -> list:
     return [
-        timeseries_panel("Utilization", "percentunit", q(g("inferwatch_gpu_utilization_ratio"), GPU),
+        timeseries_panel("Utilization", "percentunit", q(g("inferwatch_gpu_utilization_ratio"), GPU), width=6,
                          description="Share of time a kernel ran: busy, not how busy the tensor cores were."),
+        timeseries_panel("Memory busy", "percentunit", q(g("inferwatch_gpu_memory_utilization_ratio"), GPU),
+                         width=6,
+                         description="Share of time device memory was read or written: decode saturates it first."),
         timeseries_panel("Memory used", "bytes", q(g("inferwatch_gpu_memory_used_bytes"), GPU),
-                         q(g("inferwatch_gpu_memory_total_bytes"), "total " + GPU)),
+                         q(g("inferwatch_gpu_memory_total_bytes"), "total " + GPU), width=6),
         timeseries_panel("Power", "watt", q(g("inferwatch_gpu_power_watts"), GPU),
-                         q(g("inferwatch_gpu_power_limit_watts"), "limit " + GPU)),
+                         q(g("inferwatch_gpu_power_limit_watts"), "limit " + GPU), width=6),
         stat_panel("Energy in range", "joule",
                    q(f'sum(increase({g("inferwatch_gpu_energy_joules_total")}[$__range]))', "energy"), height=8),
         timeseries_panel("Temperatures", "celsius", q(g("inferwatch_gpu_temperature_celsius"), "die " + GPU),
@@ -84,10 +87,14 @@ def errors() -> list:
                          q(f'sum by (type, scope) ({added_in_window(g("inferwatch_gpu_ecc_errors_total"), RATE)})',
                            "{{type}} {{scope}}"),
                          thresholds=[(None, "green"), (1, "red")]),
-        timeseries_panel("Row remapping", "short",
+        timeseries_panel("Row remapping and page retirement", "short",
                          q(f'sum by (type) ({g("inferwatch_gpu_remapped_rows")})', "remapped {{type}}"),
-                         q(f'sum({g("inferwatch_gpu_row_remap_pending")})', "pending"),
-                         q(f'sum({g("inferwatch_gpu_row_remap_failure")})', "failed")),
+                         q(f'sum({g("inferwatch_gpu_row_remap_pending")})', "remap pending"),
+                         q(f'sum({g("inferwatch_gpu_row_remap_failure")})', "remap failed"),
+                         q(f'sum({g("inferwatch_gpu_retired_pages")}) or vector(0)', "pages retired"),
+                         q(f'sum({g("inferwatch_gpu_retired_pages_pending")}) or vector(0)', "retirement pending"),
+                         description="Ampere and later remap rows; older GPUs retire pages. Pending: a reset or "
+                                     "reboot applies it."),
         timeseries_panel("XID errors", "short",
                          q(or_zero(f'sum by (xid) ({added_in_window(g("inferwatch_gpu_xid_errors_total"), RATE)})',
                                    "xid"), "XID {{xid}}"),
@@ -127,7 +134,53 @@ def processes_and_health() -> list:
         stat_panel("Sampler duration", "s",
                    q(f'max({m("inferwatch_nvml_sampler_duration_seconds")}{{instance=~"$host"}})', "sampler"),
                    height=8),
+        stat_panel("NVLinks down", "short",
+                   q(f'count({g("inferwatch_gpu_nvlink_up")} == 0) or vector(0)', "down"),
+                   thresholds=RED_FROM_ONE, height=8,
+                   description="Links NVML reports disabled on GPUs that have NVLink: traffic falls back to PCIe."),
+        timeseries_panel("Exporter query failures", "short",
+                         q(or_zero(f'sum by (query) (rate({g("inferwatch_gpu_collection_errors_total")}[{RATE}]))',
+                                   "query"), "{{query}}"),
+                         q(f'sum(rate({m("inferwatch_nvml_sampler_errors_total")}{{instance=~"$host"}}[{RATE}]))',
+                           "sampler"),
+                         width=12, description="NVML queries failing per second, by query: a reading that stays "
+                                               "empty on the panels above says why here."),
     ]
+
+
+# Exporter series on no panel, and why: settings a person reads once (inventory, not a time
+# series to watch), duplicates of a panel's reading, or what an LLM server does not use.
+NOT_ON_DASHBOARDS: dict[str, str] = {
+    "inferwatch_gpu_graphics_active_ratio": "the same engine as Utilization, from GPM",
+    "inferwatch_gpu_gpm_pcie_tx_bytes_per_second": "PCIe throughput shows the driver's counter",
+    "inferwatch_gpu_gpm_pcie_rx_bytes_per_second": "PCIe throughput shows the driver's counter",
+    "inferwatch_gpu_gpm_nvlink_tx_bytes_per_second": "NVLink throughput shows the link counters",
+    "inferwatch_gpu_gpm_nvlink_rx_bytes_per_second": "NVLink throughput shows the link counters",
+    "inferwatch_gpu_memory_free_bytes": "total minus used minus reserved, on Memory used",
+    "inferwatch_gpu_memory_reserved_bytes": "the driver's fixed share, a setting",
+    "inferwatch_gpu_temperature_threshold_celsius": "a setting; the panel's 85/95 °C lines stand for it",
+    "inferwatch_gpu_power_limit_default_watts": "a setting; Power shows the limit in force",
+    "inferwatch_gpu_power_limit_min_watts": "a setting; Power shows the limit in force",
+    "inferwatch_gpu_power_limit_max_watts": "a setting; Power shows the limit in force",
+    "inferwatch_gpu_sm_clock_max_hertz": "a setting; Clocks shows the clock in force",
+    "inferwatch_gpu_memory_clock_max_hertz": "a setting; Clocks shows the clock in force",
+    "inferwatch_gpu_pcie_link_generation": "PCIe link width (of max) shows a degraded link",
+    "inferwatch_gpu_pcie_link_generation_max": "PCIe link width (of max) shows a degraded link",
+    "inferwatch_gpu_ecc_enabled": "a setting (inventory)",
+    "inferwatch_gpu_ecc_pending_enabled": "a setting (inventory)",
+    "inferwatch_gpu_persistence_mode_enabled": "a setting (inventory)",
+    "inferwatch_gpu_compute_mode": "a setting (inventory)",
+    "inferwatch_gpu_mig_enabled": "a setting (inventory)",
+    "inferwatch_gpu_mig_memory_used_bytes": "MIG instances: docs/exporter.md; no MIG panel yet",
+    "inferwatch_gpu_mig_memory_total_bytes": "MIG instances: docs/exporter.md; no MIG panel yet",
+    "inferwatch_gpu_nvlink_ecc_data_errors": "NVLink errors shows the link's error counters",
+    "inferwatch_gpu_fan_speed_ratio": "data-center GPUs have no fan of their own (NVML: not supported)",
+    "inferwatch_gpu_encoder_utilization_ratio": "video encoding: no LLM server uses it",
+    "inferwatch_gpu_decoder_utilization_ratio": "video decoding: no LLM server uses it",
+    "inferwatch_gpu_last_xid_timestamp_seconds": "XID errors shows when; GPUFatalXID pages",
+    "inferwatch_nvml_info": "the driver and NVML versions (inventory)",
+    "inferwatch_nvml_devices": "GPUs per host; the GPU variable lists them",
+}
 
 
 def build():

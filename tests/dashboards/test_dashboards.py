@@ -238,3 +238,16 @@ def test_latency_is_per_model_and_the_model_layer_is_shown():
                    for t in serving[title]["targets"]), title
     assert {"Prompt length", "Generation length", "Finish reasons", "Prefill and decode time (p95)"} <= set(serving)
     assert "finished_reason" in serving["Finish reasons"]["targets"][0]["expr"]
+
+
+def test_every_gpu_reading_is_on_the_gpu_dashboard_or_left_out_with_its_reason():
+    from inferwatch.catalog import series_of
+    from inferwatch.dashboards.gpus import NOT_ON_DASHBOARDS
+    from inferwatch.exporters.metrics import SPECS
+
+    shown = {name for p in panels(DOCS[uids.GPUS]) for t in p["targets"] for name in metric_names(t["expr"])}
+    missing = [s.name for s in SPECS if not set(series_of(s.name, s.kind)) & shown and s.name not in NOT_ON_DASHBOARDS]
+    assert missing == [], f"exporter readings on no GPU panel and not in NOT_ON_DASHBOARDS: {missing}"
+    both = [name for name in NOT_ON_DASHBOARDS if any(n in shown for n in (name, f"{name}_total"))]
+    assert both == [], f"listed as left out but shown: {both}"
+    assert set(NOT_ON_DASHBOARDS) <= {s.name for s in SPECS}, "a left-out name the exporter does not export"
