@@ -549,6 +549,10 @@ def up(
             gw_argv += ["--otlp-endpoint", otlp_endpoint]
         children.append((vllm_process(cfg, run_dir / "vllm.log"), startup_timeout))
         gw_env = _admin_token_env(run_dir)
+        if canary_port and os.environ.get("INFERWATCH_GATEWAY_EXPERIMENT_FILE"):
+            typer.echo("INFERWATCH_GATEWAY_EXPERIMENT_FILE is set: the gateway runs those experiments, without the "
+                       "demo's slow canary")
+            canary_port = 0
         if canary_port:
             relay_url = f"http://{host}:{canary_port}"
             gw_argv += ["--experiment-file", str(_demo_experiment(run_dir, served_model_name, cfg.base_url, relay_url))]
