@@ -432,7 +432,7 @@ def demo(
 
     from inferwatch.demo.run import run
     from inferwatch.demo.scenarios import SCENARIOS, Demo
-    from inferwatch.demo.stack import Stack
+    from inferwatch.demo.stack import DemoError, Stack
     from inferwatch.demo.traffic import Budget, Load
 
     unknown = sorted(set(scenario or ()) - set(SCENARIOS))
@@ -446,10 +446,14 @@ def demo(
                   drift_url.rstrip("/"), model, ab_model or f"{model}-ab", admin_token, api_key)
     for name, url in stack.urls().items():
         parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        try:
+            parts.port  # noqa: B018 (it parses the port)
+        except ValueError:
+            _fail(f"--{name}-url has no valid port: {url!r}")
+        if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in url):
             _fail(f"--{name}-url must be an http(s) URL, got {url!r}")
     if stack.remote() and not allow_remote:
-        _fail("The demo floods what it targets, pauses vLLM and changes experiment weights: it runs against "
+        _fail("The demo floods what it targets, kills vLLM and changes experiment weights: it runs against "
               f"this machine only. Not on loopback: {', '.join(stack.remote())}. Pass --allow-remote to "
               "target them anyway.")
     down = []
@@ -460,8 +464,18 @@ def demo(
             down.append(f"{name} at {url}: {exc}")
     if down:
         _fail("The stack does not answer (is `make up` running?):\n  " + "\n  ".join(down))
+    if any(sc.name == "canary" for sc in chosen):  # before any traffic, not after the outage
+        try:
+            stack.experiment()
+        except (DemoError, requests.RequestException) as exc:
+            _fail(f"The canary scenario cannot run: {exc}\n(--scenario picks the others)")
     load = Load(stack.gateway, Budget(max_requests), api_key)
-    results = run(Demo(stack, load, pace, say=typer.echo), chosen)
+    try:
+        results = run(Demo(stack, load, pace, say=typer.echo), chosen)
+    except KeyboardInterrupt:
+        typer.echo("\nInterrupted. The canary is back at 0 % if it had been ramped; a killed vLLM is restarted by "
+                   "`inferwatch up` on its own.")
+        raise typer.Exit(130) from None
     if not all(s.seen for _, seen in results for s in seen):
         raise typer.Exit(1)
 

@@ -16,7 +16,9 @@ def run(demo: Demo, scenarios: Sequence[Scenario]) -> list[tuple[Scenario, list[
                  f"{demo.seconds(sc.nominal_s):.0f} s)")
         for line in sc.announce:
             demo.say(f"  - {line}")
-        seen = sc.run(demo)
+        # an empty budget: nothing to show, so nothing is broken (no kill, no ramp) for it
+        seen = sc.run(demo) if demo.load.budget.left > 0 else [
+            Seen("the scenario ran", False, "the request budget ran out before it (raise --max-requests)")]
         for s in seen:
             demo.say(f"  {'seen' if s.seen else 'NOT SEEN'}: {s.effect}{' (' + s.detail + ')' if s.detail else ''}")
         done.append((sc, seen))

@@ -110,6 +110,11 @@ class Counting(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def do_GET(self):  # noqa: N802  (health and readiness: not requests the demo sends as load)
+        self.send_response(200)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
     def log_message(self, *args):
         pass
 
@@ -151,6 +156,8 @@ def demo(*args: str) -> subprocess.CompletedProcess:
     (["--pace", "0"], ["--pace"]),
     (["--max-requests", "0"], ["--max-requests"]),
     (["--drift-url", "ftp://127.0.0.1:8090"], ["--drift-url must be an http(s) URL"]),
+    (["--pager-url", "http://127.0.0.1:notaport"], ["--pager-url has no valid port"]),
+    (["--drift-url", "http://127.0.0.1:8090/ x"], ["--drift-url must be an http(s) URL"]),
 ])
 def test_the_demo_refuses_before_sending_anything(args, says):
     with http_server(200) as (url, handler):
@@ -166,3 +173,13 @@ def test_the_demo_says_to_start_the_stack_when_it_does_not_answer():
     result = demo("--gateway-url", f"http://127.0.0.1:{free_port()}", "--prometheus-url",
                   f"http://127.0.0.1:{free_port()}")
     assert result.returncode == 2 and "is `make up` running?" in result.stderr, result.stderr
+
+
+def test_the_canary_scenario_needs_the_admin_token_before_any_traffic(tmp_path):
+    """Found by an outside check: without the token a full run sent its steady traffic, burst
+    and outage first, then failed at the canary."""
+    with http_server(200) as (url, handler):  # answers /health and /-/ready: a stack to the demo
+        result = demo("--gateway-url", url, "--prometheus-url", url, "--run-dir", str(tmp_path),
+                      "--scenario", "steady", "--scenario", "canary")
+    assert result.returncode == 2 and "admin token is needed" in " ".join(result.stderr.split()), result.stderr
+    assert handler.seen == 0
