@@ -106,7 +106,7 @@ def life(seed: int, effect: float, every: int) -> tuple[bool, int | None, int]:
         sums = np.zeros((2, len(users.ids), len(COLUMNS)))
         for hour in range(h0, h1):
             r = sim.requests(users, split, hour * 3600, (hour + 1) * 3600, rng, effect)
-            values = record_values(r.status, r.finish_reason, r.numeric)
+            values = record_values(r.status, r.finish_reason, r.numeric, sim.answers(r))
             for arm in (0, 1):
                 np.add.at(sums[arm], r.user[r.arm == arm], values[r.arm == arm])
             if (hour + 1) % every:

@@ -8,10 +8,14 @@ from inferwatch.dashboards.panels import (RATE, dashboard, or_zero, q, quantiles
                                timeseries_panel)
 from inferwatch.alerts.spec import DRIFT_FOR, DRIFT_MIN_WINDOW_RECORDS, JOB_DRIFT
 from inferwatch.catalog import metric as m
-from inferwatch.drift.schema import CATEGORICAL_FEATURES, NUMERIC_FEATURES
+from inferwatch.drift.schema import CATEGORICAL_FEATURES, NUMERIC_FEATURES, SAMPLING
 
 SEG = 'model=~"$model", variant=~"$variant", instance=~"$drift"'
 RES = f'{SEG}, feature=~"$feature", method=~"$method"'
+
+
+def _names(features) -> str:
+    return "|".join(f.name for f in features)
 
 
 def drift() -> list:
@@ -39,14 +43,18 @@ def drift() -> list:
                            description="Each feature's calibrated p-value for 'some method flags it'. Holm compares "
                                        "the smallest of the segment's features with alpha / (number of features), "
                                        "the next with alpha / (one fewer), and so on.")
-          # two panels: every feature of a segment and alpha on one axis would be past eight lines
-          for kind, names, width in (("Numeric", "|".join(f.name for f in NUMERIC_FEATURES), 5),
-                                     ("Categorical", "|".join(f.name for f in CATEGORICAL_FEATURES), 4))),
-        timeseries_panel("Feature verdict (1 = drifted)", "short",
-                         q(f'max by (model, variant, feature) ({m("inferwatch_drift_feature_detected")}{{{feature}}})',
-                           "{{variant}} {{feature}}"),
-                         width=12, height=9, description=f"What DriftDetected alerts on (for {DRIFT_FOR}, with at "
-                                                         f"least {DRIFT_MIN_WINDOW_RECORDS} records in the window)."),
+          # three panels: every feature of a segment and alpha on one axis would be past eight lines
+          for kind, names, width in (("Numeric", _names(NUMERIC_FEATURES), 9),
+                                     ("Answer and outcome", _names(c for c in CATEGORICAL_FEATURES
+                                                                   if c.name not in SAMPLING), 12),
+                                     ("Sampling", _names(c for c in CATEGORICAL_FEATURES if c.name in SAMPLING), 12))),
+        timeseries_panel("Drifted features per segment", "short",
+                         q(f'sum by (model, variant) (max by (model, variant, feature) '
+                           f'({m("inferwatch_drift_feature_detected")}{{{feature}}}))', "{{model}}/{{variant}}"),
+                         width=12, height=9, description=f"How many of the segment's features drifted: what "
+                                                         f"DriftDetected alerts on (for {DRIFT_FOR}, with at least "
+                                                         f"{DRIFT_MIN_WINDOW_RECORDS} records in the window); the "
+                                                         "p-value panels say which."),
         # one panel per feature: methods x variants x (score, threshold) of every feature
         # on one axis would be dozens of lines
         timeseries_panel("Drift score vs threshold ($feature)", "short",

@@ -7,6 +7,7 @@ from inferwatch.dashboards.health import RED_FROM_ONE, alerts_firing, targets_up
 from inferwatch.dashboards.panels import (
     RATE, added_in_window, dashboard, or_zero, q, query_variable, stat_panel, timeseries_panel,
 )
+from inferwatch.alerts import cost
 from inferwatch.alerts.spec import JOB_EXPORTER, SNAPSHOT_STALE_S
 from inferwatch.catalog import metric as m
 
@@ -59,6 +60,10 @@ def use() -> list:
     return [
         timeseries_panel("Utilization", "percentunit", q(g("inferwatch_gpu_utilization_ratio"), GPU), width=6,
                          description="Share of time a kernel ran: busy, not how busy the tensor cores were."),
+        timeseries_panel("Idle share", "percentunit", q(f"{cost.GPU_IDLE}{{{SEL}}}", GPU), width=6,
+                         description=f"Share of the last {cost.WINDOW} no kernel ran (1 - mean utilization), what "
+                                     "the cost rules count as a GPU paid for that waits; a model's mean is on the "
+                                     "serving dashboard's Cost row."),
         timeseries_panel("Memory busy", "percentunit", q(g("inferwatch_gpu_memory_utilization_ratio"), GPU),
                          width=6,
                          description="Share of time device memory was read or written: decode saturates it first."),
@@ -70,9 +75,9 @@ def use() -> list:
                    q(f'sum(increase({g("inferwatch_gpu_energy_joules_total")}[$__range]))', "energy"), height=8),
         timeseries_panel("Temperatures", "celsius", q(g("inferwatch_gpu_temperature_celsius"), "die " + GPU),
                          q(g("inferwatch_gpu_memory_temperature_celsius"), "HBM " + GPU),
-                         thresholds=[(None, "green"), (85, "orange"), (95, "red")], width=10),
+                         thresholds=[(None, "green"), (85, "orange"), (95, "red")], width=7),
         timeseries_panel("Clocks", "hertz", q(g("inferwatch_gpu_sm_clock_hertz"), "SM " + GPU),
-                         q(g("inferwatch_gpu_memory_clock_hertz"), "memory " + GPU), width=10),
+                         q(g("inferwatch_gpu_memory_clock_hertz"), "memory " + GPU), width=7),
     ]
 
 

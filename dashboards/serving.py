@@ -1,6 +1,8 @@
-"""LLM serving overview: are users hurting (RED, tokens, TTFT), is the engine saturated.
+"""LLM serving overview: are users hurting (RED, tokens, TTFT), is the engine saturated,
+what the model answers (output quality, sampling parameters) and what its tokens cost.
 
-Threshold lines are the alert spec's numbers (``inferwatch.alerts.spec``), never retyped."""
+Threshold lines are the alert spec's numbers (``inferwatch.alerts.spec``), never retyped;
+cost panels read the cost rules' records (``inferwatch.alerts.cost``), never the counters."""
 
 from __future__ import annotations
 
@@ -8,9 +10,11 @@ from inferwatch.dashboards import uids
 from inferwatch.dashboards.health import RED_BELOW_ONE, RED_FROM_ONE, alerts_firing, targets_up
 from inferwatch.dashboards.panels import (RATE, dashboard, heatmap_panel, or_zero, q, quantiles, query_variable,
                                server_error_ratio, stat_panel, timeseries_panel)
+from inferwatch.alerts import cost
 from inferwatch.alerts.spec import AVAILABILITY, FAST_BURN, JOB_GATEWAY, JOB_VLLM, KV_CACHE_HIGH, TTFT_THRESHOLD_S
 from inferwatch.catalog import metric as m
-from inferwatch.serving.metrics import UNKNOWN_MODEL
+from inferwatch.drift.sampling_params import VALUES
+from inferwatch.serving.metrics import ABNORMAL_KINDS, UNKNOWN_MODEL
 
 SEL = 'model=~"$model", variant=~"$variant", instance=~"$gateway"'
 REQ = m("inferwatch_gateway_requests_total")
@@ -134,6 +138,101 @@ def model_layer() -> list:
     ]
 
 
+SAMPLING = m("inferwatch_gateway_sampling_requests_total")
+
+
+def _sampling(param: str, *values: str) -> str:
+    """Requests per second by bin of one sampling parameter, of ``values`` only when given:
+    bins the gateway writes (drift/sampling_params.py), or the generator fails."""
+    unknown = set(values) - set(VALUES[param])
+    if unknown:
+        raise KeyError(f"{param} has no bins {sorted(unknown)}; it has {VALUES[param]}")
+    matchers = f'{SEL}, param="{param}"' + (f', value=~"{"|".join(values)}"' if values else "")
+    return f"rate({SAMPLING}{{{matchers}}}[{RATE}])"
+
+
+def _by_bin(param: str) -> str:
+    """Each bin's share of the requests."""
+    return f"sum by (value) ({_sampling(param)})\n/ on () group_left () sum ({_sampling(param)})"
+
+
+def _flagged(param: str, *values: str) -> str:
+    """The share of requests in ``values``; 0, not "No data", while none are."""
+    total = f"sum ({_sampling(param)})"
+    return f"(sum ({_sampling(param, *values)}) or 0 * {total})\n/ {total}"
+
+
+def output_quality() -> list:
+    """What the model answers, read by the gateway (never the text itself): repetition,
+    answers that are empty, one token or a loop, and the sampling parameters clients ask
+    for. A drift in any of them is the drift service's verdict; these show its size."""
+    abnormal = m("inferwatch_gateway_abnormal_outputs_total")
+    answers = f'sum by (model) (rate({REQ}{{{SEL}, status_class="2xx"}}[{RATE}]))'
+    flags = (("stream", ("true",), "streamed"), ("tools", ("true",), "with tools"),
+             ("response_format", ("json_object", "json_schema"), "JSON output"), ("n", ("2-4", ">4"), "n > 1"))
+    return [
+        timeseries_panel("Repetition in answers", "percentunit",
+                         *quantiles(m("inferwatch_gateway_output_repetition_ratio_bucket"), SEL, exemplar=False,
+                                    **PER_MODEL), width=12,
+                         description="Per answer, the share of its 4-grams (tokens when streamed, words when not) "
+                                     "that repeat an earlier one; answers of 8 or more. Fluent text sits under 5%, "
+                                     "a looping answer above 50%."),
+        timeseries_panel("Answers empty, one token or looping", "percentunit",
+                         q(or_zero(f"sum by (model, kind) (rate({abnormal}{{{SEL}}}[{RATE}]))\n"
+                                   f"/ on (model) group_left () {answers}", "kind"), "{{model}} {{kind}}"),
+                         width=12,
+                         description="Share of answered requests (2xx) by what is wrong with the answer: "
+                                     f"{', '.join(ABNORMAL_KINDS)} (no text; stopped after one token; ending in one "
+                                     "span repeated). Answers of n > 1 choices are not judged."),
+        *(timeseries_panel(f"Sampling: {param}", "percentunit",
+                           q(_by_bin(param), "{{value}}"),
+                           width=6, stacked=True,
+                           description=f"Share of requests by the {param} they ask for, binned (default: left "
+                                       "out, vLLM takes the model's own; invalid: vLLM refuses it).")
+          for param in ("temperature", "top_p", "max_tokens")),
+        timeseries_panel("Sampling: stream, tools, JSON, n", "percentunit",
+                         *(q(_flagged(param, *values), legend) for param, values, legend in flags),
+                         width=6, description="Share of requests streamed, offering tools, asking for JSON "
+                                              "(json_object or json_schema), asking for several choices."),
+    ]
+
+
+def cost_row() -> list:
+    """What a model's tokens cost, from the cost rules: vLLM's token counters over the GPUs of
+    the hosts that serve that model alone (docs/cost.md). A model whose hosts also serve
+    another has no line here; its GPUs are counted as not attributable."""
+    sel = '{model=~"$model"}'
+
+    def per_model(title: str, unit: str, record: str, description: str, width: int = 6) -> object:
+        return timeseries_panel(title, unit, q(f"{record}{sel}", "{{model}}"), width=width, description=description)
+
+    return [
+        per_model("Output tokens/s per GPU", "short", cost.TOKENS_PER_GPU_SECOND,
+                  "Output tokens per second over the model's GPUs (every GPU of the hosts it serves alone), over "
+                  f"{cost.WINDOW}: the A/B cost guardrail's reading."),
+        per_model("GPU-seconds per 1k output tokens", "s", cost.GPU_SECONDS_PER_1K,
+                  "GPU time the model's hosts spent per 1,000 output tokens, prompts included; none while it "
+                  "generates nothing."),
+        per_model("Joules per 1k output tokens", "joule", cost.JOULES_PER_1K,
+                  "Energy the model's GPUs drew (NVML's energy counter) per 1,000 output tokens: GPUs only, not "
+                  "the host, its CPUs or cooling."),
+        per_model("$ per 1M output tokens", "currencyUSD", cost.DOLLARS_PER_1M,
+                  "GPU-hours per million output tokens times the price per GPU-hour the rules were generated with "
+                  "(INFERWATCH_GPU_HOUR_PRICE, the stat beside). GPUs only: no host, network or people."),
+        per_model("Idle share of the model's GPUs", "percentunit", cost.MODEL_GPU_IDLE,
+                  "Mean over the model's GPUs of the share of time no kernel ran (1 - NVML utilization over "
+                  f"{cost.WINDOW}): GPUs paid for that wait. Per GPU: the GPU dashboard.", width=12),
+        stat_panel("GPUs per model", "short", q(f"{cost.MODEL_GPUS}{sel}", "{{model}}"), height=8,
+                   description="GPUs attributed to each model: every GPU of the hosts that serve it alone."),
+        stat_panel("GPUs not attributable", "short", q(f"sum({cost.SHARED_GPUS}) or vector(0)", "shared"),
+                   height=8, thresholds=[(None, "green"), (1, "orange")],
+                   description="GPUs of hosts that served several models in the window: nothing says which "
+                               "model used which, so they count for none (docs/cost.md)."),
+        stat_panel("Price per GPU-hour", "currencyUSD", q(cost.GPU_HOUR_PRICE, "price"), height=8,
+                   description="The price the rules were generated with (INFERWATCH_GPU_HOUR_PRICE)."),
+    ]
+
+
 def replicas() -> list:
     """Gateway replicas sharing state, and the vLLM replicas they balance over (docs/replicas.md)."""
     gw = 'instance=~"$gateway"'
@@ -168,10 +267,12 @@ def replicas() -> list:
 
 def build():
     return dashboard(
-        uids.SERVING, "inferwatch / LLM serving", "RED and token-level metrics at the gateway; vLLM's engine.",
+        uids.SERVING, "inferwatch / LLM serving",
+        "RED and token-level metrics at the gateway; vLLM's engine; output quality; cost per token.",
         [query_variable("model", "Model", f'label_values({REQ}{{model!="{UNKNOWN_MODEL}"}}, model)', all_value=None),
          query_variable("variant", "Variant", f'label_values({REQ}{{model=~"$model"}}, variant)'),
          query_variable("gateway", "Gateway", f'label_values(up{{job="{JOB_GATEWAY}"}}, instance)'),
          query_variable("vllm", "vLLM", f'label_values(up{{job="{JOB_VLLM}"}}, instance)')],
         [("Health", health()), ("Users (gateway)", users()), ("Engine (vLLM)", engine()),
-         ("Model layer (vLLM)", model_layer()), ("Replicas (gateway)", replicas())])
+         ("Model layer (vLLM)", model_layer()), ("Output quality (gateway)", output_quality()),
+         ("Cost (vLLM's tokens on its hosts' GPUs)", cost_row()), ("Replicas (gateway)", replicas())])

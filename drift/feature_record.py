@@ -19,6 +19,8 @@ from dataclasses import dataclass, field, fields
 
 import orjson
 
+from inferwatch.drift.sampling_params import VALUES
+
 TEXT_MAX = 128  # characters of a label (model, variant, route, ...): labels, never prompt text
 MAX_BATCH = 10_000  # records in one ingest request
 MAX_FUTURE_S = 300.0  # how far finished_at may lie ahead of the drift service's clock (clock skew)
@@ -44,6 +46,11 @@ def _about(description: str, bounds: tuple[float, float] | None = None, **option
     return field(metadata={"description": description, "bounds": bounds}, **options)
 
 
+def _binned(param: str, what: str | None = None) -> str:
+    about = what or "the request's " + param
+    return f"{about}, binned: {', '.join(VALUES[param])}"
+
+
 @dataclass(slots=True)
 class FeatureRecord:
     """One finished request: numbers and small categoricals only, never prompt text.
@@ -65,6 +72,19 @@ class FeatureRecord:
     e2e_s: float = _about("end-to-end latency, seconds", DURATION_S)
     finish_reason: str | None = _about("why generation ended, as vLLM said")
     mean_logprob: float | None = _about("mean token logprob (model confidence), where captured", LOGPROB)
+    repetition: float | None = _about("share of the answer's 4-grams (of tokens when streamed, of words when not) "
+                                      "that repeat an earlier one; null under 8 units, for n > 1 or no answer",
+                                      (0.0, 1.0), default=None)
+    loop: bool | None = _about("the answer ends repeating one span of tokens over and over", default=None)
+    empty: bool | None = _about("the answer has no text, or whitespace only (tool calls are not empty)",
+                                default=None)
+    temperature_bin: str | None = _about(_binned("temperature"), default=None)
+    top_p_bin: str | None = _about(_binned("top_p"), default=None)
+    max_tokens_bin: str | None = _about(_binned("max_tokens", "the client's max_tokens (default: not set)"),
+                                        default=None)
+    n_bin: str | None = _about(_binned("n", "choices asked for"), default=None)
+    tools: bool | None = _about("the request offered tools (or functions)", default=None)
+    response_format: str | None = _about(_binned("response_format", "the response format asked for"), default=None)
     experiment: str | None = _about("the experiment that assigned the request", default=None)
     unit: str | None = _about("the hashed unit key of the assignment, never the key itself; null for a request "
                               "assigned on its own (no unit key)", default=None)

@@ -18,6 +18,7 @@ import orjson
 
 from inferwatch.drift.binning import Edges, linear_edges, log_edges
 from inferwatch.drift.feature_record import FIELDS, MAX_BATCH, MAX_FUTURE_S, REQUIRED, TEXT_FIELDS, TEXT_MAX
+from inferwatch.drift.sampling_params import VALUES
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,19 @@ class CategoricalFeature:
     description: str
 
 
+# Categoricals read from the record's fields as they are (bools as "true"/"false"): the
+# request's sampling parameters, binned the way the gateway's counter bins them.
+SAMPLING: dict[str, tuple[tuple[str, ...], str]] = {
+    "temperature_bin": (VALUES["temperature"], "the request's temperature"),
+    "top_p_bin": (VALUES["top_p"], "the request's top_p"),
+    "max_tokens_bin": (VALUES["max_tokens"], "the client's max_tokens"),
+    "n_bin": (VALUES["n"], "choices asked for"),
+    "stream": (VALUES["stream"], "streamed or not"),
+    "tools": (VALUES["tools"], "tools offered"),
+    "response_format": (VALUES["response_format"], "the response format asked for"),
+}
+OUTPUT_KINDS = ("text", "empty", "single_token", "loop")
+
 # The grid windows count on. Log-spaced for counts and latencies (they span orders of
 # magnitude), four bins per doubling, linear for logprobs; token-count edges include the
 # powers of two of the gateway's le buckets. Scoring merges these fine bins into about 20
@@ -46,11 +60,13 @@ NUMERIC_FEATURES: tuple[NumericFeature, ...] = (
     NumericFeature("tpot_s", log_edges(0.0005, 2, 48), "time per output token, streamed requests"),
     NumericFeature("e2e_s", log_edges(0.01, 640, 64), "end-to-end latency"),
     NumericFeature("mean_logprob", linear_edges(-20, 0, 80), "mean token logprob, model confidence"),
+    NumericFeature("repetition", linear_edges(0, 1, 50), "share of the answer's 4-grams that repeat an earlier one"),
 )
 # Units apart from the descriptions: the report and /v1/features show both, so a description
 # never repeats its unit.
 UNITS = {"prompt_tokens": "tokens", "completion_tokens": "tokens", "ttft_s": "s", "tpot_s": "s", "e2e_s": "s",
-         "mean_logprob": "nats/token", "finish_reason": "", "status_class": ""}
+         "mean_logprob": "nats/token", "repetition": "", "finish_reason": "", "status_class": "", "output": "",
+         **{name: "" for name in SAMPLING}}
 
 # The record's numeric ranges, from its declaration: anything outside is refused at the edge,
 # so nothing accepted can overflow or poison a later read.
@@ -59,6 +75,8 @@ CATEGORICAL_FEATURES: tuple[CategoricalFeature, ...] = (
     CategoricalFeature("finish_reason", ("stop", "length", "tool_calls", "content_filter", "abort"),
                        "why generation ended"),
     CategoricalFeature("status_class", ("2xx", "4xx", "5xx"), "HTTP outcome"),
+    CategoricalFeature("output", OUTPUT_KINDS, "what the answer is: text, or empty, one token, a loop"),
+    *(CategoricalFeature(name, values, about) for name, (values, about) in SAMPLING.items()),
 )
 FEATURES = {f.name: f for f in (*NUMERIC_FEATURES, *CATEGORICAL_FEATURES)}
 
@@ -84,6 +102,7 @@ class Batch:
     unit: list[str | None]
     epoch: np.ndarray  # int64, -1 where the record had none
     weight: np.ndarray  # NaN where the record had none
+    categorical: dict[str, list[str | None]]  # "output" and the SAMPLING fields; None where the record had null
 
 
 def parse_batch(body: bytes, now: float, max_future_s: float = MAX_FUTURE_S) -> Batch:
@@ -158,9 +177,23 @@ def _columns(records: list, now: float, max_future_s: float) -> Batch | None:
         return None
     if (given != weighted).any() or any(g and e is None for g, e in zip(given.tolist(), cols["experiment"])):
         return None
+    categorical = {name: [_TEXT_OF.get(v, v) for v in cols[name]] for name in SAMPLING}
+    categorical["output"] = output_kinds(cols["empty"], cols["loop"], cols["completion_tokens"],
+                                         cols["finish_reason"])
     return Batch(size=len(records), model=cols["model"], variant=cols["variant"], finished_at=finished,
                  status=status, numeric=numeric, finish_reason=cols["finish_reason"], experiment=cols["experiment"],
-                 unit=cols["unit"], epoch=epoch.astype(np.int64), weight=weight)
+                 unit=cols["unit"], epoch=epoch.astype(np.int64), weight=weight, categorical=categorical)
+
+
+_TEXT_OF = {True: "true", False: "false"}
+
+
+def output_kinds(empty: list, loop: list, completion_tokens: list, finish_reason: list) -> list[str | None]:
+    """What each answer is (``OUTPUT_KINDS``); None where the gateway did not judge it (no
+    complete answer, or several choices)."""
+    return [None if e is None else "empty" if e else "loop" if lp else
+            "single_token" if n == 1 and r == "stop" else "text"
+            for e, lp, n, r in zip(empty, loop, completion_tokens, finish_reason)]
 
 
 def _check(i: int, rec: object, now: float, max_future_s: float) -> None:

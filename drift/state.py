@@ -538,6 +538,7 @@ def _subset(batch: Batch, rows: np.ndarray) -> Batch:
         numeric={k: v[rows] for k, v in batch.numeric.items()},
         finish_reason=[batch.finish_reason[i] for i in rows], experiment=[batch.experiment[i] for i in rows],
         unit=[batch.unit[i] for i in rows], epoch=batch.epoch[rows], weight=batch.weight[rows],
+        categorical={k: [v[i] for i in rows] for k, v in batch.categorical.items()},
     )
 
 

@@ -167,15 +167,21 @@ def split_counts(flat: np.ndarray) -> dict[str, Histogram | CategoricalCounts]:
 
 
 def categorical_counts_of(batch: Batch, rows: np.ndarray) -> dict[str, np.ndarray]:
-    """finish_reason counts (unknown reasons in ``other``; null skipped) and status classes."""
-    reasons = CATEGORICAL_FEATURES[0]
-    index = {c: i for i, c in enumerate(reasons.categories)}
-    codes = [index.get(batch.finish_reason[r], len(index)) for r in rows if batch.finish_reason[r] is not None]
-    classes = _STATUS_BUCKET[batch.status[rows] // 100]  # 2xx, 4xx, 5xx; 1xx and 3xx in "other"
-    return {
-        reasons.name: np.bincount(np.array(codes, dtype=np.int64), minlength=len(index) + 1),
-        "status_class": np.bincount(classes, minlength=4),
-    }
+    """Counts per category (unknown values in ``other``; null skipped); status classes from
+    the status."""
+    out = {}
+    for c in CATEGORICAL_FEATURES:
+        if c.name == "status_class":
+            out[c.name] = np.bincount(_STATUS_BUCKET[batch.status[rows] // 100], minlength=4)  # 1xx, 3xx: other
+            continue
+        column = batch.finish_reason if c.name == "finish_reason" else batch.categorical[c.name]
+        index = _INDEX[c.name]
+        codes = [index.get(column[r], len(index)) for r in rows if column[r] is not None]
+        out[c.name] = np.bincount(np.array(codes, dtype=np.int64), minlength=len(index) + 1)
+    return out
+
+
+_INDEX = {c.name: {v: i for i, v in enumerate(c.categories)} for c in CATEGORICAL_FEATURES}
 
 
 _STATUS_BUCKET = np.array([3, 3, 0, 3, 1, 2])  # status // 100 -> index in ("2xx", "4xx", "5xx", other)

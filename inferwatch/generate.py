@@ -64,9 +64,9 @@ def write(files: Mapping[Path, str], folders: Iterable[Path] = OWNED_DIRS) -> li
 
 
 def main() -> None:
-    """``make generate``: the deployment's links and optional objectives come from the
-    environment (``INFERWATCH_GRAFANA_URL``, ``INFERWATCH_RUNBOOK_URL``,
-    ``INFERWATCH_ITL_SLO_MODELS``, ``INFERWATCH_HEARTBEAT_URL``)."""
+    """``make generate``: the deployment's links, optional objectives and GPU-hour price come
+    from the environment (``INFERWATCH_GRAFANA_URL``, ``INFERWATCH_RUNBOOK_URL``,
+    ``INFERWATCH_ITL_SLO_MODELS``, ``INFERWATCH_HEARTBEAT_URL``, ``INFERWATCH_GPU_HOUR_PRICE``)."""
     try:
         options = rules.Options.from_env()
     except ValueError as exc:

@@ -18,12 +18,17 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
+from inferwatch.drift.sampling_params import PARAMS, SamplingBins
+
 NAMESPACE = "inferwatch_gateway"
 
 REQUEST_DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
 TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40)
 INTER_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5)
 TOKEN_COUNT_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 131072)
+# share of repeated 4-grams in an answer (serving/output_quality.py): fluent text sits under
+# 0.05, a looping answer above 0.5
+REPETITION_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0)
 
 REQUEST_LABELS = ("model", "variant", "route", "status_class")
 UNROUTED = "none"  # the route label of a request refused before any route matched (bounded: never the path)
@@ -38,6 +43,13 @@ UPSTREAM_ERROR_REASONS = (
     "http_5xx",  # vLLM failed
     "stream_interrupted",  # connection lost after the stream started
     "bad_response",  # not JSON / not the shape the OpenAI API promises
+)
+
+# What can be wrong with an answer, read while it streams (serving/output_quality.py).
+ABNORMAL_KINDS = (
+    "empty",  # no text, or whitespace only (an answer with tool calls is not empty)
+    "single_token",  # stopped (finish_reason stop) after one token
+    "loop",  # the answer ends repeating one span of tokens over and over
 )
 
 ENDPOINT_LABELS = ("upstream", "endpoint")
@@ -62,6 +74,9 @@ class GatewayMetrics:
     output_tokens: Counter
     prompt_tokens_per_request: Histogram
     completion_tokens_per_request: Histogram
+    output_repetition: Histogram
+    abnormal_outputs: Counter
+    sampling: Counter
     in_flight: Gauge
     upstream_errors: Counter
     rejected: Counter
@@ -133,6 +148,20 @@ def create_metrics(registry: CollectorRegistry, shared_state: bool = True) -> Ga
         completion_tokens_per_request=hist(
             "request_completion_tokens", "Completion length per request, in tokens.",
             TOKEN_LABELS, TOKEN_COUNT_BUCKETS,
+        ),
+        output_repetition=hist(
+            "output_repetition_ratio", "Per answer: the share of its 4-grams (of tokens when streamed, of words "
+            "when not) that repeat an earlier one; answers of at least 8 such units.", TOKEN_LABELS,
+            REPETITION_BUCKETS,
+        ),
+        abnormal_outputs=Counter(
+            "abnormal_outputs", "Answers (2xx) by what is wrong with them: " + ", ".join(ABNORMAL_KINDS) + ".",
+            (*TOKEN_LABELS, "kind"), namespace=NAMESPACE, registry=registry,
+        ),
+        sampling=Counter(
+            "sampling_requests", "Requests by sampling parameter and its bin (drift/sampling_params.py): "
+            "temperature, top_p, max_tokens, n, stream, tools, response_format.",
+            ("model", "variant", "param", "value"), namespace=NAMESPACE, registry=registry,
         ),
         in_flight=Gauge(
             "requests_in_flight", "Requests being answered right now.", ("model", "variant"),
@@ -279,7 +308,7 @@ class RouteSeries:
     per label set (bounded: models are validated, variants configured, routes two)."""
 
     __slots__ = ("_m", "_key", "_by_status", "in_flight", "ttft", "itl", "tpot", "input_tokens", "output_tokens",
-                 "prompt_tokens", "completion_tokens")
+                 "prompt_tokens", "completion_tokens", "repetition", "_abnormal", "_sampling")
 
     def __init__(self, m: GatewayMetrics, model: str, variant: str, route: str) -> None:
         self._m, self._key = m, (model, variant, route)
@@ -292,6 +321,21 @@ class RouteSeries:
         self.output_tokens = m.output_tokens.labels(model, variant, route)
         self.prompt_tokens = m.prompt_tokens_per_request.labels(model, variant, route)
         self.completion_tokens = m.completion_tokens_per_request.labels(model, variant, route)
+        self.repetition = m.output_repetition.labels(model, variant, route)
+        self._abnormal = {kind: m.abnormal_outputs.labels(model, variant, route, kind) for kind in ABNORMAL_KINDS}
+        self._sampling: dict[tuple[str, str], Counter] = {}
+
+    def abnormal(self, kind: str) -> None:
+        self._abnormal[kind].inc()
+
+    def sampled(self, bins: SamplingBins) -> None:
+        """One request's sampling parameters, binned."""
+        children = self._sampling
+        for key in zip(PARAMS, bins):
+            child = children.get(key)
+            if child is None:
+                child = children[key] = self._m.sampling.labels(self._key[0], self._key[1], *key)
+            child.inc()
 
     def answered_at_zero(self) -> None:
         """Make the status classes the SLOs read exist at 0 before any answer: ``rate()``

@@ -27,6 +27,7 @@ from inferwatch.serving.access import Access
 from inferwatch.serving.errors import CLIENT_CLOSED, GatewayError
 from inferwatch.serving.exchange import Exchange
 from inferwatch.serving.metrics import UNKNOWN_MODEL, UNROUTED
+from inferwatch.serving.output_quality import words
 from inferwatch.serving.recording import Recorder
 from inferwatch.serving.relay import StreamRelay
 from inferwatch.serving.relay_client import UpstreamResponse
@@ -131,15 +132,15 @@ class Proxy:
                 raise
             req = parse_request(state.route, body, models, self.settings.max_tokens_limit)
         state.model, state.req = req.model, req
-        served = None
+        variant = None
         if self.experiments is not None:
-            served = self.experiments.route(exchange.headers, state, req, self.access.may_force)
+            variant = self.experiments.route(exchange.headers, state, req, self.access.may_force)
         pending = self.access.admit(state)
         if pending is not None:
             await pending
         payload, changed = upstream_payload(req, self.settings.capture_logprobs)
-        if served is not None:
-            payload, changed = {**payload, "model": served}, True
+        if variant is not None and (variant.rename is not None or variant.params):
+            payload, changed = {**payload, **variant.params, "model": variant.served_model}, True
         span = state.span
         if span.is_recording():
             # the request's parameters are the client span's (GenAI conventions); the model is
@@ -221,6 +222,8 @@ class Proxy:
                 state.response_id = rid
             account.finish_reasons = [kept for c in choices
                                       if isinstance(c, dict) and (kept := finish_reason_of(c.get("finish_reason")))]
+            if req.n == 1 and choices:
+                read_answer(account, choices[0], req.route)
             if self.settings.capture_logprobs or req.client_wants_logprobs:
                 account.add_logprobs(chunk_logprobs(choices, req.route))
                 if not req.client_wants_logprobs:
@@ -282,6 +285,18 @@ class Proxy:
         except asyncio.CancelledError:
             relay.abort("the gateway stopped while relaying the stream")
             raise
+
+
+def read_answer(account: StreamAccount, choice: object, route: str) -> None:
+    """A whole answer's text as units for the quality signals (serving/output_quality.py);
+    the text itself goes no further."""
+    if not isinstance(choice, dict):
+        return
+    message = choice.get("message") if route == "chat" else choice
+    text = message.get("content") if route == "chat" and isinstance(message, dict) else choice.get("text")
+    if isinstance(text, str):
+        account.units = words(text)
+        account.text_seen = not text.isspace() and text != ""
 
 
 def classify_failure(exc: BaseException) -> tuple[int, str, GatewayError]:

@@ -15,7 +15,9 @@ from collections.abc import Iterable
 from inferwatch.serving.errors import CLIENT_CLOSED, status_class
 from inferwatch.serving.features import FeatureFanout, FeatureQueue, FeatureRecord
 from inferwatch.serving.feedback import AnswerMemory
-from inferwatch.serving.metrics import GatewayMetrics, RouteSeries, observe_many
+from inferwatch.drift.sampling_params import sampling_bins
+from inferwatch.serving.metrics import ABNORMAL_KINDS, GatewayMetrics, RouteSeries, observe_many
+from inferwatch.serving.output_quality import assess
 from inferwatch.serving.request import RequestState
 from inferwatch.serving.sse import StreamAccount
 from inferwatch.serving.tracing import end_span, exemplar, usage_attributes
@@ -78,6 +80,19 @@ class Recorder:
                 series.prompt_tokens.observe(account.prompt_tokens)
             if account.completion_tokens is not None:
                 series.completion_tokens.observe(account.completion_tokens)
+        quality = None
+        if ok and account.finish_reasons and state.req is not None and state.req.n == 1:
+            quality = assess(account.units, account.text_seen, account.finish_reasons[0], account.completion_tokens)
+            if quality.repetition is not None:
+                series.repetition.observe(quality.repetition)
+            for kind in ABNORMAL_KINDS:
+                if getattr(quality, kind):
+                    series.abnormal(kind)
+        bins = None
+        if state.req is not None:
+            req = state.req
+            bins = sampling_bins(req.payload, stream=req.stream, default_max_tokens=req.default_max_tokens)
+            series.sampled(bins)
         if account is not None and (ok or status == CLIENT_CLOSED):
             # what vLLM spent, as its own counters count it: the prompt once per choice, and
             # for an abandoned stream the tokens relayed before the client left
@@ -90,7 +105,7 @@ class Recorder:
         # forced requests are test traffic, not assignments: a record would count them in the
         # A/B arms (read per model and variant) and in drift's windows
         a = state.assignment
-        if self.features is not None and state.req is not None and not state.forced:
+        if self.features is not None and state.req is not None and bins is not None and not state.forced:
             self.features.submit(FeatureRecord(
                 model=state.model, variant=variant, route=state.route, stream=state.req.stream,
                 started_at=state.started_at, finished_at=state.started_at + e2e, status=status,
@@ -99,6 +114,10 @@ class Recorder:
                 ttft_s=account.ttft if account else None, tpot_s=account.tpot() if account else None, e2e_s=e2e,
                 finish_reason=account.finish_reasons[0] if account and account.finish_reasons else None,
                 mean_logprob=account.mean_logprob if account else None,
+                repetition=quality.repetition if quality else None, loop=quality.loop if quality else None,
+                empty=quality.empty if quality else None,
+                temperature_bin=bins.temperature, top_p_bin=bins.top_p, max_tokens_bin=bins.max_tokens,
+                n_bin=bins.n, tools=bins.tools == "true", response_format=bins.response_format,
                 experiment=a.experiment if a else None, unit=a.unit if a else None,
                 epoch=a.epoch if a else None, weight=a.weight if a else None,
             ))

@@ -22,7 +22,7 @@ from inferwatch.serving.errors import GatewayError
 from inferwatch.serving.request import RequestState
 from inferwatch.serving.shared_state import SharedState, SharedStateUnavailable, every
 from inferwatch.serving.shared_weights import POLL_S, SharedWeights
-from inferwatch.serving.split import FORCE_HEADER, FORCE_TOKEN_HEADER, Split, parse_experiments, resolve_weights
+from inferwatch.serving.split import FORCE_HEADER, FORCE_TOKEN_HEADER, Split, Variant, parse_experiments, resolve_weights
 from inferwatch.serving.weights_store import describe_change, load_splits, save_weights
 from inferwatch.serving.metrics import GatewayMetrics
 from inferwatch.serving.settings import GatewaySettings
@@ -156,10 +156,10 @@ class Experiments:
 
 
     def route(self, headers: Mapping[str, str], state: RequestState, req: ParsedRequest,
-              may_force: Callable[[Mapping[str, str]], bool]) -> str | None:
+              may_force: Callable[[Mapping[str, str]], bool]) -> Variant | None:
         """Pick the variant of ``req.model``'s experiment (forced by header, else the split's
-        assignment, counted now) and point the request at its upstream; the served name to
-        send, if not the public one. ``None`` too for a model without an experiment."""
+        assignment, counted now) and point the request at its upstream; ``None`` for a model
+        without an experiment."""
         split = self.splits.get(req.model)
         if split is None:
             return None
@@ -176,7 +176,7 @@ class Experiments:
         variant = split.variants[index]
         state.routed = True
         state.variant, state.upstream, state.rename = variant.name, self.upstreams[variant.upstream_url], variant.rename
-        return None if variant.rename is None else variant.served_model
+        return variant
 
     def _forced_index(self, split: Split, req: ParsedRequest, forced: str, allowed: bool) -> int:
         """The variant the force header names. Forcing bypasses the weights, so it takes the

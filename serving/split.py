@@ -19,7 +19,8 @@ import math
 import random
 from dataclasses import dataclass
 from hashlib import blake2b
-from typing import Mapping, NamedTuple
+from types import MappingProxyType
+from typing import Any, Mapping, NamedTuple
 
 import orjson
 import yaml
@@ -50,11 +51,23 @@ class VariantSpec(BaseModel):
                               "comma-separated or a list (replicas), or a name resolving to several addresses")
     model: str = Field(min_length=1, max_length=256, description="the name that upstream serves it under")
     weight: float = Field(ge=0, le=1, allow_inf_nan=False)
+    params: dict[str, Any] = Field(default_factory=dict, description="request fields set on every request routed "
+                                   "to this variant, over the client's: a sampling configuration under test "
+                                   "(temperature, repetition_penalty, ...)")
 
     @field_validator("upstream_url", mode="before")
     @classmethod
     def _url(cls, value: object) -> str:
         return normalize_upstream(value)
+
+    @field_validator("params")
+    @classmethod
+    def _params(cls, value: dict[str, Any]) -> dict[str, Any]:
+        owned = sorted(set(value) & GATEWAY_FIELDS)
+        if owned:
+            raise ValueError(f"{', '.join(owned)} cannot be set by a variant: the client or the gateway sets "
+                             f"{'it' if len(owned) == 1 else 'them'} (the variant's 'model' names the served model)")
+        return value
 
 
 class ExperimentSpec(BaseModel):
@@ -106,12 +119,20 @@ def bucket_bounds(weights: tuple[float, ...]) -> tuple[int, ...]:
     return (*bounds, BUCKETS)
 
 
+# Request fields a variant's params may not set: what the request is (its model, prompt and
+# shape of answer), what the gateway reads back (usage, logprobs, the user as unit key) and
+# what admission reserved tokens by (max_tokens, n).
+GATEWAY_FIELDS = frozenset({"model", "messages", "prompt", "stream", "stream_options", "n", "logprobs",
+                            "top_logprobs", "user", "echo", "max_tokens", "max_completion_tokens"})
+
+
 @dataclass(frozen=True, slots=True)
 class Variant:
     name: str
     upstream_url: str
     served_model: str
     rename: tuple[bytes, bytes] | None  # (upstream's "model":"served", the client's "model":"public")
+    params: Mapping[str, Any]  # set over the client's request fields (``VariantSpec.params``)
 
 
 class Assignment(NamedTuple):
@@ -145,7 +166,8 @@ class Split:
     @classmethod
     def of(cls, model: str, spec: ExperimentSpec, weights: tuple[float, ...] | None = None,
            epoch: int = 0) -> "Split":
-        variants = tuple(Variant(v.name, v.upstream_url, v.model, _rename(v.model, model)) for v in spec.variants)
+        variants = tuple(Variant(v.name, v.upstream_url, v.model, _rename(v.model, model), MappingProxyType(v.params))
+                         for v in spec.variants)
         weights = tuple(v.weight for v in spec.variants) if weights is None else weights
         return cls(model, spec.name, (spec.salt or spec.name).encode()[:64], variants, weights,
                    bucket_bounds(weights), epoch)

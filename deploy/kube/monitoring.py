@@ -5,6 +5,8 @@ the rules', the rules themselves, the paging route, and the dashboards.
   rules' job name: the Operator's default job would be the Service's name.
 - vLLM's series get ``model`` from its ``model_name`` (as compose's relabel), and its
   ``up`` gets the model from the pod's label, so VLLMDown and its inhibition name the model.
+- vLLM's and the exporter's series get ``host``, the node their pod runs on: the cost rules
+  give a vLLM the GPUs of its host (alerts/cost.py); a pod's address says nothing of its node.
 - kube-prometheus-stack selects rules, monitors and Alertmanager configs by its
   ``release`` label: every such object carries ``Cluster.selector_labels``.
 - The Operator confines an ``AlertmanagerConfig`` to alerts labelled with its namespace.
@@ -59,11 +61,16 @@ def service_monitor(component: str, settings: Settings, *, port: str = "http",
                      "endpoints": [endpoint]}}
 
 
+# the node a pod runs on, as ``host``: what the cost rules join vLLM and the GPUs by
+HOST_RELABEL = {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "host", "action": "replace"}
+
+
 def vllm_relabels() -> tuple[list[dict], list[dict]]:
     """(target relabelings, metric relabelings): the model from the pod's label on every
-    series including ``up``; vLLM's own ``model_name`` where it names one."""
+    series including ``up``, and the pod's node as ``host``; vLLM's own ``model_name`` where
+    it names one."""
     target = [{"sourceLabels": [f"__meta_kubernetes_pod_label_{_label_name(MODEL_LABEL)}"],
-               "regex": "(.+)", "targetLabel": "model", "action": "replace"}]
+               "regex": "(.+)", "targetLabel": "model", "action": "replace"}, HOST_RELABEL]
     metric = [{"sourceLabels": ["model_name"], "regex": "(.+)", "targetLabel": "model", "action": "replace"}]
     return target, metric
 
@@ -74,13 +81,16 @@ def _label_name(label: str) -> str:
 
 
 def exporter_pod_monitor(settings: Settings) -> dict:
-    """A PodMonitor: the DaemonSet has no Service to select, and ``instance`` is the pod."""
+    """A PodMonitor: the DaemonSet has no Service to select, and ``instance`` is the pod.
+    Its node is both ``node`` (as kube-prometheus-stack's node series) and ``host`` (the cost
+    rules' join with vLLM)."""
     return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
             "metadata": _meta(settings.jobs[EXPORTER], settings),
             "spec": {"jobLabel": JOB_LABEL, "selector": {"matchLabels": o.selector(EXPORTER)},
                      "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics", "interval": SCRAPE_INTERVAL,
                                               "relabelings": [{"sourceLabels": ["__meta_kubernetes_pod_node_name"],
-                                                               "targetLabel": "node", "action": "replace"}]}]}}
+                                                               "targetLabel": "node", "action": "replace"},
+                                                              HOST_RELABEL]}]}}
 
 
 def monitors(settings: Settings) -> list[dict]:

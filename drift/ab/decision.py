@@ -222,6 +222,8 @@ def evaluate_metric(spec: MetricSpec, control: Arm, treatment: Arm, exp: Experim
         return _ratio(spec, "errors", "requests", control, treatment, exp, exp.min_units)
     if spec.name == "truncation_rate":
         return _ratio(spec, "truncated", "finished", control, treatment, exp, exp.min_units)
+    if spec.name == "empty_rate":
+        return _ratio(spec, "empty", "judged", control, treatment, exp, exp.min_units)
     if spec.name == "feedback":
         return _ratio(spec, "feedback_positive", "feedback_total", control, treatment, exp, MIN_FEEDBACK)
     if spec.kind == "rank":

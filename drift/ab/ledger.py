@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import orjson
 
-from inferwatch.drift.ab.units import COLUMNS, UnitTable, feedback_values, record_values, sample_key
+from inferwatch.drift.ab.units import COL, COLUMNS, UnitTable, feedback_values, record_values, sample_key
 from inferwatch.drift.schema import Batch
 
 LedgerKey = tuple[str, str]  # (model, experiment)
@@ -90,7 +90,8 @@ class ExperimentLedger:
         if kept:
             idx = np.array(kept)
             table.add(np.array(at), record_values(batch.status[idx], [batch.finish_reason[i] for i in kept],
-                                                  {f: v[idx] for f, v in batch.numeric.items()}))
+                                                  {f: v[idx] for f, v in batch.numeric.items()},
+                                                  [batch.categorical["output"][i] for i in kept]))
         self._bound()
         self.dirty = True
 
@@ -209,8 +210,11 @@ def snapshot(ledger: ExperimentLedger) -> bytes:
 def restore_ledger(blob: bytes, max_rows: int) -> ExperimentLedger:
     with np.load(io.BytesIO(blob), allow_pickle=False) as npz:
         meta = orjson.loads(npz["meta"].tobytes())
-        if meta["columns"] != list(COLUMNS):
-            raise ValueError(f"checkpoint columns {meta['columns']} are not {list(COLUMNS)}")
+        unknown = set(meta["columns"]) - set(COLUMNS)
+        if unknown:
+            raise ValueError(f"checkpoint columns {sorted(unknown)} are not among {list(COLUMNS)}")
+        # a checkpoint from before a column existed: the column starts at 0 for its units
+        at = np.array([COL[name] for name in meta["columns"]], dtype=np.int64)
         ledger = ExperimentLedger(meta["model"], meta["experiment"], max_rows)
         ledger.threshold, ledger.last_at = meta["threshold"], _time(meta["last_at"], -math.inf)
         for n, doc in enumerate(meta["arms"]):
@@ -220,7 +224,7 @@ def restore_ledger(blob: bytes, max_rows: int) -> ExperimentLedger:
                 doc["last_at"], -math.inf)
             data, keys = npz[f"data{n}"], npz[f"keys{n}"]
             table = a.table = UnitTable(max(64, data.shape[0]))
-            table.data[:data.shape[0]], table.keys[:keys.size], table.size = data, keys, data.shape[0]
+            table.data[:data.shape[0], at], table.keys[:keys.size], table.size = data, keys, data.shape[0]
             table.ids = dict(zip(doc["ids"], doc["id_rows"]))
     ledger.dirty = False
     return ledger

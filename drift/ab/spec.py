@@ -41,6 +41,9 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("completion_tokens", "answer length", "rank", "higher_is_worse", 0.05, "tokens", "completion_tokens"),
     MetricSpec("mean_logprob", "mean token logprob (model confidence)", "mean", "lower_is_worse", 0.1, "nats/token",
                "mean_logprob"),
+    MetricSpec("repetition_rate", "share of repeated 4-grams in answers", "rank", "higher_is_worse", 0.05, "",
+               "repetition"),
+    MetricSpec("empty_rate", "empty or whitespace-only answers", "proportion", "higher_is_worse", 0.005),
     MetricSpec("feedback", "positive user feedback", "proportion", "lower_is_worse", 0.02),
 )
 BY_NAME = {m.name: m for m in METRICS}

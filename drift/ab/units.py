@@ -20,8 +20,9 @@ from hashlib import blake2b
 import numpy as np
 
 # numeric features summed per unit (count of values, sum of values)
-UNIT_FEATURES = ("ttft_s", "tpot_s", "e2e_s", "completion_tokens", "mean_logprob")
-COLUMNS = ("requests", "errors", "finished", "truncated", "feedback_total", "feedback_positive",
+UNIT_FEATURES = ("ttft_s", "tpot_s", "e2e_s", "completion_tokens", "mean_logprob", "repetition")
+# judged: answers the gateway judged (drift/schema.py ``output``), of which empty were empty
+COLUMNS = ("requests", "errors", "finished", "truncated", "feedback_total", "feedback_positive", "judged", "empty",
            *(f"{f}:{part}" for f in UNIT_FEATURES for part in ("n", "sum")))
 COL = {name: i for i, name in enumerate(COLUMNS)}
 _SAMPLE_PERSON = b"ab-unit-sample"  # a hash apart from the gateway's assignment hash
@@ -81,13 +82,16 @@ class UnitTable:
         return self.data.nbytes + self.keys.nbytes + 120 * len(self.ids)
 
 
-def record_values(status: np.ndarray, finish_reason: list[str | None], numeric: dict[str, np.ndarray]) -> np.ndarray:
+def record_values(status: np.ndarray, finish_reason: list[str | None], numeric: dict[str, np.ndarray],
+                  output: list[str | None]) -> np.ndarray:
     """What each record adds to its unit's row, one row per record."""
     values = np.zeros((status.size, len(COLUMNS)))
     values[:, COL["requests"]] = 1
     values[:, COL["errors"]] = status >= 500
     values[:, COL["finished"]] = [r is not None for r in finish_reason]
     values[:, COL["truncated"]] = [r == "length" for r in finish_reason]
+    values[:, COL["judged"]] = [k is not None for k in output]
+    values[:, COL["empty"]] = [k == "empty" for k in output]
     for f in UNIT_FEATURES:
         x = numeric[f]
         present = ~np.isnan(x)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from inferwatch.alerts import dcgm
+from inferwatch.alerts import cost, dcgm
 from inferwatch.exporters.metrics import SPECS
 from inferwatch.catalog import series_of
 from tests.alerts.promtool import RULE_FILES, Scenario, promtool_doc, run_promtool, selector
@@ -187,7 +187,10 @@ def test_the_gpu_dashboard_reads_what_the_rules_record_except_what_dcgm_exporter
               for v in dashboard["templating"]["list"] if v.get("type") == "query"]
     read = {n for e in exprs for n in metric_names(e) if n.startswith("inferwatch_")}
     recorded = {r["record"] for r in dcgm.rules()}
-    assert read - recorded == dcgm.NOT_FROM_DCGM
+    # the cost rules' per-GPU records read only GPU series the compatibility rules record
+    cost_records = {r.name for r in cost.records()}
+    assert {n for r in cost.records() for n in metric_names(r.expr) if n.startswith("inferwatch_gpu")} <= recorded
+    assert read - recorded - cost_records == dcgm.NOT_FROM_DCGM
 
 
 # Kubernetes labels a dcgm-exporter series can carry, all of which change with the pod

@@ -178,7 +178,7 @@ def test_the_xid_panel_counts_the_first_xid_of_a_gpu(tmp_path):
 
 def test_p_values_are_on_a_log_axis():
     shown = [p for p in panels(DOCS[uids.DRIFT]) if "p-value" in p["title"]]
-    assert len(shown) == 3  # numeric and categorical features, the A/B sample ratio
+    assert len(shown) == 4  # numeric, answer and sampling features, the A/B sample ratio
     for panel in shown:
         assert panel["fieldConfig"]["defaults"]["custom"]["scaleDistribution"] == {"type": "log", "log": 10}, \
             panel["title"]
@@ -251,3 +251,73 @@ def test_every_gpu_reading_is_on_the_gpu_dashboard_or_left_out_with_its_reason()
     both = [name for name in NOT_ON_DASHBOARDS if any(n in shown for n in (name, f"{name}_total"))]
     assert both == [], f"listed as left out but shown: {both}"
     assert set(NOT_ON_DASHBOARDS) <= {s.name for s in SPECS}, "a left-out name the exporter does not export"
+
+
+def test_output_quality_shows_every_sampling_parameter_within_the_series_limit():
+    """Each parameter the gateway bins is on a panel: by bin (each bin a series: at most 8,
+    the live test's limit) or as the share of requests that set it."""
+    from inferwatch.drift.sampling_params import PARAMS, VALUES
+
+    serving = {p["title"]: p for p in panels(DOCS[uids.SERVING])}
+    by_bin = [t for t in serving if t.startswith("Sampling: ") and "," not in t]
+    shown = {t.removeprefix("Sampling: ") for t in by_bin}
+    [flags] = [serving[t] for t in serving if t.startswith("Sampling: ") and "," in t]
+    flagged = {re.search(r'param="(\w+)", value=~', t["expr"])[1] for t in flags["targets"]}
+    assert shown | flagged == set(PARAMS) and not shown & flagged
+    assert all(len(VALUES[param]) <= 8 for param in shown)
+    assert {"Repetition in answers", "Answers empty, one token or looping"} <= set(serving)
+
+
+def test_the_cost_row_reads_the_cost_rules_only():
+    from inferwatch.alerts import cost
+
+    records = {r.name for r in cost.records()}
+    doc = DOCS[uids.SERVING]
+    start = next(i for i, p in enumerate(doc["panels"]) if p["type"] == "row" and p["title"].startswith("Cost"))
+    end = next(i for i, p in enumerate(doc["panels"][start + 1:], start + 1) if p["type"] == "row")
+    read = {n for p in doc["panels"][start + 1:end] for t in p["targets"] for n in metric_names(t["expr"])}
+    assert read and read <= records, read - records
+    assert cost.TOKENS_PER_GPU_SECOND in read
+
+
+def test_output_quality_panels_are_shares_of_requests(tmp_path):
+    """Gateway-shaped counters through the panels' own queries, substituted as Grafana would,
+    in promtool: bins as shares, a parameter nobody sets at 0, abnormal answers as a share of
+    the 2xx answers."""
+    from inferwatch.dashboards.queries import TimeRange, substitute
+    from tests.alerts.promtool import run_promtool, selector
+
+    serving = {p["title"]: p for p in panels(DOCS[uids.SERVING])}
+    variables = {v["name"]: ".*" for v in DOCS[uids.SERVING]["templating"]["list"]}
+
+    def expr(title: str, target: int = 0) -> str:
+        return substitute(serving[title]["targets"][target]["expr"], variables, TimeRange(0, 3600, 60))
+
+    gw = {"job": "inferwatch-gateway", "instance": "gw:8080", "model": "m1", "variant": "v1"}
+
+    def sampled(param: str, value: str) -> str:
+        return selector("inferwatch_gateway_sampling_requests_total", {**gw, "param": param, "value": value})
+
+    series = {sampled("temperature", "default"): "0+30x20", sampled("temperature", "0"): "0+90x20",
+              sampled("stream", "true"): "0+60x20", sampled("stream", "false"): "0+60x20",
+              sampled("tools", "false"): "0+120x20", sampled("response_format", "none"): "0+120x20",
+              sampled("n", "1"): "0+120x20",
+              selector("inferwatch_gateway_requests_total", {**gw, "route": "/v1/chat/completions",
+                                                             "status_class": "2xx"}): "0+120x20",
+              selector("inferwatch_gateway_abnormal_outputs_total", {**gw, "route": "/v1/chat/completions",
+                                                                     "kind": "loop"}): "0+12x20"}
+    flags = [t["legendFormat"] for t in serving["Sampling: stream, tools, JSON, n"]["targets"]]
+
+    def at_10m(query: str, samples: dict[str, float]) -> dict:
+        return {"expr": query, "eval_time": "10m",
+                "exp_samples": [{"labels": labels, "value": v} for labels, v in samples.items()]}
+
+    checks = [at_10m(expr("Sampling: temperature"), {'{value="default"}': 0.25, '{value="0"}': 0.75}),
+              *(at_10m(expr("Sampling: stream, tools, JSON, n", i), {"{}": 0.5 if legend == "streamed" else 0})
+                for i, legend in enumerate(flags)),
+              at_10m(expr("Answers empty, one token or looping"), {'{model="m1", kind="loop"}': 0.1})]
+    doc = {"rule_files": [], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": [{"series": k, "values": v} for k, v in series.items()],
+        "promql_expr_test": checks}]}
+    result = run_promtool(doc, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr

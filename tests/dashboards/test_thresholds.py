@@ -89,7 +89,7 @@ def test_snapshot_age_panel_marks_where_the_stale_snapshot_alert_fires():
 def test_drift_verdict_panel_states_the_alerts_duration_and_record_floor():
     rule = alert("DriftDetected")
     floor = int(number_after(r"window_records", rule["expr"]))
-    description = panel(uids.DRIFT, "Feature verdict (1 = drifted)")["description"]
+    description = panel(uids.DRIFT, "Drifted features per segment")["description"]
     assert f"for {rule['for']}, with at least {floor} records" in description
 
 

@@ -180,6 +180,17 @@ def spec_jobs() -> set[str]:
     return {spec.JOB_GATEWAY, spec.JOB_VLLM, spec.JOB_EXPORTER, spec.JOB_DRIFT}
 
 
+def test_vllm_and_the_exporter_are_labelled_with_their_node_as_host():
+    """The cost rules give a vLLM the GPUs of its host (alerts/cost.py): a pod's address says
+    nothing of its node, so both monitors write the node into ``host``."""
+    objects = built("gpu")
+    [vllm] = [m for m in _by_kind(objects, "ServiceMonitor") if m["metadata"]["name"] == spec.JOB_VLLM]
+    [exporter] = _by_kind(objects, "PodMonitor")
+    node = {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "host", "action": "replace"}
+    assert all(node in e["relabelings"] for e in vllm["spec"]["endpoints"])
+    assert all(node in e["relabelings"] for e in exporter["spec"]["podMetricsEndpoints"])
+
+
 @pytest.mark.parametrize("overlay", sorted(OVERLAYS))
 def test_every_secret_is_a_documented_users_secret_mounted_as_a_file(overlay, tmp_path):
     objects = with_everything(overlay, tmp_path)

@@ -87,6 +87,15 @@ def test_more_errors_and_truncations_roll_back():
     assert result.metrics["error_rate"].test == "delta_method"
 
 
+def test_a_repeating_canary_with_empty_answers_rolls_back_naming_them_and_nothing_else():
+    result = analyse(EXP, *arms(3000, 3000, Effects(repetition_a=4.0, empty_rate=0.03)))
+    assert result.decision == "rollback"
+    assert set(result.worse) == {"repetition_rate", "empty_rate"}
+    assert result.metrics["repetition_rate"].test == "mann_whitney_units"
+    empty = result.metrics["empty_rate"]
+    assert empty.test == "delta_method" and empty.interval[0] > 0
+
+
 def test_a_faster_canary_is_better_not_worse():
     result = analyse(EXP, *arms(3000, 3000, Effects(ttft_factor=0.7)))
     assert result.metrics["ttft"].verdict == "better" and result.decision != "rollback"

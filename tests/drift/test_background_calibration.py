@@ -15,6 +15,7 @@ from inferwatch.drift.calibration import size_band, next_band
 from inferwatch.drift.calibrator import BackgroundCalibrator
 from inferwatch.drift.service import DriftSettings, create_app
 from inferwatch.drift.state import DriftState, WindowConfig
+from inferwatch.drift.schema import NUMERIC_FEATURES
 from inferwatch.drift.store import Store
 from inferwatch.drift.verdicts import CalibrationCache, calibrate, reference_of
 from tests.support.clock import Clock
@@ -89,7 +90,7 @@ def test_requests_never_calibrate_and_verdicts_arrive_when_the_worker_is_done(tm
             text = requests.get(url + "/metrics", timeout=10).text
             assert metric_sum(text, "inferwatch_drift_segment_status", model="m", status="drift") == 1
             assert metric_sum(text, "inferwatch_drift_feature_detected", feature="prompt_tokens") == 1
-            assert metric_sum(text, "inferwatch_drift_calibrations_total") >= 6  # one per numeric feature
+            assert metric_sum(text, "inferwatch_drift_calibrations_total") >= len(NUMERIC_FEATURES)  # one per numeric feature
         assert held.threads == {"drift-calibration"}
     finally:
         held.release.set()
@@ -167,6 +168,6 @@ def test_a_restart_queues_the_calibrations_its_baselines_need(tmp_path):
     again = DriftState(Store(path), WindowConfig(), clock=clock,
                        calibrator=BackgroundCalibrator(CalibrationCache(), compute=held))
     again.restore()
-    assert held.entered.wait(10) and again.calibrator.pending == 6  # before any request asked
+    assert held.entered.wait(10) and again.calibrator.pending == len(NUMERIC_FEATURES)  # before any request asked
     held.release.set()
     assert again.calibrated_verdict(("m", "v1")).status == "no_drift"

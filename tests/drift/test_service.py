@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import requests
 
+from inferwatch.drift.schema import NUMERIC_FEATURES
 from inferwatch.drift.service import DriftSettings, create_app
 from inferwatch.drift.state import DriftState, WindowConfig
 from inferwatch.drift.store import Store
@@ -25,7 +26,7 @@ HOUR = 3600.0
 
 @pytest.fixture
 def service(tmp_path):
-    settings = DriftSettings(db_path=str(tmp_path / "drift.sqlite3"), token="s3cret", max_body_bytes=2_000_000)
+    settings = DriftSettings(db_path=str(tmp_path / "drift.sqlite3"), token="s3cret", max_body_bytes=4_000_000)
     with AppServer(create_app(settings)) as server:
         server.auth = {"authorization": "Bearer s3cret"}
         yield server
@@ -197,7 +198,7 @@ def test_auth_and_size_limits(service):
     assert post(service, "/v1/ingest", body(records(5, now - 5, now, seed=5)), auth=False).status_code == 401
     assert requests.post(service.url + "/v1/ingest", data=b"{}", timeout=5,
                          headers={"authorization": "Bearer wrong"}).status_code == 401
-    big = post(service, "/v1/ingest", b"x" * 2_100_000)
+    big = post(service, "/v1/ingest", b"x" * 4_100_000)
     assert big.status_code == 413
     assert requests.get(service.url + "/v1/drift", timeout=5).status_code == 200  # reads stay open
 
@@ -292,7 +293,7 @@ def test_window_memory_does_not_grow_with_traffic(tmp_path):
     for i in range(20):
         state.ingest(body(records(5000, clock.now - 500, clock.now, seed=8 + i)))
         sizes.append(state.windows[("m", "v1")].nbytes())
-    bound = 10 * (WIDTH * 8 + 6 * 500 * 16)  # buckets x (counts + R keys and values per numeric feature)
+    bound = 10 * (WIDTH * 8 + len(NUMERIC_FEATURES) * 500 * 16)  # buckets x (counts + R keys, values per numeric feature)
     assert max(sizes) <= bound
     assert state.window_records(("m", "v1")) == 101_000
     assert state.windows[("m", "v1")].samples("ttft_s", clock.now).size == 500

@@ -134,6 +134,11 @@ def test_more_than_one_variant_left_out_is_refused():
     ("experiments: {chat: {name: 'has space', variants: []}}", "pattern"),
     ("experiments: {chat: {name: x, colour: red}}", "colour"),
     ("experiments: [", "not valid YAML"),
+    ("experiments: {chat: {name: x, variants: [{name: a, upstream_url: 'http://a', model: m, weight: 0.5},"
+     " {name: b, upstream_url: 'http://b', model: m, weight: 0.5, params: {stream: false, max_tokens: 5}}]}}",
+     "max_tokens, stream cannot be set by a variant"),
+    ("experiments: {chat: {name: x, variants: [{name: a, upstream_url: 'http://a', model: m, weight: 0.5},"
+     " {name: b, upstream_url: 'http://b', model: m, weight: 0.5, params: [1]}]}}", "params"),
 ])
 def test_bad_files_say_where(text, words):
     with pytest.raises(ExperimentError, match=words):

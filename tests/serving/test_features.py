@@ -188,11 +188,12 @@ def test_http_sink_posts_batches_and_counts_failures():
 def test_record_carries_exactly_the_design_contract():
     """DESIGN.md: numbers and small categoricals only; no prompt or completion text. The A/B
     fields are the experiment's name, the hashed unit id, the weight epoch and the variant's
-    weight in it."""
+    weight in it; the model layer's are numbers, flags and bins, never the answer."""
     assert set(orjson.loads(orjson.dumps(record()))) == {
         "model", "variant", "route", "stream", "started_at", "finished_at", "status", "prompt_tokens",
         "completion_tokens", "ttft_s", "tpot_s", "e2e_s", "finish_reason", "mean_logprob", "experiment", "unit",
-        "epoch", "weight",
+        "epoch", "weight", "repetition", "loop", "empty", "temperature_bin", "top_p_bin", "max_tokens_bin", "n_bin",
+        "tools", "response_format",
     }
 
 

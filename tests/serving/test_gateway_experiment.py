@@ -200,6 +200,32 @@ def test_an_unknown_forced_variant_is_a_400_naming_the_header_and_leaves_no_reco
     assert [r.variant for r in records] != ["default"] and len(records) == 1  # no record under a fake variant
 
 
+def test_a_variants_params_are_set_over_the_clients(tmp_path, stubs):
+    """A sampling configuration under test: the canary's requests carry its params, the
+    control's the client's own; the record keeps the client's (its bins)."""
+    a, b = stubs
+    f = tmp_path / "experiments.yaml"
+    f.write_text(f"""
+experiments:
+  chat:
+    name: sampling-1
+    variants:
+      - {{name: v1, upstream_url: "{a.url}", model: ok, weight: 0}}
+      - {{name: v2, upstream_url: "{b.url}", model: ok, weight: 1, params: {{repetition_penalty: 0.5, temperature: 1.5}}}}
+""")
+    with gateway(f, stubs) as g:
+        before = len(b.seen)
+        r = requests.post(g.url + CHAT, json={"model": "chat", "messages": [{"role": "user", "content": "hi"}],
+                                              "temperature": 0.2, "user": "u1"}, timeout=10)
+        assert r.status_code == 200, r.text
+        sent = b.seen[before]
+        assert (sent["repetition_penalty"], sent["temperature"], sent["model"]) == (0.5, 1.5, "ok")
+        assert r.json()["model"] == "chat"
+        sink = g.gateway.features.sink
+        record = eventually(lambda: sink.records[-1] if sink.records else None)
+        assert record.variant == "v2" and record.temperature_bin == "0-0.5"
+
+
 def test_models_outside_experiments_route_as_before(gw, stubs):
     r = chat(gw, model="ok", user="user-1")
     assert r.status_code == 200 and r.json()["model"] == "ok" and "x-inferwatch-variant" not in r.headers

@@ -169,9 +169,11 @@ def _both_ways(route: str, events: list[bytes], read_logprobs: bool = False):
     (plain_out, plain, _), (short_out, short, taken) = results
     assert short_out == plain_out
     assert (short.token_events, short.gaps, short.first_token, short.last_token, short.finish_reasons,
-            short.prompt_tokens, short.completion_tokens, short.logprob_count, short.done) == \
+            short.prompt_tokens, short.completion_tokens, short.logprob_count, short.done, short.units.tolist(),
+            short.text_seen) == \
            (plain.token_events, plain.gaps, plain.first_token, plain.last_token, plain.finish_reasons,
-            plain.prompt_tokens, plain.completion_tokens, plain.logprob_count, plain.done)
+            plain.prompt_tokens, plain.completion_tokens, plain.logprob_count, plain.done, plain.units.tolist(),
+            plain.text_seen)
     return taken
 
 

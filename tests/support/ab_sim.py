@@ -28,6 +28,8 @@ class Effects:
     length_factor: float = 1.0
     logprob_shift: float = 0.0
     thumbs_up: float = 0.7
+    repetition_a: float = 1.0  # repetition ~ Beta(a, 60): mean a / (a + 60)
+    empty_rate: float = 0.002
 
 
 @dataclass(frozen=True)
@@ -48,11 +50,15 @@ def stream(n: int, effects: Effects, rng: np.random.Generator) -> Stream:
     tpot = rng.lognormal(np.log(0.02), 0.3, n) * effects.tpot_factor
     values = {"ttft_s": ttft, "tpot_s": tpot, "e2e_s": ttft + tpot * completion, "completion_tokens": completion,
               "mean_logprob": rng.normal(-1.2 + effects.logprob_shift, 0.4, n)}
+    more = np.random.default_rng(rng.bit_generator.seed_seq.spawn(1)[0])  # leaves rng's own draws as they were
+    values["repetition"] = more.beta(effects.repetition_a, 60.0, n)
+    empty = more.random(n) < effects.empty_rate
     for name in values:  # a failed request has no latency or length record
         values[name] = np.where(error, np.nan, values[name])
     truncated = ~error & (rng.random(n) < effects.truncation_rate)
     reasons = np.where(error, None, np.where(truncated, "length", "stop")).tolist()
-    units = record_values(np.where(error, 500, 200), reasons, {f: values[f] for f in UNIT_FEATURES})
+    units = record_values(np.where(error, 500, 200), reasons, {f: values[f] for f in UNIT_FEATURES},
+                          np.where(error, None, np.where(empty, "empty", "text")).tolist())
     return Stream(error, truncated, values, rng.random(n) < effects.thumbs_up, units)
 
 

@@ -81,7 +81,8 @@ def requests(u: Users, s: Split, t0: float, t1: float, rng: np.random.Generator,
     numeric = {"prompt_tokens": np.maximum(1, np.exp(u.log_prompt[user] + rng.normal(0, 0.5, n))).round(),
                "completion_tokens": np.where(ok, answer, np.nan), "ttft_s": np.where(ok, ttft, np.nan),
                "tpot_s": np.where(ok, tpot, np.nan), "e2e_s": np.where(ok, ttft + tpot * answer, 0.05),
-               "mean_logprob": np.where(ok, -rng.gamma(2.0, 0.3, n), np.nan)}
+               "mean_logprob": np.where(ok, -rng.gamma(2.0, 0.3, n), np.nan),
+               "repetition": np.where(ok, rng.beta(1.0, 60.0, n), np.nan)}
     weights = np.array(s.weights)
     return Requests(user, arm, [assigned[i][1].unit for i in user], np.sort(rng.uniform(t0, t1, n)), status,
                     reason.tolist(), numeric, weights[arm], s.epoch)
@@ -98,7 +99,7 @@ def concat(a: Requests, b: Requests) -> Requests:
 def unit_tables(r: Requests, per_request: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Each arm's per-unit sums, as the ledger would hold them (``per_request``: as if every
     request were its own unit, the mistake the unit of analysis fixes)."""
-    values = record_values(r.status, r.finish_reason, r.numeric)
+    values = record_values(r.status, r.finish_reason, r.numeric, answers(r))
     out = []
     for arm in (0, 1):
         rows = np.flatnonzero(r.arm == arm)
@@ -108,6 +109,11 @@ def unit_tables(r: Requests, per_request: bool = False) -> tuple[np.ndarray, np.
         np.add.at(table, inverse, values[rows])
         out.append(table)
     return out[0], out[1]
+
+
+def answers(r: Requests) -> list[str | None]:
+    """What each answer is, as the drift service reads it from a record: text, or none for a failure."""
+    return ["text" if status < 500 else None for status in r.status.tolist()]
 
 
 def feature_records(r: Requests) -> list[dict]:
@@ -123,6 +129,8 @@ def feature_records(r: Requests) -> list[dict]:
                     "completion_tokens": None if value["completion_tokens"] is None else int(value["completion_tokens"]),
                     "ttft_s": value["ttft_s"], "tpot_s": value["tpot_s"], "e2e_s": e2e,
                     "finish_reason": r.finish_reason[i], "mean_logprob": value["mean_logprob"],
+                    "repetition": value["repetition"], "empty": None if r.status[i] >= 500 else False,
+                    "loop": None if r.status[i] >= 500 else False,
                     "experiment": EXPERIMENT, "unit": r.unit[i], "epoch": r.epoch, "weight": float(r.weight[i])})
     return out
 

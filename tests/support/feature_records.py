@@ -25,6 +25,17 @@ def records(n: int, t0: float, t1: float, *, seed: int, prompt_mu: float = 5.0, 
             "tpot_s": float(tpot[i]), "e2e_s": e2e, "finish_reason": str(reasons[i]),
             "mean_logprob": float(-rng.gamma(2.0, 0.5)),
         })
+    # the model layer's fields from a generator of their own: the fields above stay what they were
+    more = np.random.default_rng(seed + 7919)
+    repetition = more.beta(1.0, 60.0, n)
+    empty = more.random(n) < 0.01
+    temperature = more.choice(["default", "0-0.5", "0.5-1"], n, p=[0.5, 0.2, 0.3])
+    max_tokens = more.choice(["default", "65-256", "257-1024"], n, p=[0.6, 0.3, 0.1])
+    tools = more.random(n) < 0.1
+    for i, rec in enumerate(out):
+        rec.update(repetition=float(repetition[i]), loop=False, empty=bool(empty[i]),
+                   temperature_bin=str(temperature[i]), top_p_bin="default", max_tokens_bin=str(max_tokens[i]),
+                   n_bin="1", tools=bool(tools[i]), response_format="none")
     return out
 
 

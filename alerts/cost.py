@@ -1,0 +1,169 @@
+"""What a model's tokens cost in GPU time, energy and money: recording rules, as data.
+
+``make generate`` writes them to ``alerts/rules/cost.yml`` (``inferwatch up`` to its own
+copy) with the price per GPU-hour of ``Options`` (``INFERWATCH_GPU_HOUR_PRICE``). The
+dashboards' Cost row and the A/B ``cost`` guardrail read the recorded series, never the
+raw counters, so they cannot disagree on what a GPU-second is.
+
+How GPU time is attributed to a model (docs/cost.md says it for operators):
+
+- **The join is the host.** Every vLLM series and every GPU series gets a ``host`` label:
+  the target's own ``host`` where its scrape config sets one (the compose stack's target
+  files; Kubernetes, from the node a pod runs on), else the host part of ``instance``
+  (``inferwatch up``, where vLLM and the exporter are both scraped at 127.0.0.1). A vLLM and
+  the GPUs of its host are then joined on ``host``; nothing else ties a vLLM to a GPU in
+  what Prometheus sees (vLLM exports no device ids, the exporter no vLLM).
+- **A host that served one model in the window gives all its GPUs to that model**, also the
+  GPUs its vLLM does not use: the host is what is paid for, and the idle share says how
+  much of it waits. Several vLLM replicas of the same model on one host are that model's.
+  Work that is not vLLM's (a training job on the same host) is invisible here, and charged
+  to the model too.
+- **A host that served several models in the window is not attributed**: nothing exported
+  says which GPU (or which share of one, under MPS or time slicing) each model used, so no
+  per-model number is made from it, not even a split by tokens, which would charge a small
+  model for a large one's GPUs. Its GPUs are counted in ``SHARED_GPUS`` and its tokens per
+  GPU-second are recorded per host (``HOST_TOKENS_PER_GPU_SECOND``), for the host only. A
+  model that replaces another shows as two models for one window.
+- A model's numbers cover the hosts it runs on alone, tokens and GPUs alike: its replicas on
+  a shared host leave both out, so the ratio holds for the part it covers.
+- **The unit is vLLM's served model name** (its ``model_name``, relabelled ``model``), not
+  the gateway's public name and variant: vLLM does not know the variant. An A/B variant with
+  a served name of its own (the experiment file's ``model``) on GPUs of its own is its own
+  series; variants under one served name are one series, and variants of two served names
+  on one host have none.
+
+Every ratio reads rates over ``WINDOW``. Ratios per output token are absent while a model
+generates nothing (a division by zero is no cost); the idle share still counts those GPUs.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from collections.abc import Callable
+
+from inferwatch.alerts.model import Record
+from inferwatch.catalog import metric as m
+
+WINDOW = "5m"
+# A placeholder of the order of an on-demand data-center GPU rented by the hour: the dollar
+# figures mean something only once a deployment sets its own (INFERWATCH_GPU_HOUR_PRICE).
+DEFAULT_GPU_HOUR_PRICE = 2.0
+
+# the host part of `instance` (host:port, [v6]:port, or a bare host): RE2, anchored
+INSTANCE_HOST = "(.+?)(?::[0-9]+)?"
+_NO_HOST, _OWN_HOST = 'host=""', 'host!=""'
+
+_ENERGY = m("inferwatch_gpu_energy_joules_total")
+_UTILIZATION = m("inferwatch_gpu_utilization_ratio")
+_GPU = m("inferwatch_gpu_info")
+_OUTPUT = m("vllm:generation_tokens_total")
+_PROMPT = m("vllm:prompt_tokens_total")
+_RUNNING = m("vllm:num_requests_running")
+_SERVED = ',model!=""'  # vLLM's series name their model (model_name, relabelled model)
+
+# per host (and model)
+HOST_MODEL = "inferwatch_cost:host_model:info"  # {host, model}: models served on the host in the window
+HOST_MODELS = "inferwatch_cost:host_models:count"  # {host}
+HOST_GPUS = "inferwatch_cost:host_gpus:count"  # {host}
+HOST_ENERGY = f"inferwatch_cost:host_gpu_energy:joules_rate{WINDOW}"  # {host}: watts, all its GPUs
+HOST_OUTPUT = f"inferwatch_cost:host_model_output_tokens:rate{WINDOW}"  # {host, model}
+HOST_PROMPT = f"inferwatch_cost:host_model_prompt_tokens:rate{WINDOW}"  # {host, model}
+ATTRIBUTED_GPUS = "inferwatch_cost:host_model_gpus:count"  # {host, model}: only hosts of one model
+SHARED_GPUS = "inferwatch_cost:host_gpus_shared:count"  # {host}: GPUs of hosts of several models
+HOST_TOKENS_PER_GPU_SECOND = f"inferwatch_cost:host_output_tokens_per_gpu_second:rate{WINDOW}"  # {host}
+# per GPU
+GPU_IDLE = f"inferwatch_cost:gpu_idle:ratio_avg{WINDOW}"  # the exporter's GPU labels and host
+# per model
+MODEL_GPUS = "inferwatch_cost:model_gpus:count"
+MODEL_OUTPUT = f"inferwatch_cost:model_output_tokens:rate{WINDOW}"
+MODEL_PROMPT = f"inferwatch_cost:model_prompt_tokens:rate{WINDOW}"
+MODEL_ENERGY = f"inferwatch_cost:model_gpu_energy:joules_rate{WINDOW}"
+TOKENS_PER_GPU_SECOND = f"inferwatch_cost:model_output_tokens_per_gpu_second:rate{WINDOW}"  # the A/B cost guardrail's
+GPU_SECONDS_PER_1K = f"inferwatch_cost:model_gpu_seconds_per_1k_output_tokens:rate{WINDOW}"
+JOULES_PER_1K = f"inferwatch_cost:model_joules_per_1k_output_tokens:rate{WINDOW}"
+DOLLARS_PER_1M = f"inferwatch_cost:model_dollars_per_1m_output_tokens:rate{WINDOW}"
+MODEL_GPU_IDLE = f"inferwatch_cost:model_gpu_idle:ratio_avg{WINDOW}"
+GPU_HOUR_PRICE = "inferwatch_cost:gpu_hour_price:dollars"
+
+
+def check_price(price: float) -> float:
+    """A price per GPU-hour is a finite number above 0 (0 would make every GPU free)."""
+    if not (isinstance(price, (int, float)) and math.isfinite(price) and price > 0):
+        raise ValueError(f"INFERWATCH_GPU_HOUR_PRICE must be a number above 0 (dollars per GPU-hour), got {price!r}")
+    return float(price)
+
+
+def hosted(expr: Callable[[str], str]) -> str:
+    """``expr`` (of the label matchers it is given, without braces) on every series with a
+    ``host`` label: the target's own where its scrape config set one, else the host part of
+    ``instance``. Two selections, so no series is taken twice and none loses its own ``host``
+    (``label_replace`` would overwrite it)."""
+    derived = f'label_replace({expr(_NO_HOST)}, "host", "$1", "instance", "{INSTANCE_HOST}")'
+    return f"{derived}\nor {expr(_OWN_HOST)}"
+
+
+def _window(name: str, fn: str, matchers: str = "") -> Callable[[str], str]:
+    """``fn`` over ``name`` in the window, e.g. ``rate(x{host=""}[5m])``."""
+    return lambda sel: f"{fn}({name}{{{sel}{matchers}}}[{WINDOW}])"
+
+
+def _of(outer: str, inner: str) -> str:
+    """``outer (inner)``, the inner expression on lines of its own, indented."""
+    return f"{outer} (\n{textwrap.indent(inner, '  ')}\n)"
+
+
+def _one_per_gpu(expr: str) -> str:
+    """One series per GPU of a host: a GPU scraped twice (two jobs, an exporter moved to a new
+    address within the window) counts once."""
+    return _of("max by (host, uuid)", expr)
+
+
+def _on_attributed(expr: str) -> str:
+    """``expr`` (per host) labelled with the model its host is attributed to; dropped for a
+    host of several models or of none."""
+    return f"{expr}\n* on (host) group_left (model) group by (host, model) ({ATTRIBUTED_GPUS})"
+
+
+def _per_output_tokens(numerator: str, per: int) -> str:
+    """``numerator`` (per second) per ``per`` output tokens; none while none are generated."""
+    return f"{per} * {numerator} / ({MODEL_OUTPUT} > 0)"
+
+
+def records(gpu_hour_price: float = DEFAULT_GPU_HOUR_PRICE) -> tuple[Record, ...]:
+    """The rules, in the order one evaluation must run them (each reads those above it)."""
+    price = check_price(gpu_hour_price)
+    return (
+        # -- the join: which models each host served, and its GPUs ---------------------------
+        Record(HOST_MODEL, _of("group by (host, model)", hosted(_window(_RUNNING, "last_over_time", _SERVED)))),
+        Record(HOST_MODELS, f"count by (host) ({HOST_MODEL})"),
+        Record(HOST_GPUS, _of("count by (host)", _one_per_gpu(hosted(lambda sel: f"{_GPU}{{{sel}}}")))),
+        Record(HOST_ENERGY, _of("sum by (host)", _one_per_gpu(hosted(_window(_ENERGY, "rate"))))),
+        Record(HOST_OUTPUT, _of("sum by (host, model)", hosted(_window(_OUTPUT, "rate", _SERVED)))),
+        Record(HOST_PROMPT, _of("sum by (host, model)", hosted(_window(_PROMPT, "rate", _SERVED)))),
+        Record(ATTRIBUTED_GPUS, f"{HOST_GPUS}\n* on (host) group_left (model) "
+                                f"({HOST_MODEL} and on (host) {HOST_MODELS} == 1)"),
+        Record(SHARED_GPUS, f"{HOST_GPUS} and on (host) {HOST_MODELS} > 1"),
+        Record(HOST_TOKENS_PER_GPU_SECOND, f"sum by (host) ({HOST_OUTPUT}) / on (host) {HOST_GPUS}"),
+        # NVML's utilization is already a share of time (a kernel ran at any moment of its
+        # sample period), so one minus its mean is the share of the window no kernel ran
+        Record(GPU_IDLE, _of("1 -", hosted(_window(_UTILIZATION, "avg_over_time")))),
+        # -- per model, from the hosts attributed to it ---------------------------------------
+        Record(MODEL_GPUS, f"sum by (model) ({ATTRIBUTED_GPUS})"),
+        Record(MODEL_OUTPUT, f"sum by (model) ({HOST_OUTPUT} and on (host, model) {ATTRIBUTED_GPUS})"),
+        Record(MODEL_PROMPT, f"sum by (model) ({HOST_PROMPT} and on (host, model) {ATTRIBUTED_GPUS})"),
+        Record(MODEL_ENERGY, _of("sum by (model)", _on_attributed(HOST_ENERGY))),
+        Record(TOKENS_PER_GPU_SECOND, f"{MODEL_OUTPUT} / {MODEL_GPUS}"),
+        Record(GPU_SECONDS_PER_1K, _per_output_tokens(MODEL_GPUS, 1000)),
+        Record(JOULES_PER_1K, _per_output_tokens(MODEL_ENERGY, 1000)),
+        # GPUs x dollars per GPU-second, per million output tokens
+        Record(DOLLARS_PER_1M, _per_output_tokens(f"{MODEL_GPUS} * {price!r} / 3600", 1_000_000)),
+        Record(MODEL_GPU_IDLE, _of("avg by (model)", _on_attributed(GPU_IDLE))),
+        Record(GPU_HOUR_PRICE, f"vector({price!r})"),
+    )
+
+
+def rule_file(gpu_hour_price: float = DEFAULT_GPU_HOUR_PRICE) -> dict:
+    """``cost.yml``: one group, evaluated at the global interval (a few series per host)."""
+    return {"groups": [{"name": "inferwatch-cost",
+                        "rules": [{"record": r.name, "expr": r.expr} for r in records(gpu_hour_price)]}]}
