@@ -85,6 +85,9 @@ JOULES_PER_1K = f"inferwatch_cost:model_joules_per_1k_output_tokens:rate{WINDOW}
 DOLLARS_PER_1M = f"inferwatch_cost:model_dollars_per_1m_output_tokens:rate{WINDOW}"
 MODEL_GPU_IDLE = f"inferwatch_cost:model_gpu_idle:ratio_avg{WINDOW}"
 GPU_HOUR_PRICE = "inferwatch_cost:gpu_hour_price:dollars"
+# per A/B variant {model (the public name), variant}: what the A/B cost guardrail reads
+VARIANT_TOKENS_PER_GPU_SECOND = f"inferwatch_cost:variant_output_tokens_per_gpu_second:rate{WINDOW}"
+_VARIANT_SERVED = m("inferwatch_gateway_variant_served_model_info")
 
 
 def check_price(price: float) -> float:
@@ -160,7 +163,19 @@ def records(gpu_hour_price: float = DEFAULT_GPU_HOUR_PRICE) -> tuple[Record, ...
         Record(DOLLARS_PER_1M, _per_output_tokens(f"{MODEL_GPUS} * {price!r} / 3600", 1_000_000)),
         Record(MODEL_GPU_IDLE, _of("avg by (model)", _on_attributed(GPU_IDLE))),
         Record(GPU_HOUR_PRICE, f"vector({price!r})"),
+        # -- per A/B variant: its served name's number, if no other variant shares that name --
+        Record(VARIANT_TOKENS_PER_GPU_SECOND, _of("max by (model, variant)", _per_variant(TOKENS_PER_GPU_SECOND))),
     )
+
+
+def _per_variant(per_served_model: str) -> str:
+    """A per-model series (vLLM's served name) under the gateway's public model and variant
+    (``inferwatch_gateway_variant_served_model_info``, one per gateway replica). A served name
+    two variants share is one engine for both: neither gets a number of its own."""
+    variants = f"max by (model, variant, served_model) ({_VARIANT_SERVED})"
+    return (f'label_replace({per_served_model}, "served_model", "$1", "model", "(.+)")\n'
+            f"* on (served_model) group_right () (\n  {variants}\n"
+            f"  unless on (served_model) count by (served_model) ({variants}) > 1\n)")
 
 
 def rule_file(gpu_hour_price: float = DEFAULT_GPU_HOUR_PRICE) -> dict:

@@ -15,7 +15,7 @@ With ``--baseline DIR`` (a checkout of an earlier commit, e.g. ``git worktree ad
 <commit>``), that tree's gateway runs beside this one, in the same run, and the gateway rows
 get a ratio against it: a change to the request path shows its cost against what it changed.
 
-    python bench/gateway_overhead.py [--runs 3] [--seconds 4] [--baseline DIR]
+    python bench/gateway_overhead.py [--runs 3] [--seconds 4] [--baseline DIR] [--latency-only | --stream-only]
 """
 
 from __future__ import annotations
@@ -374,6 +374,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=4)
     parser.add_argument("--baseline", type=Path, help="a checkout of an earlier commit whose gateway runs beside")
     parser.add_argument("--latency-only", action="store_true", help="only the non-streaming table")
+    parser.add_argument("--stream-only", action="store_true", help="only the streaming table")
     args = parser.parse_args()
     global BASELINE
     if args.baseline is not None:
@@ -383,14 +384,16 @@ def main() -> None:
     if os.cpu_count() < 2:
         sys.exit("needs 2 cores: one for the gateway, one for wrk and the mock upstream")
     os.sched_setaffinity(0, {int(LOAD_CPU)})  # this driver (and its OTLP sink) stays off the gateway's core
-    print(f"## Non-streaming chat completions (median of {args.runs} runs x {args.seconds:g}s)\n")
-    print("\n".join(latency_table(args.runs, args.seconds)))
+    if not args.stream_only:
+        print(f"## Non-streaming chat completions (median of {args.runs} runs x {args.seconds:g}s)\n")
+        print("\n".join(latency_table(args.runs, args.seconds)))
     if args.latency_only:
         return
     print(f"\n## Streaming: CPU per relayed chunk (median of {args.runs} runs)\n")
     print("\n".join(stream_table(args.runs, args.seconds)))
-    print("\n## /metrics render\n")
-    print("\n".join(render_table()))
+    if not args.stream_only:
+        print("\n## /metrics render\n")
+        print("\n".join(render_table()))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ UNIT_SCALE = {"percentunit": (100, "%"), "bytes": (1 / 2**30, "GiB"), "Bps": (1 
               "hertz": (1e-6, "MHz"), "watt": (1, "W"), "joule": (1e-3, "kJ"), "celsius": (1, "°C"),
               "s": (1, "s"), "reqps": (1, "req/s"), "ops": (1, "/s"), "suffix:×": (1, "×"), "short": (1, "")}
 CELL_W, CELL_H = 0.62, 0.32  # inches per grid column and row
+PAD_BELOW_IN, PAD_ABOVE_IN = 0.35, 0.3  # inside a panel's cell: tick labels, title
 
 
 def _legend(metric: dict, fmt: str) -> str:
@@ -84,15 +85,18 @@ def _draw_heatmap(ax, results: list[list[dict]], t_end: float) -> None:
 def render(doc: dict, prometheus: str, out: Path, tr: TimeRange) -> Path:
     variables = resolve_variables(prometheus, doc, tr)
     height = max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in doc["panels"])
-    fig = plt.figure(figsize=(24 * CELL_W, height * CELL_H + 0.6))
+    fig_h = height * CELL_H + 0.6
+    fig = plt.figure(figsize=(24 * CELL_W, fig_h))
+    # room inside each grid cell for tick labels below and the title on top, in inches: as
+    # fractions of the figure they would vanish on a tall dashboard
+    below, above = PAD_BELOW_IN / fig_h, (PAD_BELOW_IN + PAD_ABOVE_IN) / fig_h
     span = tr.end - tr.start
     shown = f"{span / 60:.0f} min" if span >= 120 else f"{span:.0f} s"
     fig.suptitle(f"{doc['title']}  (preview from Prometheus, last {shown})", fontsize=10)
     for panel in doc["panels"]:
         g = panel["gridPos"]
-        # room inside each grid cell for tick labels on the left and the title on top
-        box = [g["x"] / 24 + 0.03, 1 - (g["y"] + g["h"]) / height * 0.95 - 0.02, g["w"] / 24 - 0.038,
-               g["h"] / height * 0.95 - 0.035]
+        box = [g["x"] / 24 + 0.03, 1 - (g["y"] + g["h"]) / height * 0.95 - below, g["w"] / 24 - 0.038,
+               g["h"] / height * 0.95 - above]
         if panel["type"] == "row":
             fig.text(0.005, box[1] + box[3] + 0.012, panel["title"], fontsize=9, weight="bold")
             continue

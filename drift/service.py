@@ -34,6 +34,7 @@ from inferwatch.drift.errors import error_response as _error
 from inferwatch.drift.feature_record import TEXT_MAX, UNIX_S
 from inferwatch.drift.feedback import FeedbackBatch
 from inferwatch.drift.methods import DriftResult
+from inferwatch.drift.ab.cost import PrometheusCost
 from inferwatch.drift.prometheus_source import METRIC_NAME, SELECTOR, PrometheusSource, SourceError
 from inferwatch.drift.schema import FEATURES, NUMERIC_FEATURES, UNITS, BatchError
 from inferwatch.drift.state import Baseline, DriftState, SegmentLimit, WindowConfig, headline, smallest_alpha
@@ -59,7 +60,12 @@ class DriftSettings(SecretFileSettings):
     retention_s: float = Field(7 * 86400.0, gt=0, description="how long acknowledged batches are kept")
     token: SecretStr | None = Field(None, description="bearer token required by write endpoints")
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
-    prometheus_url: str = Field("http://127.0.0.1:9090", description="for fleet-wide drift from buckets")
+    prometheus_url: str = Field("http://127.0.0.1:9090", description="for fleet-wide drift from buckets and the "
+                                "A/B cost guardrail")
+    ab_cost: bool = Field(True, description="judge the A/B cost guardrail from the cost rules' series in "
+                          "Prometheus (drift/ab/cost.py); off: the guardrail is not_applicable")
+    ab_cost_step_s: float = Field(300.0, ge=1, le=3600, description="seconds between the cost guardrail's paired "
+                                  "samples: the cost rules' rate window (5m)")
     alpha: float = Field(0.01, gt=0, le=0.5, description="false-alarm rate per evaluation, per method and segment")
     min_samples: int = Field(50, ge=2, description="fewer values in a window: insufficient_data")
     max_segments: int = Field(1000, ge=1, description="(model, variant) pairs kept; records of more count as 'other'")
@@ -198,7 +204,8 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
         calibration_cache=settings.calibration_cache, calibration_queue=settings.calibration_queue,
         ab_experiments=settings.ab_experiments, ab_units=settings.ab_units))
     registry.register(DriftCollector(state, settings.metric_methods))
-    watchlist = Watchlist()
+    watchlist = Watchlist(PrometheusCost(settings.prometheus_url, settings.ab_cost_step_s)
+                          if settings.ab_cost else None)
     registry.register(AbCollector(state, watchlist))
     ingested, rejected, internal_errors = (Counter(m.name, m.doc, m.labels, registry=registry) for m in (
         drift_metrics.INGESTED, drift_metrics.REJECTED, drift_metrics.INTERNAL_ERRORS))

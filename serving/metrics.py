@@ -97,6 +97,7 @@ class GatewayMetrics:
     assignments: Counter
     experiment_weight: Gauge
     upstream_weight: Gauge
+    variant_served_model: Gauge
     experiment_epoch: Gauge
     feedback: Counter
     shared_state_up: Gauge
@@ -255,6 +256,12 @@ def create_metrics(registry: CollectorRegistry, shared_state: bool = True) -> Ga
             "upstream gets (1 for the default upstream, which serves every model without an experiment); 0: only "
             "requests that force a variant reach it.",
             ("upstream",), namespace=NAMESPACE, registry=registry,
+        ),
+        # vLLM's series and the cost rules name the served model; this joins them to the public
+        # model and the variant (alerts/cost.py)
+        variant_served_model=Gauge(
+            "variant_served_model_info", "1 for each variant of an experiment: the name its upstream serves the "
+            "model under.", ("model", "variant", "served_model"), namespace=NAMESPACE, registry=registry,
         ),
         experiment_epoch=Gauge(
             "experiment_epoch", "The weight epoch this replica routes an experiment by (it grows with every weight "

@@ -91,6 +91,7 @@ class Experiments:
             for model, split in self.splits.items()}
         self._weights, self._epochs = metrics.experiment_weight, metrics.experiment_epoch
         self._upstream_weights = metrics.upstream_weight
+        self._served = metrics.variant_served_model
         for split in self.splits.values():
             self._publish(split)
         self._lock = asyncio.Lock()
@@ -99,6 +100,7 @@ class Experiments:
     def _publish(self, split: Split) -> None:
         for v, w in zip(split.variants, split.weights):
             self._weights.labels(split.model, split.name, v.name).set(w)
+            self._served.labels(split.model, v.name, v.served_model).set(1)
         self._epochs.labels(split.model, split.name).set(split.epoch)
         share = {url: 0.0 for url in self.upstreams} | {self._default.base_url: 1.0}
         for s in self.splits.values():

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
+from scipy import stats as sps
 
 from inferwatch.drift.ab import sequential as seq
 from inferwatch.drift.ab import stats
@@ -60,6 +61,10 @@ class Arm:
     weight_conflicts: int = 0  # records that said another weight
     feedback: tuple[int, int] = (0, 0)  # every rating: (positive, total)
     sampled: float = 1.0  # share of units kept
+    # output tokens per GPU-second, one sample per 5 minutes, paired in time with the other
+    # arm's (drift/ab/cost.py); the note says why there are none
+    throughput: np.ndarray | None = None
+    throughput_note: str = "the drift service reads no Prometheus for the cost guardrail"
 
     @property
     def unit_count(self) -> int:
@@ -216,6 +221,43 @@ def _mean(spec: MetricSpec, control: Arm, treatment: Arm, exp: Experiment) -> Me
                         note=f"per-unit means of {mc.size:,} / {mt.size:,} units; the variants share a tokenizer")
 
 
+MIN_COST_SAMPLES = 6  # 5-minute samples per arm: half an hour
+EQUAL_LOAD = 0.8  # the smaller weight over the larger, at least, for throughputs to compare
+
+
+def _cost(spec: MetricSpec, control: Arm, treatment: Arm, exp: Experiment) -> MetricResult:
+    """Output tokens per GPU-second, paired in time: the mean log ratio of the treatment's to
+    the control's, a t-test on it. A GPU's throughput grows with its batch, so the arms are
+    compared only at equal shares of traffic: a canary at 5 % on GPUs of its own batches less
+    and is slower per GPU for its load, not for its build."""
+    c, t = control.throughput, treatment.throughput
+    if c is None or t is None:
+        return MetricResult(spec, "not_applicable", "paired_log_ratio", 0, 0, note=control.throughput_note)
+    if control.weight is None or treatment.weight is None or min(control.weight, treatment.weight) < EQUAL_LOAD * max(
+            control.weight, treatment.weight):
+        return MetricResult(spec, "not_applicable", "paired_log_ratio", c.size, t.size,
+                            note="judged at equal weights only: a variant's throughput per GPU grows with its "
+                                 f"share of traffic (weights {control.weight} / {treatment.weight})")
+    both = (c > 0) & (t > 0) & np.isfinite(c) & np.isfinite(t)
+    d = np.log(t[both]) - np.log(c[both])
+    n = d.size
+    if n < MIN_COST_SAMPLES:
+        return MetricResult(spec, "insufficient_data", "paired_log_ratio", n, n,
+                            note=f"{n} paired 5-minute samples; at least {MIN_COST_SAMPLES} are needed")
+    mean = float(d.mean())
+    se = max(float(d.std(ddof=1)) / math.sqrt(n), 1e-9)
+    half = float(sps.t.ppf(1 - exp.alpha / 2, n - 1)) * se
+    z = mean / se
+    v = seq.rho2(exp.alpha, exp.tune_n) * n
+    median_c, median_t = float(np.median(c[both])), float(np.median(t[both]))
+    return MetricResult(spec, "ok", "paired_log_ratio", n, n, median_c, median_t, mean, math.expm1(mean),
+                        (mean - half, mean + half), (math.expm1(mean - half), math.expm1(mean + half)),
+                        float(2 * sps.t.sf(abs(z), n - 1)), float(seq.always_valid_p(z, v)),
+                        "mean log(treatment / control)", mean, seq.confidence_sequence(mean, se, v, exp.alpha),
+                        note=f"{n} paired 5-minute samples of output tokens per GPU-second; effect and interval "
+                             "on the log scale, relative as a ratio - 1")
+
+
 def evaluate_metric(spec: MetricSpec, control: Arm, treatment: Arm, exp: Experiment) -> MetricResult:
     """One guardrail, before Holm: its fixed-sample and always-valid results."""
     if spec.name == "error_rate":
@@ -226,6 +268,8 @@ def evaluate_metric(spec: MetricSpec, control: Arm, treatment: Arm, exp: Experim
         return _ratio(spec, "empty", "judged", control, treatment, exp, exp.min_units)
     if spec.name == "feedback":
         return _ratio(spec, "feedback_positive", "feedback_total", control, treatment, exp, MIN_FEEDBACK)
+    if spec.name == "cost":
+        return _cost(spec, control, treatment, exp)
     if spec.kind == "rank":
         return _rank(spec, control, treatment, exp)
     return _mean(spec, control, treatment, exp)

@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 
 from inferwatch.drift import metrics as m
 from inferwatch.drift.ab.decision import DECISIONS, AbResult
+from inferwatch.drift.ab.cost import CostSource, priced
 from inferwatch.drift.ab.verdict import AbRequest, InputError, Reading, judge, read
 from inferwatch.drift.state import DriftState
 
@@ -28,9 +29,12 @@ class Watched:
 
 
 class Watchlist:
-    def __init__(self) -> None:
+    """The experiments asked about, and where their cost guardrail reads (None: nowhere)."""
+
+    def __init__(self, cost: CostSource | None = None) -> None:
         self._items: dict[str, Watched] = {}
         self._lock = threading.Lock()
+        self.cost = cost
 
     def watch(self, model: str, request: AbRequest) -> None:
         """The question as asked, but always about the latest epoch alone (the gauges and
@@ -44,13 +48,15 @@ class Watchlist:
             return sorted(self._items.values(), key=lambda w: w.model)
 
 
-def evaluate(state: DriftState, watched: Watched) -> tuple[Reading, AbResult, dict] | None:
+def evaluate(state: DriftState, watched: Watched, cost: CostSource | None = None
+             ) -> tuple[Reading, AbResult, dict] | None:
     """The watched experiment's verdict now, with what it read and its JSON; None once its
     ledger is gone."""
     try:
         reading = state.with_ledgers(lambda ledgers: read(ledgers, watched.model, watched.request))
     except InputError:
         return None
+    reading = priced(reading, watched.model, cost)
     return reading, *judge(watched.model, watched.request, reading)
 
 
@@ -61,7 +67,7 @@ class AbCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         families = {spec: GaugeMetricFamily(spec.name, spec.doc, labels=list(spec.labels)) for spec in m.AB_METRICS}
         for watched in self.watchlist.items():
-            evaluated = evaluate(self.state, watched)
+            evaluated = evaluate(self.state, watched, self.watchlist.cost)
             if evaluated is None:
                 continue
             _, result, doc = evaluated

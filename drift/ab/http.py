@@ -34,6 +34,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from inferwatch.drift.ab.cost import priced
 from inferwatch.drift.ab.exposition import Watchlist
 from inferwatch.drift.ab.verdict import (CROSS_FIELD_RULES, REQUIRED_FIELDS, AbRequest, Decision, InputError,
                                          experiment_of, judge, read)
@@ -159,7 +160,8 @@ class AbResponse(BaseModel):
 
 def verdict(state: DriftState, watchlist: Watchlist, model: str, req: AbRequest) -> Response:
     experiment_of(req, req.alpha)
-    _, doc = judge(model, req, state.with_ledgers(lambda ledgers: read(ledgers, model, req)))
+    reading = state.with_ledgers(lambda ledgers: read(ledgers, model, req))
+    _, doc = judge(model, req, priced(reading, model, watchlist.cost))
     watchlist.watch(model, req)
     status = 200 if doc["decision"] in req.pass_on else 412
     return JSONResponse(doc, status_code=status)

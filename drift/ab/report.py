@@ -208,8 +208,8 @@ class AbEntry:
     html: str
 
 
-def _entry(state: DriftState, watched: Watched) -> AbEntry | None:
-    evaluated = evaluate(state, watched)
+def _entry(state: DriftState, watched: Watched, watchlist: Watchlist) -> AbEntry | None:
+    evaluated = evaluate(state, watched, watchlist.cost)
     if evaluated is None:
         return None
     reading, result, doc = evaluated
@@ -220,5 +220,5 @@ def _entry(state: DriftState, watched: Watched) -> AbEntry | None:
 
 def sections(state: DriftState, watchlist: Watchlist, model: str | None = None) -> list[AbEntry]:
     """Every watched experiment (or one model's) that still has a ledger."""
-    entries = (_entry(state, w) for w in watchlist.items() if model is None or w.model == model)
+    entries = (_entry(state, w, watchlist) for w in watchlist.items() if model is None or w.model == model)
     return [e for e in entries if e is not None]

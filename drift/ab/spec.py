@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Kind = Literal["proportion", "rank", "mean"]
+Kind = Literal["proportion", "rank", "mean", "throughput"]
 Direction = Literal["higher_is_worse", "lower_is_worse"]
 
 
@@ -16,10 +16,11 @@ Direction = Literal["higher_is_worse", "lower_is_worse"]
 class MetricSpec:
     name: str
     title: str
-    kind: Kind  # proportion: two-proportion z / Fisher; rank: Mann-Whitney; mean: Welch
+    kind: Kind  # proportion: delta method; rank: Mann-Whitney; mean: Welch; throughput: paired log ratio
     direction: Direction
     # Non-inferiority margin on the scale the sequential test runs on: a rate difference for
-    # proportions, P(treatment > control) - 1/2 for ranks, a difference of means for means.
+    # proportions, P(treatment > control) - 1/2 for ranks, a difference of means for means, a
+    # mean log ratio for throughput.
     margin: float
     unit: str = ""
     feature: str | None = None  # drift feature its values come from (rank and mean kinds)
@@ -45,6 +46,8 @@ METRICS: tuple[MetricSpec, ...] = (
                "repetition"),
     MetricSpec("empty_rate", "empty or whitespace-only answers", "proportion", "higher_is_worse", 0.005),
     MetricSpec("feedback", "positive user feedback", "proportion", "lower_is_worse", 0.02),
+    MetricSpec("cost", "output tokens per GPU-second (variants on GPUs of their own, at equal weights)",
+               "throughput", "lower_is_worse", 0.05, "tokens/GPU-s"),
 )
 BY_NAME = {m.name: m for m in METRICS}
 PAGING = tuple(m.name for m in METRICS if m.pages)

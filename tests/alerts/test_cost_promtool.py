@@ -121,6 +121,30 @@ def test_a_host_of_two_models_gives_no_per_model_number(tmp_path):
     ])
 
 
+def served(model: str, variant: str, name: str, gateway: str) -> str:
+    return selector("inferwatch_gateway_variant_served_model_info",
+                    {"job": "inferwatch-gateway", "instance": gateway, "model": model, "variant": variant,
+                     "served_model": name})
+
+
+def test_each_ab_variant_on_gpus_of_its_own_gets_its_served_names_number(tmp_path):
+    """chat's control (served as llama) runs alone on 10.0.0.1 (2 GPUs, 120 tokens/s), its
+    canary (llama-awq) alone on 10.0.0.2 (1 GPU, 45 tokens/s): 60 and 45 tokens per
+    GPU-second, one series each however many gateways say so. chat2's two variants share one
+    engine (one served name): neither gets a number."""
+    series = {**serving("llama", "10.0.0.1:8000", output_per_s=120), **gpus("10.0.0.1:9400", (300, 1), (300, 1)),
+              **serving("llama-awq", "10.0.0.2:8000", output_per_s=45), **gpus("10.0.0.2:9400", (200, 1)),
+              **serving("tiny", "10.0.0.3:8000", output_per_s=10), **gpus("10.0.0.3:9400", (50, 1)),
+              **{served("chat", "stable", "llama", gw): "1x30" for gw in ("10.0.1.1:8080", "10.0.1.2:8080")},
+              **{served("chat", "canary", "llama-awq", gw): "1x30" for gw in ("10.0.1.1:8080", "10.0.1.2:8080")},
+              served("chat2", "a", "tiny", "10.0.1.1:8080"): "1x30",
+              served("chat2", "b", "tiny", "10.0.1.1:8080"): "1x30"}
+    run(tmp_path, "A/B variants", series, [
+        check(cost.VARIANT_TOKENS_PER_GPU_SECOND, {'{model="chat", variant="stable"}': 60,
+                                                   '{model="chat", variant="canary"}': 45}),
+    ])
+
+
 def test_kubernetes_joins_pods_by_the_node_they_run_on(tmp_path):
     """Pod addresses say nothing of the node: the monitors label vLLM's and the exporter's
     series with it (``host``). Two replicas of m1 on one node share its 2 GPUs (60 + 20
