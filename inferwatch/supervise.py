@@ -30,8 +30,12 @@ class StartupError(RuntimeError):
 
 class ManagedProcess:
     def __init__(self, name: str, argv: Sequence[str], *, log_path: Path | None, env: Mapping[str, str] | None = None,
-                 health_url: str | None = None, key: str | None = None) -> None:
+                 health_url: str | None = None, key: str | None = None,
+                 warm_up: Callable[[], None] | None = None) -> None:
+        """``warm_up``: run once healthy, before anyone else's request (a failure there is a
+        failed start)."""
         self.name = name
+        self.warm_up = warm_up
         self.key = key or name.split()[0].lower()  # the `child` label of the supervisor's metrics
         self.argv = list(argv)
         self.log_path = log_path
@@ -83,6 +87,12 @@ class ManagedProcess:
                 raise StartupError(f"{self.name} exited with code {code} before it became healthy.\n"
                                    f"{self.log_tail()}")
             if http_ok(self.health_url):
+                if self.warm_up is not None:
+                    try:
+                        self.warm_up()
+                    except OSError as exc:
+                        raise StartupError(f"{self.name} became healthy, then failed its warm-up: {exc}.\n"
+                                           f"{self.log_tail()}") from None
                 return time.monotonic() - started
             time.sleep(poll_s)
         raise StartupError(f"{self.name} was not healthy at {self.health_url} after {timeout_s:.0f}s "

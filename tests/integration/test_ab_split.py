@@ -77,6 +77,63 @@ def recorded(drift_url: str) -> int:
     return sum(s["window_records"] for s in requests.get(drift_url + "/v1/drift", timeout=5).json()["segments"])
 
 
+REPEAT_USERS = 80
+
+
+def test_a_canary_that_repeats_itself_rolls_back_on_repetition_alone(vllms, tmp_path):
+    """One engine under two served names; the canary's variant sets repetition_penalty 0.01
+    over every request it gets (the experiment's params), so it rewards the tokens it already
+    wrote: a misconfigured canary that loops, at the same speed and without errors. Every
+    answer is 40 tokens (ignore_eos), so latency has no reason to differ. The verdict must
+    say rollback for repetition_rate and judge neither latency nor errors worse."""
+    _, engine = vllms
+    experiment_file = tmp_path / "experiments.yaml"
+    experiment_file.write_text(f"""
+experiments:
+  {PUBLIC}:
+    name: repeats
+    variants:
+      - {{name: v1, upstream_url: "{engine.url}", model: tiny-canary, weight: 0.5}}
+      - {{name: v2, upstream_url: "{engine.url}", model: tiny-repeater, weight: 0.5,
+          params: {{repetition_penalty: 0.01}}}}
+""")
+    drift = create_drift_app(DriftSettings(db_path=str(tmp_path / "d.sqlite3")))
+    with AppServer(drift) as service:
+        settings = GatewaySettings(upstream_url=engine.url, experiment_file=experiment_file, admin_token=ADMIN,
+                                   drift_url=service.url, feature_flush_s=0.05)
+        with GatewayServer(settings) as gw:
+            users = [f"user-{i}" for i in range(REPEAT_USERS)]
+
+            def ask_40(user: str) -> int:
+                body = {"model": PUBLIC, "messages": [{"role": "user", "content": f"hello from {user}"}],
+                        "user": user, "stream": True, "max_tokens": 40, "ignore_eos": True, "temperature": 1.0}
+                with requests.post(gw.url + "/v1/chat/completions", json=body, timeout=60, stream=True) as r:
+                    r.content  # the whole stream
+                    return r.status_code
+
+            with ThreadPoolExecutor(4) as pool:
+                assert set(pool.map(ask_40, users)) == {200}
+            eventually(lambda: recorded(service.url) == len(users), timeout_s=60)
+            doc = verdict(service.url, min_units=20, promote_units=1000, alpha=0.01)
+            metrics = doc["metrics"]
+            text = gw.metrics_text()
+            loops = {v: metric_sum(text, "inferwatch_gateway_abnormal_outputs_total", model=PUBLIC, variant=v,
+                                   kind="loop") for v in ("v1", "v2")}
+            assert doc["decision"] == "rollback", str((metrics["repetition_rate"], loops))
+            assert "repetition_rate" in doc["worse"], doc["worse"]
+            rep = metrics["repetition_rate"]
+            assert rep["control"] < 0.2 < 0.5 < rep["treatment"], rep
+            for name in ("ttft", "tpot", "e2e_latency", "error_rate"):
+                assert metrics[name]["verdict"] != "worse", (name, metrics[name])
+            # the gateway saw the same: repetition per answer, and loops on the canary only
+            text = gw.metrics_text()
+            loops = {v: metric_sum(text, "inferwatch_gateway_abnormal_outputs_total", model=PUBLIC, variant=v,
+                                   kind="loop") for v in ("v1", "v2")}
+            assert loops["v1"] == 0 < loops["v2"], loops
+
+
+
+# kills the canary's engine: after every test that needs it (tests run in this file's order)
 def test_split_verdict_kill_and_rollback(vllms, tmp_path):
     control, canary = vllms
     experiment_file = tmp_path / "experiments.yaml"
@@ -211,57 +268,3 @@ def short(gw, user: str) -> requests.Response:
     body = {"model": PUBLIC, "messages": [{"role": "user", "content": f"hi {user}"}], "user": user, "max_tokens": 2}
     return requests.post(gw.url + "/v1/chat/completions", json=body, timeout=60)
 
-
-def test_a_canary_that_repeats_itself_rolls_back_on_repetition_alone(vllms, tmp_path):
-    """One engine under two served names; the canary's variant sets repetition_penalty 0.01
-    over every request it gets (the experiment's params), so it rewards the tokens it already
-    wrote: a misconfigured canary that loops, at the same speed and without errors. Every
-    answer is 40 tokens (ignore_eos), so latency has no reason to differ. The verdict must
-    say rollback for repetition_rate and judge neither latency nor errors worse."""
-    _, engine = vllms
-    experiment_file = tmp_path / "experiments.yaml"
-    experiment_file.write_text(f"""
-experiments:
-  {PUBLIC}:
-    name: repeats
-    variants:
-      - {{name: v1, upstream_url: "{engine.url}", model: tiny-canary, weight: 0.5}}
-      - {{name: v2, upstream_url: "{engine.url}", model: tiny-repeater, weight: 0.5,
-          params: {{repetition_penalty: 0.01}}}}
-""")
-    drift = create_drift_app(DriftSettings(db_path=str(tmp_path / "d.sqlite3")))
-    with AppServer(drift) as service:
-        settings = GatewaySettings(upstream_url=engine.url, experiment_file=experiment_file, admin_token=ADMIN,
-                                   drift_url=service.url, feature_flush_s=0.05)
-        with GatewayServer(settings) as gw:
-            users = [f"user-{i}" for i in range(REPEAT_USERS)]
-
-            def ask_40(user: str) -> int:
-                body = {"model": PUBLIC, "messages": [{"role": "user", "content": f"hello from {user}"}],
-                        "user": user, "stream": True, "max_tokens": 40, "ignore_eos": True, "temperature": 1.0}
-                with requests.post(gw.url + "/v1/chat/completions", json=body, timeout=60, stream=True) as r:
-                    r.content  # the whole stream
-                    return r.status_code
-
-            with ThreadPoolExecutor(4) as pool:
-                assert set(pool.map(ask_40, users)) == {200}
-            eventually(lambda: recorded(service.url) == len(users), timeout_s=60)
-            doc = verdict(service.url, min_units=20, promote_units=1000, alpha=0.01)
-            metrics = doc["metrics"]
-            text = gw.metrics_text()
-            loops = {v: metric_sum(text, "inferwatch_gateway_abnormal_outputs_total", model=PUBLIC, variant=v,
-                                   kind="loop") for v in ("v1", "v2")}
-            assert doc["decision"] == "rollback", str((metrics["repetition_rate"], loops))
-            assert "repetition_rate" in doc["worse"], doc["worse"]
-            rep = metrics["repetition_rate"]
-            assert rep["control"] < 0.2 < 0.5 < rep["treatment"], rep
-            for name in ("ttft", "tpot", "e2e_latency", "error_rate"):
-                assert metrics[name]["verdict"] != "worse", (name, metrics[name])
-            # the gateway saw the same: repetition per answer, and loops on the canary only
-            text = gw.metrics_text()
-            loops = {v: metric_sum(text, "inferwatch_gateway_abnormal_outputs_total", model=PUBLIC, variant=v,
-                                   kind="loop") for v in ("v1", "v2")}
-            assert loops["v1"] == 0 < loops["v2"], loops
-
-
-REPEAT_USERS = 80
