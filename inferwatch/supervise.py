@@ -252,3 +252,8 @@ class Supervisor:
             elif w.awaiting_health and proc.alive() and http_ok(proc.health_url, timeout_s=0.5):
                 w.awaiting_health = False
                 self.say(f"{proc.name} healthy again after {now - w.started_at:.1f}s")
+                if proc.warm_up is not None:
+                    try:
+                        proc.warm_up()
+                    except OSError as exc:  # it dies, and the next pass restarts it; or a client finds it broken
+                        self.say(f"{proc.name} failed its warm-up: {exc}")

@@ -120,3 +120,58 @@ def test_wait_can_be_cancelled(tmp_path):
         assert proc.wait_healthy(60, poll_s=0.05, cancelled=lambda: True) is None
     finally:
         proc.stop()
+
+
+class _Engine:
+    """/health 200; /v1/completions answers ``status`` and keeps what it was sent."""
+
+    def __init__(self, status: int) -> None:
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        engine = self
+        self.sent: list[dict] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                self.send_response(200)
+                self.end_headers()
+
+            def do_POST(self):  # noqa: N802
+                engine.sent.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
+                self.send_response(status)
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            def log_message(self, *args):
+                return None
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.mark.parametrize("status", [200, 500])
+def test_a_started_vllm_is_warmed_up_before_it_counts_as_started(status):
+    """vLLM's CPU build lost its engine to a first request of one or two prompt tokens: one
+    longer completion goes first; a failed one is a failed start that says so."""
+    from inferwatch.serving.vllm_launcher import WARM_UP_PROMPT, vllm_process
+
+    engine = _Engine(status)
+    try:
+        cfg = VLLMConfig("/models/tiny", "tiny", port=engine.port)
+        proc = vllm_process(cfg, None)
+        proc.argv = [sys.executable, "-c", "import time; time.sleep(30)"]  # the engine above stands in
+        proc.start()
+        try:
+            if status == 200:
+                assert proc.wait_healthy(10) is not None
+            else:
+                with pytest.raises(StartupError, match="failed its warm-up"):
+                    proc.wait_healthy(10)
+        finally:
+            proc.stop()
+        assert engine.sent == [{"model": "tiny", "prompt": WARM_UP_PROMPT, "max_tokens": 1}]
+    finally:
+        engine.server.shutdown()
