@@ -42,6 +42,7 @@ class CostSource(Protocol):
 class PrometheusCost:
     def __init__(self, url: str, step_s: float = STEP_S, timeout_s: float = 2.0) -> None:
         self.url, self.step_s, self.timeout_s = url.rstrip("/"), step_s, timeout_s
+        self._failing = False  # logged once when Prometheus stops answering, once when it is back
 
     def paired(self, model: str, control: str, treatment: str, start: float, end: float
                ) -> tuple[np.ndarray, np.ndarray] | str:
@@ -56,8 +57,14 @@ class PrometheusCost:
             resp.raise_for_status()
             series = resp.json()["data"]["result"]
         except (requests.RequestException, ValueError, KeyError) as exc:
-            log.warning("cost guardrail: Prometheus at %s did not answer: %s", self.url, exc)
+            if not self._failing:
+                log.warning("A/B cost guardrail: Prometheus at %s does not answer (%s); the guardrail is "
+                            "not_applicable until it does", self.url, exc)
+            self._failing = True
             return f"Prometheus at {self.url} did not answer ({type(exc).__name__})"
+        if self._failing:
+            log.warning("A/B cost guardrail: Prometheus at %s answers again", self.url)
+            self._failing = False
         values = {s["metric"].get("variant"): {float(t): float(v) for t, v in s["values"]} for s in series}
         missing = [v for v in (control, treatment) if v not in values]
         if missing:
