@@ -81,7 +81,9 @@ class Recorder:
             if account.completion_tokens is not None:
                 series.completion_tokens.observe(account.completion_tokens)
         quality = None
-        if ok and account.finish_reasons and state.req is not None and state.req.n == 1:
+        # an echoed prompt comes back as the answer's start: judging it would judge the prompt
+        if ok and account.finish_reasons and state.req is not None and state.req.n == 1 and \
+                not state.req.payload.get("echo"):
             quality = assess(account.units, account.text_seen, account.finish_reasons[0], account.completion_tokens)
             if quality.repetition is not None:
                 series.repetition.observe(quality.repetition)

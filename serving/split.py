@@ -26,6 +26,7 @@ import orjson
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from inferwatch.drift.sampling_params import INVALID, sampling_bins
 from inferwatch.serving.upstream_targets import normalize_upstream
 
 BUCKETS = 10_000  # weights resolve to 1/10,000 of the traffic
@@ -60,6 +61,11 @@ class VariantSpec(BaseModel):
     def _url(cls, value: object) -> str:
         return normalize_upstream(value)
 
+    @field_validator("params", mode="before")
+    @classmethod
+    def _no_params(cls, value: object) -> object:
+        return {} if value is None else value
+
     @field_validator("params")
     @classmethod
     def _params(cls, value: dict[str, Any]) -> dict[str, Any]:
@@ -67,6 +73,12 @@ class VariantSpec(BaseModel):
         if owned:
             raise ValueError(f"{', '.join(owned)} cannot be set by a variant: the client or the gateway sets "
                              f"{'it' if len(owned) == 1 else 'them'} (the variant's 'model' names the served model)")
+        bins = sampling_bins({k: v for k, v in value.items() if k in ("temperature", "top_p")}, stream=False,
+                             default_max_tokens=True)
+        refused = [name for name, b in (("temperature", bins.temperature), ("top_p", bins.top_p)) if b == INVALID]
+        if refused:
+            raise ValueError(f"{', '.join(f'{n}={value[n]!r}' for n in refused)}: vLLM would refuse every request "
+                             "of the variant (temperature in [0, 2], top_p in (0, 1])")
         return value
 
 
@@ -104,9 +116,11 @@ def parse_experiments(text: str, source: str) -> ExperimentFile:
     except yaml.YAMLError as exc:
         raise ExperimentError(f"{source} is not valid YAML: {exc}", "file") from None
     except ValidationError as exc:
-        first = exc.errors()[0]
+        # a refused variant leaves its experiment one short: that is no second problem to report
+        errors = [e for e in exc.errors() if e["type"] != "too_short"] or exc.errors()
+        first = errors[0]
         where = ".".join(map(str, first["loc"])) or "file"
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors)
         raise ExperimentError(f"{source}: {problems}", where) from None
 
 

@@ -10,10 +10,20 @@ def bins(stream: bool = False, default_max_tokens: bool = False, **payload):
 
 
 @pytest.mark.parametrize("value, label", [(None, "default"), (0, "0"), (0.0, "0"), (0.01, "0-0.5"), (0.5, "0-0.5"),
-                                          (0.7, "0.5-1"), (1, "0.5-1"), (1.01, ">1"), ("hot", "invalid"),
-                                          (True, "invalid"), (-1, "invalid"), (float("nan"), "invalid")])
-def test_temperature(value, label):
+                                          (0.7, "0.5-1"), (1, "0.5-1"), (1.01, "1-2"), (2, "1-2"), (2.01, "invalid"),
+                                          (1e9, "invalid"), ("hot", "invalid"), ("0.7", "0.5-1"), (True, "0.5-1"),
+                                          (-1, "invalid"), (float("nan"), "invalid"), ("nan", "invalid"),
+                                          ([1], "invalid")])
+def test_temperature_as_vllm_takes_it(value, label):
+    """vLLM takes temperature in [0, 2], and reads "0.7" and true as numbers (pydantic, lax)."""
     assert bins(temperature=value).temperature == label
+
+
+@pytest.mark.parametrize("value, label", [(0, "invalid"), (0.1, "0-0.5"), (0.9, "0.5-0.9"), (0.95, "0.9-1"),
+                                          (1, "1"), (1.0, "1"), (1.5, "invalid"), (5, "invalid")])
+def test_top_p_as_vllm_takes_it(value, label):
+    """vLLM takes top_p in (0, 1]."""
+    assert bins(top_p=value).top_p == label
 
 
 @pytest.mark.parametrize("payload, label", [({"max_tokens": 64}, "1-64"), ({"max_tokens": 65}, "65-256"),
@@ -34,7 +44,6 @@ def test_n_tools_format_stream():
     assert (b.n, b.tools, b.response_format) == ("1", "false", "other")
     assert bins(response_format="json").response_format == "other"
     assert bins().response_format == "none"
-    assert bins(top_p=1.0).top_p == "1" and bins(top_p=0.95).top_p == "0.9-1" and bins(top_p=0.9).top_p == "0.5-0.9"
 
 
 def test_every_bin_is_a_declared_value():

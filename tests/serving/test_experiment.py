@@ -139,10 +139,19 @@ def test_more_than_one_variant_left_out_is_refused():
      "max_tokens, stream cannot be set by a variant"),
     ("experiments: {chat: {name: x, variants: [{name: a, upstream_url: 'http://a', model: m, weight: 0.5},"
      " {name: b, upstream_url: 'http://b', model: m, weight: 0.5, params: [1]}]}}", "params"),
+    ("experiments: {chat: {name: x, variants: [{name: a, upstream_url: 'http://a', model: m, weight: 0.5},"
+     " {name: b, upstream_url: 'http://b', model: m, weight: 0.5, params: {temperature: 99, top_p: 5}}]}}",
+     r"^exp.yaml: experiments.chat.variants.1.params: .*temperature=99, top_p=5: vLLM would refuse[^;]*$"),
 ])
 def test_bad_files_say_where(text, words):
     with pytest.raises(ExperimentError, match=words):
         parse_experiments(text, "exp.yaml")
+
+
+def test_null_params_are_none():
+    text = ("experiments: {chat: {name: x, variants: [{name: a, upstream_url: 'http://a', model: m, weight: 0.5,"
+            " params: null}, {name: b, upstream_url: 'http://b', model: m, weight: 0.5}]}}")
+    assert parse_experiments(text, "exp.yaml").experiments["chat"].variants[0].params == {}
 
 
 def test_weights_persist_and_apply_to_the_same_experiment_only(tmp_path):

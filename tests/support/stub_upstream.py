@@ -17,13 +17,31 @@ SEEN = web.AppKey("seen", list)
 HEADERS = web.AppKey("headers", list)
 SERVER = web.AppKey("server", str)
 MODELS = ("ok", "stall_headers", "stall_stream", "garbage", "cut", "error_event", "bad_request_event", "http500",
-          "long_stream")
+          "long_stream", *(QUALITY := {"looping": [" the"] * 40, "blank": ["\n", " ", "\t"]}))
 LONG_STREAM_CHUNKS = 6000  # of ~1 KB each: more than loopback sockets buffer
 
 
 def _chunk(text: str, rid: str = "s", model: str = "ok") -> bytes:
     return b"data: " + orjson.dumps({"id": rid, "object": "chat.completion.chunk", "model": model,
                                      "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}) + b"\n\n"
+
+
+async def _answer(request: web.Request, body: dict, rid: str, model: str, tokens: list[str]) -> web.StreamResponse:
+    finish = "length" if model == "looping" else "stop"
+    usage = {"prompt_tokens": 3, "completion_tokens": len(tokens), "total_tokens": 3 + len(tokens)}
+    if not body.get("stream"):
+        return web.json_response({"id": rid, "object": "chat.completion", "model": model, "usage": usage,
+                                  "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(tokens)},
+                                               "finish_reason": finish}]})
+    resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+    await resp.prepare(request)
+    for text in tokens:
+        await resp.write(_chunk(text, rid, model))
+    await resp.write(b"data: " + orjson.dumps({"id": rid, "model": model, "choices": [
+        {"index": 0, "delta": {"content": ""}, "finish_reason": finish}]}) + b"\n\n")
+    await resp.write(b"data: " + orjson.dumps({"id": rid, "choices": [], "usage": usage}) + b"\n\n")
+    await resp.write(b"data: [DONE]\n\n")
+    return resp
 
 
 async def _models(request: web.Request) -> web.Response:
@@ -47,6 +65,8 @@ async def _chat(request: web.Request) -> web.StreamResponse:
         return web.json_response({"error": {"message": "engine dead", "code": 500}}, status=500)
     if model == "garbage":
         return web.Response(text="<html>proxy error</html>", content_type="application/json")
+    if model in QUALITY:  # answers with something wrong in them, that end (a finish reason)
+        return await _answer(request, body, rid, model, QUALITY[model])
     if not body.get("stream"):
         return web.json_response({"id": rid, "object": "chat.completion", "model": model,
                                   "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
