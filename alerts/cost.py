@@ -1,7 +1,7 @@
 """What a model's tokens cost in GPU time, energy and money: recording rules, as data.
 
 ``make generate`` writes them to ``alerts/rules/cost.yml`` (``inferwatch up`` to its own
-copy) with the price per GPU-hour of ``Options`` (``INFERWATCH_GPU_HOUR_PRICE``). The
+copy) with the prices per GPU-hour of the settings (``cost`` in ``inferwatch.yaml``). The
 dashboards' Cost row and the A/B ``cost`` guardrail read the recorded series, never the
 raw counters, so they cannot disagree on what a GPU-second is.
 
@@ -38,17 +38,14 @@ generates nothing (a division by zero is no cost); the idle share still counts t
 
 from __future__ import annotations
 
-import math
 import textwrap
 from collections.abc import Callable
 
 from inferwatch.alerts.model import Record
 from inferwatch.catalog import metric as m
+from inferwatch.config.settings import Cost
 
 WINDOW = "5m"
-# A placeholder of the order of an on-demand data-center GPU rented by the hour: the dollar
-# figures mean something only once a deployment sets its own (INFERWATCH_GPU_HOUR_PRICE).
-DEFAULT_GPU_HOUR_PRICE = 2.0
 
 # the host part of `instance` (host:port, [v6]:port, or a bare host): RE2, anchored
 INSTANCE_HOST = "(.+?)(?::[0-9]+)?"
@@ -85,16 +82,12 @@ JOULES_PER_1K = f"inferwatch_cost:model_joules_per_1k_output_tokens:rate{WINDOW}
 DOLLARS_PER_1M = f"inferwatch_cost:model_dollars_per_1m_output_tokens:rate{WINDOW}"
 MODEL_GPU_IDLE = f"inferwatch_cost:model_gpu_idle:ratio_avg{WINDOW}"
 GPU_HOUR_PRICE = "inferwatch_cost:gpu_hour_price:dollars"
+# with prices per GPU model (settings: cost.gpu_hour_prices): dollars per hour of a host's GPUs, and a model's
+HOST_DOLLARS = "inferwatch_cost:host_gpu_hour_price:dollars"  # {host}
+MODEL_DOLLARS = "inferwatch_cost:model_gpu_hour_price:dollars"  # {model}
 # per A/B variant {model (the public name), variant}: what the A/B cost guardrail reads
 VARIANT_TOKENS_PER_GPU_SECOND = f"inferwatch_cost:variant_output_tokens_per_gpu_second:rate{WINDOW}"
 _VARIANT_SERVED = m("inferwatch_gateway_variant_served_model_info")
-
-
-def check_price(price: float) -> float:
-    """A price per GPU-hour is a finite number above 0 (0 would make every GPU free)."""
-    if not (isinstance(price, (int, float)) and math.isfinite(price) and price > 0):
-        raise ValueError(f"INFERWATCH_GPU_HOUR_PRICE must be a number above 0 (dollars per GPU-hour), got {price!r}")
-    return float(price)
 
 
 def hosted(expr: Callable[[str], str]) -> str:
@@ -133,9 +126,31 @@ def _per_output_tokens(numerator: str, per: int) -> str:
     return f"{per} * {numerator} / ({MODEL_OUTPUT} > 0)"
 
 
-def records(gpu_hour_price: float = DEFAULT_GPU_HOUR_PRICE) -> tuple[Record, ...]:
+def _priced_gpus(prices: Cost) -> str:
+    """Each GPU of a host at its model's price per hour (NVML's ``name``), else the default."""
+    def at(price: float, matcher: str) -> str:
+        return _of("max by (host, uuid)", hosted(lambda sel: f"{_GPU}{{{sel}{matcher}}}")) + f" * 0 + {price!r}"
+    terms = [at(price, f',name="{name}"') for name, price in sorted(prices.gpu_hour_prices.items())]
+    return "\nor ".join(f"({t})" for t in (*terms, at(prices.gpu_hour_price, "")))
+
+
+def _price_records(prices: Cost) -> tuple[Record, ...]:
+    """Dollars per GPU-hour of each host and model, where GPU models differ in price."""
+    if not prices.gpu_hour_prices:
+        return ()
+    return (Record(HOST_DOLLARS, _of("sum by (host)", _priced_gpus(prices))),
+            Record(MODEL_DOLLARS, _of("sum by (model)", _on_attributed(HOST_DOLLARS))))
+
+
+def _dollars_per_second(prices: Cost) -> str:
+    if prices.gpu_hour_prices:
+        return f"{MODEL_DOLLARS} / 3600"
+    return f"{MODEL_GPUS} * {prices.gpu_hour_price!r} / 3600"
+
+
+def records(prices: Cost = Cost()) -> tuple[Record, ...]:
     """The rules, in the order one evaluation must run them (each reads those above it)."""
-    price = check_price(gpu_hour_price)
+    price = prices.gpu_hour_price
     return (
         # -- the join: which models each host served, and its GPUs ---------------------------
         Record(HOST_MODEL, _of("group by (host, model)", hosted(_window(_RUNNING, "last_over_time", _SERVED)))),
@@ -160,7 +175,8 @@ def records(gpu_hour_price: float = DEFAULT_GPU_HOUR_PRICE) -> tuple[Record, ...
         Record(GPU_SECONDS_PER_1K, _per_output_tokens(MODEL_GPUS, 1000)),
         Record(JOULES_PER_1K, _per_output_tokens(MODEL_ENERGY, 1000)),
         # GPUs x dollars per GPU-second, per million output tokens
-        Record(DOLLARS_PER_1M, _per_output_tokens(f"{MODEL_GPUS} * {price!r} / 3600", 1_000_000)),
+        *_price_records(prices),
+        Record(DOLLARS_PER_1M, _per_output_tokens(_dollars_per_second(prices), 1_000_000)),
         Record(MODEL_GPU_IDLE, _of("avg by (model)", _on_attributed(GPU_IDLE))),
         Record(GPU_HOUR_PRICE, f"vector({price!r})"),
         # -- per A/B variant: its served name's number, if no other variant shares that name --
@@ -178,7 +194,7 @@ def _per_variant(per_served_model: str) -> str:
             f"  unless on (served_model) count by (served_model) ({variants}) > 1\n)")
 
 
-def rule_file(gpu_hour_price: float = DEFAULT_GPU_HOUR_PRICE) -> dict:
+def rule_file(prices: Cost = Cost()) -> dict:
     """``cost.yml``: one group, evaluated at the global interval (a few series per host)."""
     return {"groups": [{"name": "inferwatch-cost",
-                        "rules": [{"record": r.name, "expr": r.expr} for r in records(gpu_hour_price)]}]}
+                        "rules": [{"record": r.name, "expr": r.expr} for r in records(prices)]}]}

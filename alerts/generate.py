@@ -20,17 +20,15 @@ whatever reads their output reads it through ``last_over_time`` (``fresh``).
 
 from __future__ import annotations
 
-import os
-import re
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import yaml
 
 from inferwatch.alerts import cost, spec
+from inferwatch.alerts.spec import Spec
+from inferwatch.config.settings import Links
 from inferwatch.alerts.meta import META_ALERTS
 from inferwatch.alerts.model import SLO, Alert, BurnTier, BurnWindow, seconds
 from inferwatch.catalog import metric as catalog_metric
@@ -51,59 +49,6 @@ ERRORS_1H_SAMPLED = "inferwatch_slo:sli_errors:rate1h_sampled1h"
 EVENTS_1H_SAMPLED = "inferwatch_slo:sli_events:rate1h_sampled1h"
 PERIOD_RATIO = "inferwatch_slo:sli_error:ratio_period"
 BUDGET_REMAINING = "inferwatch_slo:period_error_budget_remaining:ratio"
-
-
-@dataclass(frozen=True)
-class Options:
-    """What one deployment sets when it generates its rules and configs: where its Grafana and
-    runbooks are (the links in every alert), which models are held to the optional
-    inter-token latency objective, where the compose stack's dead man's switch goes, and
-    what a GPU-hour costs (the cost rules' dollars). ``make generate`` (compose, Kubernetes)
-    and ``inferwatch up`` read them from the environment (``from_env``); the committed files
-    use the defaults."""
-
-    grafana_url: str = spec.GRAFANA_URL
-    runbook_url: str = spec.RUNBOOK_BASE_URL
-    itl_models: str | None = None  # a regex of models; None: no inter-token latency SLO
-    heartbeat_url: str | None = None  # the dead man's switch of the compose stack (None: its local pager)
-    gpu_hour_price: float = cost.DEFAULT_GPU_HOUR_PRICE  # dollars per GPU-hour (INFERWATCH_GPU_HOUR_PRICE)
-
-    def __post_init__(self) -> None:
-        cost.check_price(self.gpu_hour_price)
-        for name in ("grafana_url", "runbook_url", "heartbeat_url"):
-            url = getattr(self, name)
-            if url is None:
-                continue
-            if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc:
-                raise ValueError(f"INFERWATCH_{name.upper()} must be an http(s) URL, got {url!r}")
-        if self.itl_models is not None:
-            try:
-                re.compile(self.itl_models)
-            except re.error as exc:
-                raise ValueError(f"INFERWATCH_ITL_SLO_MODELS is not a regex ({exc}): {self.itl_models!r}") from None
-            if '"' in self.itl_models or "\\" in self.itl_models:
-                raise ValueError(f"INFERWATCH_ITL_SLO_MODELS may not hold quotes or backslashes: {self.itl_models!r}")
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> Options:
-        return cls(grafana_url=env.get("INFERWATCH_GRAFANA_URL") or spec.GRAFANA_URL,
-                   runbook_url=(env.get("INFERWATCH_RUNBOOK_URL") or spec.RUNBOOK_BASE_URL).rstrip("/"),
-                   itl_models=env.get("INFERWATCH_ITL_SLO_MODELS") or None,
-                   heartbeat_url=env.get("INFERWATCH_HEARTBEAT_URL") or None,
-                   gpu_hour_price=_price(env.get("INFERWATCH_GPU_HOUR_PRICE")))
-
-    def slos(self) -> tuple[SLO, ...]:
-        return spec.SLOS + ((spec.inter_token_latency(self.itl_models),) if self.itl_models else ())
-
-
-def _price(text: str | None) -> float:
-    """``INFERWATCH_GPU_HOUR_PRICE`` as a number (dollars per GPU-hour; unset: the default)."""
-    if text is None or not text.strip():
-        return cost.DEFAULT_GPU_HOUR_PRICE
-    try:
-        return float(text.strip().removeprefix("$"))
-    except ValueError:
-        raise ValueError(f"INFERWATCH_GPU_HOUR_PRICE must be a number (dollars per GPU-hour), got {text!r}") from None
 
 
 def error_ratio(window: str) -> str:
@@ -226,7 +171,7 @@ def _burning(slo: SLO, window: BurnWindow) -> str:
             f"  and on (model, slo) {in_window(slo, window.long, 0)} >= {slo.min_bad_events}\n)")
 
 
-def burn_alert(slo: SLO, tier: BurnTier, options: Options) -> dict:
+def burn_alert(slo: SLO, tier: BurnTier, links: Links) -> dict:
     """One alert per SLO and tier, firing while any of the tier's windows burns."""
     pairs = ", or ".join(f"{w.long} confirmed over {w.short} above {w.factor(slo.period):g}x" for w in tier.windows)
     first = tier.windows[0]
@@ -239,17 +184,17 @@ def burn_alert(slo: SLO, tier: BurnTier, options: Options) -> dict:
                      f"burning window ({pairs}; the first one burning gives the value). At "
                      f"{first.factor(slo.period):g}x, {first.budget_share:.0%} of the {slo.period} error budget "
                      f"is gone in {first.long}."),
-    ), options)
+    ), links)
 
 
-def _alert_rule(alert: Alert, options: Options) -> dict:
+def _alert_rule(alert: Alert, links: Links) -> dict:
     annotations = {
         "summary": alert.summary,
         "description": alert.description,
-        "runbook_url": f"{options.runbook_url}/{alert.runbook_name}.md",
+        "runbook_url": f"{links.runbook_url}/{alert.runbook_name}.md",
     }
     if alert.dashboard:
-        annotations["dashboard_url"] = f"{options.grafana_url}/d/{alert.dashboard}"
+        annotations["dashboard_url"] = f"{links.grafana_url}/d/{alert.dashboard}"
     rule: dict = {"alert": alert.name, "expr": alert.expr}
     if alert.for_ != "0s":
         rule["for"] = alert.for_
@@ -267,7 +212,7 @@ def scrape_configs_of(job: str) -> str:
     return f"{job}|(serviceMonitor|podMonitor)/[^/]+/{job}/[0-9]+"
 
 
-def absent_alerts(jobs: set[str] | None, options: Options) -> list[dict]:
+def absent_alerts(jobs: set[str] | None, links: Links) -> list[dict]:
     """Guards (``spec.ABSENT_GUARDS``) for ``jobs`` (all of them when None).
 
     A job whose discovery finds no targets on purpose is what the operator configured, so its
@@ -301,26 +246,27 @@ def absent_alerts(jobs: set[str] | None, options: Options) -> list[dict]:
             description = (f"{{{{ $labels.instance }}}} answers its scrapes but has not exported {metric} for 10m, "
                            "so the alerts that read it are silent for it.")
         out.append(_alert_rule(Alert(name, expr, "warning", for_="10m", labels={"job": job, "metric": metric},
-                                     summary=what, description=description), options))
+                                     summary=what, description=description), links))
     return out
 
 
-def rule_files(jobs: set[str] | None = None, options: Options = Options()) -> dict[str, dict]:
+def rule_files(the_spec: Spec, jobs: set[str] | None = None) -> dict[str, dict]:
     """File name -> rule file document; ``jobs`` limits the absent() guards to those scraped."""
-    slos = options.slos()
-    slo_groups = [g for slo in slos for g in slo_recording_groups(slo)]
+    links = the_spec.settings.links
+    slo_groups = [g for slo in the_spec.slos for g in slo_recording_groups(slo)]
     records = [{"record": r.name, "expr": r.expr} for r in spec.RECORDS]
     slo_groups.append({"name": "inferwatch-slo-alerts", "rules": [
-        burn_alert(slo, tier, options) for slo in slos for tier in spec.TIERS]})
+        burn_alert(slo, tier, links) for slo in the_spec.slos for tier in the_spec.tiers]})
     by_tier: dict[str, list[dict]] = {}
-    for alert in (*spec.ALERTS, *META_ALERTS):
-        by_tier.setdefault(alert.severity, []).append(_alert_rule(alert, options))
+    for alert in (*the_spec.alerts, *META_ALERTS):
+        by_tier.setdefault(alert.severity, []).append(_alert_rule(alert, links))
     groups = [{"name": "inferwatch-records", "rules": records}]
     groups += [{"name": f"inferwatch-{name}", "rules": by_tier[severity]}
-              for name, severity in (("page", "critical"), ("ticket", "warning"), ("info", "info"), ("meta", "none"))]
-    groups.append({"name": "inferwatch-absent", "rules": absent_alerts(jobs, options)})
+               for name, severity in (("page", "critical"), ("ticket", "warning"), ("info", "info"), ("meta", "none"))
+               if severity in by_tier]
+    groups.append({"name": "inferwatch-absent", "rules": absent_alerts(jobs, links)})
     return {"slos.yml": {"groups": slo_groups}, "alerts.yml": {"groups": groups},
-            "cost.yml": cost.rule_file(options.gpu_hour_price)}
+            "cost.yml": cost.rule_file(the_spec.settings.cost)}
 
 
 def cap_for(files: dict[str, dict], cap: str) -> dict[str, dict]:
@@ -362,9 +308,9 @@ def _header(name: str) -> str:
     return COST_HEADER if name == "cost.yml" else HEADER
 
 
-def files(options: Options = Options()) -> dict[Path, str]:
-    """The rule files of ``alerts/rules/``, path -> text (committed with the default options)."""
-    return {RULES_DIR / name: render(doc, _header(name)) for name, doc in rule_files(options=options).items()}
+def files(the_spec: Spec, out_dir: Path = RULES_DIR) -> dict[Path, str]:
+    """The rule files, path -> text (``alerts/rules/`` is committed with the default settings)."""
+    return {out_dir / name: render(doc, _header(name)) for name, doc in rule_files(the_spec).items()}
 
 
 def write(docs: Mapping[str, dict], out_dir: Path) -> None:

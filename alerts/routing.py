@@ -11,11 +11,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from inferwatch.config import settings as config
+from inferwatch.config.settings import Routing
+
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"  # Alertmanager notification templates (package data)
 
-# `slo`: a model's second SLO page is a notification of its own at group_wait, not one that
-# waits for the first one's group_interval
-GROUP_BY = ["alertname", "model", "slo", "cluster"]
+# The settings' defaults (inferwatch.config.settings.Routing): group by `slo`, so a model's
+# second SLO page is a notification of its own at group_wait, not one that waits for the first
+# one's group_interval. Pages repeat hourly until acknowledged or resolved; tickets batch. A
+# page waits 30s (Alertmanager's default) before its first notification: what inhibits it for
+# the same incident (VLLMModelUnavailable) is evaluated from other targets' scrapes, up to an
+# evaluation or two later, and must be there first. A total outage still pages within 2m.
 
 
 @dataclass(frozen=True)
@@ -25,12 +31,6 @@ class Timing:
     repeat_interval: str
 
 
-# Pages repeat hourly until acknowledged or resolved; tickets batch. A page waits 30s
-# (Alertmanager's default) before its first notification: what inhibits it for the same
-# incident (VLLMModelUnavailable) is evaluated from other targets' scrapes, up to an
-# evaluation or two later, and must be there first. A total outage still pages within 2m.
-PAGE = Timing("30s", "1m", "1h")
-TICKET = Timing("1m", "5m", "24h")
 # A heartbeat every minute; its absence is the alarm. Alertmanager re-sends at a flush only
 # when the last notification is older than repeat_interval, so repeat_interval sits just
 # under group_interval: equal values would skip every other flush.
@@ -65,12 +65,36 @@ def _route(receiver: str, matcher: str, timing: Timing | None = None) -> dict:
     return route
 
 
-def alertmanager_config(receivers: Receivers, templates_dir: str | Path, *,
-                        page: Timing = PAGE, ticket: Timing = TICKET, deadman: Timing = DEADMAN) -> dict:
+def timing(declared: config.Timing) -> Timing:
+    return Timing(declared.group_wait, declared.group_interval, declared.repeat_interval)
+
+
+def _slack(channel: str, api_url_file: str) -> dict:
+    return {"api_url_file": api_url_file, "channel": channel, "send_resolved": True,
+            "title": '{{ template "inferwatch.title" . }}', "text": '{{ template "inferwatch.text" . }}'}
+
+
+def alertmanager_config(receivers: Receivers, templates_dir: str | Path, policy: Routing = Routing(), *,
+                        page: Timing | None = None, ticket: Timing | None = None, deadman: Timing = DEADMAN) -> dict:
+    """The config of ``policy`` (the settings' routing), with the local pager's webhooks at
+    ``receivers``; ``page`` and ``ticket`` override the policy's timings (tests shorten them)."""
+    page = page or timing(policy.page)
+    ticket = ticket or timing(policy.ticket)
+    extra = policy.receivers
     pager: dict = {"name": "pager", "webhook_configs": [_webhook(receivers.pager_webhook)]}
-    if receivers.pagerduty_routing_key_file:
+    ticket_receiver: dict = {"name": "ticket", "webhook_configs": [_webhook(receivers.ticket_webhook)]}
+    if extra.webhook is not None:
+        pager["webhook_configs"].append(_webhook(extra.webhook.url))
+        if extra.webhook.tickets:
+            ticket_receiver["webhook_configs"].append(_webhook(extra.webhook.url))
+    if extra.slack is not None:
+        pager["slack_configs"] = [_slack(extra.slack.channel, extra.slack.api_url_file)]
+        if extra.slack.tickets:
+            ticket_receiver["slack_configs"] = [_slack(extra.slack.channel, extra.slack.api_url_file)]
+    key_file = receivers.pagerduty_routing_key_file or (extra.pagerduty.routing_key_file if extra.pagerduty else None)
+    if key_file:
         pager["pagerduty_configs"] = [{
-            "routing_key_file": receivers.pagerduty_routing_key_file,
+            "routing_key_file": key_file,
             "send_resolved": True,
             "severity": "critical",
             "description": '{{ template "inferwatch.title" . }}',
@@ -81,7 +105,7 @@ def alertmanager_config(receivers: Receivers, templates_dir: str | Path, *,
     return {
         "route": {
             "receiver": "ticket",  # anything unrouted (no severity) still reaches a person
-            "group_by": GROUP_BY,
+            "group_by": list(policy.group_by),
             "group_wait": ticket.group_wait, "group_interval": ticket.group_interval,
             "repeat_interval": ticket.repeat_interval,
             "routes": [
@@ -99,10 +123,12 @@ def alertmanager_config(receivers: Receivers, templates_dir: str | Path, *,
              "target_matchers": [f'alertname=~"{"|".join(CAUSED_BY_MODEL_DOWN)}"'], "equal": ["model", "cluster"]},
             {"source_matchers": ['alertname="VLLMDown"'],
              "target_matchers": [f'alertname=~"{"|".join(CAUSED_BY_VLLM_DOWN)}"'], "equal": ["instance", "cluster"]},
+            *({"source_matchers": list(r.source_matchers), "target_matchers": list(r.target_matchers),
+               "equal": list(r.equal)} for r in policy.inhibitions),
         ],
         "receivers": [
             pager,
-            {"name": "ticket", "webhook_configs": [_webhook(receivers.ticket_webhook)]},
+            ticket_receiver,
             # a heartbeat service counts any request as a ping: the Watchdog's resolution, sent
             # when Prometheus stops, would be one more and delay the alarm
             {"name": "deadman", "webhook_configs": [_webhook(receivers.deadman_webhook, send_resolved=False)]},

@@ -1,25 +1,28 @@
-"""What inferwatch alerts on: SLOs, burn-rate tiers and alerts, as data.
+"""What inferwatch alerts on: SLOs, burn-rate tiers and alerts, built from the settings.
 
-This is the one settings source for thresholds: the dashboards draw their threshold lines
-and write their descriptions from the names here, so a panel cannot disagree with the alert
-it explains. Change thresholds, objectives and ``for`` durations here, then ``make generate``
-regenerates the rules, the dashboards and the manifests that carry them. Every metric is
-named through ``inferwatch.catalog.metric``, so a name that no component exports fails the
-generation. Each alert has a runbook in ``alerts/runbooks/<name>.md``.
+``build`` turns a team's settings (``inferwatch.yaml``, ``inferwatch.config``) into the
+:class:`Spec` every generator reads: the rules, and the dashboards, which draw their
+threshold lines and write their descriptions from it, so a panel cannot disagree with the
+alert it explains. What a team may change lives in the settings; what is here is how the
+stack works (job names, XID classes, the expressions). Every metric is named through
+``inferwatch.catalog.metric``, so a name that no component exports fails the generation.
+Each alert has a runbook in ``alerts/runbooks/<name>.md``.
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass, replace
+
 from prometheus_client.utils import floatToGoString
 
 from inferwatch.alerts.model import SLO, Alert, BurnTier, BurnWindow, Guard, Record, seconds
+from inferwatch.config import settings as config
+from inferwatch.config.errors import ConfigError
+from inferwatch.config.settings import Settings, Thresholds
 from inferwatch.dashboards import uids
 from inferwatch.drift.ab.spec import PAGE_SHARE, PAGING
 from inferwatch.catalog import metric as m
-from inferwatch.serving.metrics import INTER_TOKEN_BUCKETS, REQUEST_DURATION_BUCKETS, TTFT_BUCKETS
-
-RUNBOOK_BASE_URL = "https://github.com/inferwatch/inferwatch/blob/main/alerts/runbooks"
-GRAFANA_URL = "http://localhost:3000"
 
 # Scrape jobs, shared with the Prometheus configuration (deploy/), so rules and targets agree.
 JOB_GATEWAY = "inferwatch-gateway"
@@ -38,70 +41,59 @@ FATAL_XIDS = (48, 64, 74, 79, 94, 95, 119, 120)
 # Clock-event reasons that mean the GPU is slowed by heat or power faults. sw_power_cap
 # under load is normal operation and only informs.
 THROTTLE_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown")
-CORRECTABLE_ECC_PER_HOUR = 100
 VLLM_DOWN_WINDOW = "1m"
 VLLM_DOWN_FAILED_SCRAPES = 2
-VLLM_STARTUP_GRACE = "15m"  # model load time that pages nobody; raise it for very large models
-KV_CACHE_HIGH = 0.9
-QUEUE_WINDOW = "10m"
-SNAPSHOT_STALE_S = 60
-DRIFT_MIN_WINDOW_RECORDS = 100
-DRIFT_FOR = "15m"
-
-# Multi-window, multi-burn-rate tiers (Google SRE workbook, ch. 5): the share of the
-# period's budget that may burn in the long window before someone is told.
-# One alert per tier, firing while any of its windows burns: each incident is one alert
-# identity per SLO and tier, whichever window sees it first or last.
-# An outage that returns within 5 minutes is the same incident: one page, not one per return.
-FAST_BURN = BurnTier("fast", "critical", (BurnWindow("1h", "5m", 0.02), BurnWindow("6h", "30m", 0.05)), "5m")
-SLOW_BURN = BurnTier("slow", "warning", (BurnWindow("1d", "2h", 0.10), BurnWindow("3d", "6h", 0.10)), "5m")
-TIERS = (FAST_BURN, SLOW_BURN)
-# One period for every SLO: the SLO dashboard shows one error budget per SLO over it.
-SLO_PERIOD = "30d"
-
-TTFT_THRESHOLD_S = 1.0
-E2E_THRESHOLD_S = 30.0
 
 
-def _le(threshold: float, buckets: tuple[float, ...]) -> str:
+def _le(threshold: float) -> str:
     """The ``le`` label value of a bucket boundary, as prometheus_client writes it."""
-    if threshold not in buckets:
-        raise ValueError(f"latency SLO threshold {threshold} is not a histogram bucket boundary: {buckets}")
     return floatToGoString(threshold)
 
 
 _REQUESTS = m("inferwatch_gateway_requests_total")
 _TTFT = "inferwatch_gateway_time_to_first_token_seconds"
 _E2E = "inferwatch_gateway_request_duration_seconds"
-
-AVAILABILITY = SLO("availability", "requests answered without a server error", 0.999,
-                   total=_REQUESTS, errors=f'{_REQUESTS}{{status_class="5xx"}}', period=SLO_PERIOD)
-TTFT = SLO("ttft", f"first token within {TTFT_THRESHOLD_S:g}s", 0.99,
-           total=m(f"{_TTFT}_count"), good=f'{m(f"{_TTFT}_bucket")}{{le="{_le(TTFT_THRESHOLD_S, TTFT_BUCKETS)}"}}',
-           period=SLO_PERIOD)
-E2E_LATENCY = SLO(
-    "e2e_latency", f"successful requests complete within {E2E_THRESHOLD_S:g}s", 0.99,
-    total=f'{m(f"{_E2E}_count")}{{status_class="2xx"}}',
-    good=f'{m(f"{_E2E}_bucket")}{{status_class="2xx",le="{_le(E2E_THRESHOLD_S, REQUEST_DURATION_BUCKETS)}"}}',
-    period=SLO_PERIOD)
-SLOS = (AVAILABILITY, TTFT, E2E_LATENCY)
-
-ITL_THRESHOLD_S = 0.1
 _ITL = "inferwatch_gateway_inter_token_latency_seconds"
 
 
-def inter_token_latency(models: str) -> SLO:
-    """The optional inter-token latency objective, for the models matching the regex
-    ``models`` (``INFERWATCH_ITL_SLO_MODELS``): a streamed answer's gaps between tokens.
-    Off by default: how smooth a stream must be depends on the product (a chat UI, an agent
-    reading the whole answer), unlike errors and time to first token. Its events are token
-    gaps, not requests, so its floors count gaps: on a quiet model one stuttering stream can
-    meet them alone."""
-    sel = f'model=~"{models}"'
-    return SLO("itl", f"gaps between streamed tokens within {ITL_THRESHOLD_S:g}s", 0.99,
-               total=f'{m(f"{_ITL}_count")}{{{sel}}}',
-               good=f'{m(f"{_ITL}_bucket")}{{{sel},le="{_le(ITL_THRESHOLD_S, INTER_TOKEN_BUCKETS)}"}}',
-               period=SLO_PERIOD)
+def model_regex(models: tuple[str, ...]) -> str:
+    """An RE2 alternation of exactly ``models``, escaped for a PromQL double-quoted string."""
+    return "|".join(re.sub(r"([.+*?()\[\]{}^$|\\])", r"\\\\\1", name) for name in models)
+
+
+def _selector(name: str, *matchers: str) -> str:
+    present = [x for x in matchers if x]
+    return f"{name}{{{','.join(present)}}}" if present else name
+
+
+def slo(declared: config.SLO, models: tuple[str, ...] | None, floors: config.BurnRate) -> SLO:
+    """One objective as the rules compute it, over ``models`` (None: every model). Its events
+    are requests, except inter-token latency's, which are token gaps: on a quiet model one
+    stuttering stream can meet its floors alone."""
+    sel = f'model=~"{model_regex(models)}"' if models is not None else ""
+    common = {"period": declared.period, "min_events": floors.min_events, "min_bad_events": floors.min_bad_events}
+    t = declared.threshold_s
+    if declared.sli == "availability":
+        return SLO(declared.name, "requests answered without a server error", declared.objective,
+                   total=_selector(_REQUESTS, sel), errors=_selector(_REQUESTS, 'status_class="5xx"', sel), **common)
+    if declared.sli == "ttft":
+        return SLO(declared.name, f"first token within {t:g}s", declared.objective,
+                   total=_selector(m(f"{_TTFT}_count"), sel),
+                   good=_selector(m(f"{_TTFT}_bucket"), f'le="{_le(t)}"', sel), **common)
+    if declared.sli == "e2e_latency":
+        return SLO(declared.name, f"successful requests complete within {t:g}s", declared.objective,
+                   total=_selector(m(f"{_E2E}_count"), 'status_class="2xx"', sel),
+                   good=_selector(m(f"{_E2E}_bucket"), 'status_class="2xx"', f'le="{_le(t)}"', sel), **common)
+    return SLO(declared.name, f"gaps between streamed tokens within {t:g}s", declared.objective,
+               total=_selector(m(f"{_ITL}_count"), sel), good=_selector(m(f"{_ITL}_bucket"), sel, f'le="{_le(t)}"'),
+               **common)
+
+
+def tier(declared: config.BurnTier) -> BurnTier:
+    return BurnTier(declared.name, declared.severity,
+                    tuple(BurnWindow(w.long, w.short, w.budget_share) for w in declared.windows),
+                    declared.keep_firing_for)
+
 
 _XID = m("inferwatch_gpu_xid_errors_total")
 _VLLM_UP = f'up{{job="{JOB_VLLM}"}}'
@@ -133,10 +125,6 @@ def _vllm_service(expr: str, source: str, regex: str) -> str:
 # vLLM's own series win over a target's `model` label, so one target maps to one model.
 SERVED_MODEL = "inferwatch:vllm_served_model:info"
 MODEL_UNAVAILABLE = "inferwatch:vllm_model_unavailable:info"
-# How long after every replica of a model is back its SLO pages stay inhibited: the page
-# tier's longest short window, which the outage keeps over the threshold until it has passed.
-# Pages for a burn that outlasts it go out; VLLMDown has paged for the outage itself.
-OUTAGE_SHADOW = max((w.short for w in FAST_BURN.windows), key=seconds)
 _SERVING_NOW = f'group by (job, instance, model) ({m("vllm:num_requests_running")})'
 # a target discovered with its model as a label (`inferwatch up`, a labelled target file) is
 # known from Prometheus's first scrape, before vLLM has served
@@ -168,248 +156,250 @@ def _with_served_model(down: str) -> str:
 
 GPU = "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.instance }}"
 
-ALERTS = (
-    # -- page: users are hurting now, or the hardware under them is broken -----------------------
-    # Two failed scrapes within a minute, not `up == 0` for a while: a supervised restart can
-    # bring vLLM back (30 s for the tiny CPU model) before any `for` would have passed, yet every
-    # request failed meanwhile. One failed scrape alone pages nobody; the page resolves once a
-    # minute has passed without a failure. The failures count only after vLLM has served (in the
-    # startup grace before that minute, or within it while it is down now, for a Prometheus
-    # younger than a minute): a vLLM loading its model (minutes for a large one) pages
-    # only once it has answered no scrape for the whole grace, as a target Prometheus has known
-    # that long. Past the grace that second branch carries a long outage on without a gap.
-    Alert("VLLMDown", _with_served_model(
-          f'(count_over_time({_VLLM_UP}[{VLLM_DOWN_WINDOW}]) - sum_over_time({_VLLM_UP}[{VLLM_DOWN_WINDOW}])'
-          f' >= {VLLM_DOWN_FAILED_SCRAPES}'
-          f' and (max_over_time({_VLLM_UP}[{VLLM_STARTUP_GRACE}] offset {VLLM_DOWN_WINDOW}) == 1'
-          f' or {_VLLM_UP} == 0 and max_over_time({_VLLM_UP}[{VLLM_DOWN_WINDOW}]) == 1))'
-          f' or (max_over_time({_VLLM_UP}[{VLLM_STARTUP_GRACE}]) == 0 and {_VLLM_UP} offset {VLLM_STARTUP_GRACE})'),
-          "critical", dashboard=uids.SERVING,
-          summary="vLLM {{ $labels.instance }} is down",
-          description="Prometheus cannot scrape vLLM at {{ $labels.instance }} (model {{ $labels.model }}): "
-                      f"it failed {VLLM_DOWN_FAILED_SCRAPES} or more scrapes in {VLLM_DOWN_WINDOW} after serving, "
-                      f"or has answered none for {VLLM_STARTUP_GRACE} (a start that never became ready). Every "
-                      "request routed to it fails while it is down."),
-    Alert("GatewayDown", f'up{{job="{JOB_GATEWAY}"}} == 0', "critical", for_="1m", dashboard=uids.SERVING,
-          summary="inferwatch gateway {{ $labels.instance }} is down",
-          description="Prometheus cannot scrape the gateway at {{ $labels.instance }}: clients cannot reach "
-                      "the model through it."),
-    # Only while Prometheus reaches that vLLM itself: a dead vLLM is VLLMDown's page, and the
-    # gateway re-probes within seconds once it returns, well inside `for`. An upstream of
-    # several replicas (a comma list) stands on its first: upstream_up is 0 only when none
-    # answers, and a fleet whose first replica is down too is VLLMDown's.
-    # vLLM down is VLLMDown's page. Prometheus names a vLLM by its address where it scrapes
-    # the address the gateway uses (compose, `inferwatch up`) and by its Service where it
-    # scrapes pods behind the Service the gateway resolves (Kubernetes).
-    # An upstream that no variant sends traffic to (a rolled-back canary, the demo's slow canary
-    # at rest) pages nobody while it is down: its vLLM may be gone on purpose.
-    Alert("GatewayUpstreamDown",
-          _vllm_service(_address(f'({m("inferwatch_gateway_upstream_up")} == 0 unless on (instance, upstream) '
-                                 f'{m("inferwatch_gateway_upstream_weight_ratio")} == 0)',
-                                 "upstream", "https?://([^/,]+).*"),
-                        "upstream", "https?://([^/:.,]+).*")
-          + "\nunless on (address) " + _address(f'up{{job="{JOB_VLLM}"}} == 0', "instance", "(.+)")
-          + "\nunless on (vllm_service) " + _vllm_service(f'up{{job="{JOB_VLLM}"}} == 0', "service", "(.+)"),
-          "critical", for_="1m",
-          dashboard=uids.SERVING,
-          summary="Gateway {{ $labels.instance }} cannot reach vLLM at {{ $labels.upstream }}",
-          description="The gateway's probe of {{ $labels.upstream }} has failed for 1m while vLLM itself "
-                      "answers Prometheus: the path from {{ $labels.instance }} to it is broken (network, DNS, "
-                      "TLS, API key), and requests through that gateway are answered 503/504."),
-    # One replica of several out while the others serve: requests avoid it, so nothing burns,
-    # but the variant runs short of capacity. All replicas out is GatewayUpstreamDown's page.
-    Alert("GatewayUpstreamReplicaOut",
-          f'max by (upstream, endpoint) ({m("inferwatch_gateway_upstream_endpoint_up")}) == 0'
-          f' unless on (upstream) max by (upstream) ({m("inferwatch_gateway_upstream_up")}) == 0',
-          "warning", for_="10m", dashboard=uids.SERVING,
-          summary="vLLM replica {{ $labels.endpoint }} is out of rotation",
-          description="Every gateway has kept the replica {{ $labels.endpoint }} of {{ $labels.upstream }} out of "
-                      "rotation for 10m (refused connects, 5xx in a row or a failing /health): the other replicas "
-                      "carry its share."),
-    # changes(), not increase(): a restart count is small and exact, and extrapolation would
-    # turn 2 restarts into 2.01.
-    Alert("InferwatchCrashLooping", f'changes({m("inferwatch_supervisor_restarts_total")}[15m]) >= 3',
-          "critical", dashboard=uids.SERVING,
-          summary="{{ $labels.child }} keeps crashing ({{ $value }} restarts in 15m)",
-          description="The supervisor on {{ $labels.instance }} restarted {{ $labels.child }} "
-                      "{{ $value }} times in 15 minutes; it is crashing on start or soon after."),
-    Alert("GPUFatalXID", _increased(f'{_XID}{{xid=~"{"|".join(map(str, FATAL_XIDS))}"}}', "10m"), "critical",
-          dashboard=uids.GPUS,
-          summary=f"Fatal XID {{{{ $labels.xid }}}} on {GPU}",
-          description=f"{GPU} reported XID {{{{ $labels.xid }}}}: the GPU needs a reset or service. "
-                      "Drain the node."),
-    Alert("GPUDeviceFailed", f'{m("inferwatch_gpu_device_failed")} == 1', "critical", for_="1m",
-          dashboard=uids.GPUS,
-          summary=f"{GPU} does not answer NVML",
-          description=f"{GPU} fails NVML queries (lost, fallen off the bus or unknown error) for 1m."),
-    Alert("GPUUncorrectableECC", _increased(f'{_ECC}{{type="uncorrected",scope="volatile"}}', "10m"), "critical",
-          dashboard=uids.GPUS,
-          summary=f"Uncorrectable ECC errors on {GPU}",
-          description=f"{GPU} had uncorrectable memory errors: results may be corrupt. Drain the node."),
-    Alert("GPURowRemapFailure", f'{m("inferwatch_gpu_row_remap_failure")} == 1', "critical",
-          dashboard=uids.GPUS,
-          summary=f"Row remapping failed on {GPU}",
-          description=f"{GPU} could not remap a failing memory row: it needs service (RMA)."),
-    # A canary worse on errors or time to first token while it takes a real share of traffic:
-    # users are hurting now. The verdict is sequential (always-valid, Holm across guardrails),
-    # so one evaluation is evidence; `for` only rides out a scrape of a window in flux. The
-    # share is the gateway's live weight, not the window's share of records: the window keeps
-    # the canary's records (and its "worse") for an hour after a rollback, the weight drops to
-    # 0 at once, so a rollback clears the page.
-    Alert("ABCanaryHurtingUsers",
-          f'max by (model, control, treatment, metric) ({m("inferwatch_ab_guardrail_worse")}'
-          f'{{metric=~"{"|".join(PAGING)}"}}) == 1'
-          f' and on (model, treatment) max by (model, treatment) (label_replace('
-          f'{m("inferwatch_gateway_experiment_weight_ratio")}, "treatment", "$1", "variant", "(.*)"))'
-          f' > {PAGE_SHARE:g}',
-          "critical", for_="2m", dashboard=uids.DRIFT,
-          summary="Canary {{ $labels.treatment }} of {{ $labels.model }} is worse on {{ $labels.metric }}",
-          description="Variant {{ $labels.treatment }} of model {{ $labels.model }} is significantly worse than "
-                      "{{ $labels.control }} on {{ $labels.metric }} while it takes over "
-                      f"{PAGE_SHARE:.0%} of the traffic: roll it back (send all traffic to the control)."),
-    # -- ticket: will hurt soon, or needs a look this week ---------------------------------------
-    Alert("ABCanaryWorse",
-          f'max by (model, control, treatment, metric) ({m("inferwatch_ab_guardrail_worse")}) == 1',
-          "warning", for_="5m", dashboard=uids.DRIFT,
-          summary="Canary {{ $labels.treatment }} of {{ $labels.model }} is worse on {{ $labels.metric }}",
-          description="The A/B verdict finds variant {{ $labels.treatment }} of model {{ $labels.model }} "
-                      "worse than {{ $labels.control }} on {{ $labels.metric }} (always-valid p-value, Holm "
-                      "across guardrails) for 5m: look at GET /v1/ab/{{ $labels.model }} and roll back."),
-    Alert("DriftDetected",
-          f'max by (model, variant, feature) ({m("inferwatch_drift_feature_detected")} == 1)'
-          f' and on (model, variant) {m("inferwatch_drift_window_records")} >= {DRIFT_MIN_WINDOW_RECORDS}',
-          "warning", for_=DRIFT_FOR, dashboard=uids.DRIFT,
-          summary="Drift in {{ $labels.feature }} of {{ $labels.model }}/{{ $labels.variant }}",
-          description="{{ $labels.feature }} of model {{ $labels.model }} variant {{ $labels.variant }} has "
-                      f"differed from its baseline for {DRIFT_FOR}: the segment's verdict (calibrated p-values, "
-                      "Holm across its features) holds its false-alarm rate at the drift service's alpha per "
-                      "evaluation."),
-    Alert("VLLMKVCacheSaturated",
-          f'max by (model, instance) ({m("vllm:kv_cache_usage_perc")}) > {KV_CACHE_HIGH}'
-          f' and on (model, instance) sum by (model, instance) ({m("vllm:num_requests_waiting")}) > 0',
-          "warning", for_="10m", dashboard=uids.SERVING,
-          summary="vLLM {{ $labels.instance }} KV cache is {{ $value | humanizePercentage }} full with requests waiting",
-          description="Model {{ $labels.model }} on {{ $labels.instance }} has used over "
-                      f"{KV_CACHE_HIGH:.0%} of its KV cache for 10m while requests queue: time to first token "
-                      "grows. Add replicas or lower max_num_seqs / max_model_len."),
-    # Requests queue although the KV cache has room: the scheduler's own limits (max_num_seqs,
-    # max_num_batched_tokens) or a replica too few, not memory. The queue never emptied for
-    # 10m and is longer than 10m ago.
-    Alert("VLLMQueueBuildingUp",
-          f'min by (model, instance) (min_over_time({m("vllm:num_requests_waiting")}[{QUEUE_WINDOW}])) > 0'
-          f' and on (model, instance) sum by (model, instance) (delta({m("vllm:num_requests_waiting")}'
-          f'[{QUEUE_WINDOW}])) > 0'
-          f' and on (model, instance) max by (model, instance) ({m("vllm:kv_cache_usage_perc")}) <= {KV_CACHE_HIGH}',
-          "warning", for_="5m", dashboard=uids.SERVING,
-          summary="Requests queue up on vLLM {{ $labels.instance }} while its KV cache has room",
-          description="Model {{ $labels.model }} on {{ $labels.instance }} has had requests waiting for "
-                      f"{QUEUE_WINDOW}, more now than {QUEUE_WINDOW} ago, with its KV cache under "
-                      f"{KV_CACHE_HIGH:.0%}: the scheduler's limits (max_num_seqs, max_num_batched_tokens) or "
-                      "the number of replicas hold requests back, not memory. Time to first token grows."),
-    Alert("GPUThrottled",
-          f'max by (instance, gpu, uuid, reason) ({m("inferwatch_gpu_throttle_active")}'
-          f'{{reason=~"{"|".join(THROTTLE_REASONS)}"}}) == 1',
-          "warning", for_="15m", dashboard=uids.GPUS,
-          summary=f"{GPU} throttled: {{{{ $labels.reason }}}}",
-          description=f"{GPU} has had its clocks held down by {{{{ $labels.reason }}}} for 15m."),
-    Alert("GPUCorrectableECCRising", f'increase({_ECC}{{type="corrected",scope="volatile"}}[1h]) > '
-                                     f'{CORRECTABLE_ECC_PER_HOUR}',
-          "warning", dashboard=uids.GPUS,
-          summary=f"Correctable ECC errors rising on {GPU}",
-          description=f"{GPU} corrected {{{{ $value | humanize }}}} memory errors in the last hour "
-                      f"(threshold {CORRECTABLE_ECC_PER_HOUR}): its memory may be degrading."),
-    Alert("GPUXIDError",
-          _increased(f'{_XID}{{xid!~"{"|".join(map(str, FATAL_XIDS))}"}}', "10m"), "warning",
-          dashboard=uids.GPUS,
-          summary=f"XID {{{{ $labels.xid }}}} on {GPU}",
-          description=f"{GPU} reported XID {{{{ $labels.xid }}}} (not in the fatal list): usually an "
-                      "application fault or a recorded row remap."),
-    Alert("GatewayFeatureRecordsDropped",
-          f'sum by (instance) (rate({m("inferwatch_gateway_feature_records_total")}'
-          '{outcome=~"dropped_.*"}[10m])) > 0',
-          "warning", for_="10m", dashboard=uids.DRIFT,
-          summary="Gateway {{ $labels.instance }} drops feature records",
-          description="{{ $value | humanize }} feature records/s are dropped on {{ $labels.instance }} "
-                      "(queue full or drift service failing): drift runs on a partial sample."),
-    # Replicas sharing weights through Redis agree within a second; routing by different
-    # weights for minutes means one of them lost Redis (or runs another experiment file).
-    Alert("GatewayReplicasDisagreeOnWeights",
-          f'max by (model, experiment, variant) ({m("inferwatch_gateway_experiment_weight_ratio")})'
-          f' - min by (model, experiment, variant) ({m("inferwatch_gateway_experiment_weight_ratio")}) > 0',
-          "warning", for_="2m", dashboard=uids.SERVING,
-          summary="Gateway replicas route {{ $labels.model }} by different weights",
-          description="The replicas of the gateway give variant {{ $labels.variant }} of experiment "
-                      "{{ $labels.experiment }} ({{ $labels.model }}) weights up to {{ $value }} "
-                      "apart for 2m: sticky users flip between variants and the A/B sample ratio holds. A replica "
-                      "has lost the shared state (Redis) or runs another experiment file."),
-    Alert("GatewaySharedStateDown",
-          f'{m("inferwatch_gateway_shared_state_up")} == 0',
-          "warning", for_="5m", dashboard=uids.SERVING,
-          summary="Gateway {{ $labels.instance }} cannot reach its shared state (Redis)",
-          description="The gateway at {{ $labels.instance }} has had no answer from Redis for 5m. Requests are "
-                      "served: it routes by the last weights it knew, enforces limits at its share of the fleet's, "
-                      "and keeps feedback to its own answers; weight changes through it are refused (503)."),
-    Alert("DriftIngestStalled",
-          f'sum(rate({m("inferwatch_gateway_feature_records_total")}{{outcome="queued"}}[10m])) > 0'
-          f' unless on () sum(rate({m("inferwatch_drift_ingested_records_total")}[10m])) > 0'
-          f' and on () max(up{{job="{JOB_DRIFT}"}}) == 1',
-          "warning", for_="10m", dashboard=uids.DRIFT,
-          summary="The drift service ingests nothing while gateways queue feature records",
-          description="Gateways queued feature records for 10m but the drift service accepted none: "
-                      "drift scores are frozen."),
-    Alert("NVMLDown",
-          f'{m("inferwatch_nvml_up")} == 0'
-          f' and on (instance, job) max_over_time({m("inferwatch_nvml_devices")}[1d]) > 0',
-          "warning", for_="5m", dashboard=uids.GPUS,
-          summary="NVML is down on {{ $labels.instance }}, which had GPUs",
-          description="The exporter on {{ $labels.instance }} cannot talk to the NVIDIA driver although it "
-                      "saw GPUs in the last day: GPU metrics and XID counting have stopped."),
-    Alert("GPUExporterSnapshotStale",
-          f'time() - {m("inferwatch_nvml_snapshot_timestamp_seconds")} > {SNAPSHOT_STALE_S}',
-          "warning", for_="5m", dashboard=uids.GPUS,
-          summary="GPU metrics on {{ $labels.instance }} are {{ $value | humanizeDuration }} old",
-          description="The exporter's NVML sampler on {{ $labels.instance }} has not produced a snapshot "
-                      f"for over {SNAPSHOT_STALE_S}s: it is stuck in a driver call."),
-    Alert("InferwatchTargetDown",
-          f'up{{job=~"{JOB_EXPORTER}|{JOB_DRIFT}|{JOB_SUPERVISOR}|{JOB_ALERTMANAGER}"}} == 0',
-          "warning", for_="5m",
-          summary="{{ $labels.job }} {{ $labels.instance }} is down",
-          description="Prometheus has not scraped {{ $labels.job }} at {{ $labels.instance }} for 5m."),
-    # -- info: context for the other alerts, routed to nobody -----------------------------------
-    Alert("GPUPowerCapped", f'{m("inferwatch_gpu_throttle_active")}{{reason="sw_power_cap"}} == 1', "info",
-          for_="30m", dashboard=uids.GPUS,
-          summary=f"{GPU} runs at its power cap",
-          description=f"{GPU} has been held at its power limit for 30m: expected under full load."),
-    Alert("VLLMPreempting",
-          f'sum by (model, instance) (rate({m("vllm:num_preemptions_total")}[10m])) > 0', "info", for_="15m",
-          dashboard=uids.SERVING,
-          summary="vLLM {{ $labels.instance }} preempts requests",
-          description="vLLM on {{ $labels.instance }} preempts {{ $value | humanize }} requests/s: the KV "
-                      "cache is too small for the batch."),
-    # -- meta -------------------------------------------------------------------------------------
-    Alert("Watchdog", "vector(1)", "none",
-          summary="The alerting pipeline works",
-          description="Always firing. Its absence at the dead man's switch means Prometheus or "
-                      "Alertmanager is down or cannot notify."),
-    # Reaches nobody (routing.py): inhibits the model's SLO alerts while every replica is down
-    # and for OUTAGE_SHADOW after, so an outage pages once (VLLMDown), not again when it ends.
-    # One replica down inhibits nothing: the survivors' SLO burns are theirs. It fires at the
-    # first failed scrape of the last replica (`up` read here, not through a record), so it
-    # is at Alertmanager before the outage's first SLO page leaves it (page group_wait); the
-    # shadow follows only an outage VLLMDown counts, never a single missed scrape.
-    # The shadow lifts once the model fails requests after a whole minute of being served
-    # again: those failures are a new incident's (a broken rollout), not the outage's residue.
-    Alert("VLLMModelUnavailable",
-          f"(group by (model) ({SERVED_MODEL}) unless on (model) ({SERVED_MODEL} and on (job, instance) {_VLLM_UP} == 1))"
-          f"\nor (\n  max_over_time({MODEL_UNAVAILABLE}[{OUTAGE_SHADOW}])\n"
-          f"  unless on (model) (sum by (model) (increase({_REQUESTS}{{status_class=\"5xx\"}}[1m])) > 0"
-          f"\n    unless on (model) max_over_time({MODEL_UNAVAILABLE}[1m]))\n)", "none",
-          dashboard=uids.SERVING,
-          summary="Every vLLM replica of {{ $labels.model }} is down, or was within the last " + OUTAGE_SHADOW,
-          description="No vLLM target serving {{ $labels.model }} answers Prometheus (or none did within "
-                      f"{OUTAGE_SHADOW}): the model's SLO alerts, which the outage itself causes, are inhibited; "
-                      "VLLMDown pages for the outage."),
-)
+def _alerts(t: Thresholds, outage_shadow: str) -> tuple[Alert, ...]:
+    """Every alert that is not an SLO burn, with the thresholds of ``t``."""
+    return (
+        # -- page: users are hurting now, or the hardware under them is broken -----------------------
+        # Two failed scrapes within a minute, not `up == 0` for a while: a supervised restart can
+        # bring vLLM back (30 s for the tiny CPU model) before any `for` would have passed, yet every
+        # request failed meanwhile. One failed scrape alone pages nobody; the page resolves once a
+        # minute has passed without a failure. The failures count only after vLLM has served (in the
+        # startup grace before that minute, or within it while it is down now, for a Prometheus
+        # younger than a minute): a vLLM loading its model (minutes for a large one) pages
+        # only once it has answered no scrape for the whole grace, as a target Prometheus has known
+        # that long. Past the grace that second branch carries a long outage on without a gap.
+        Alert("VLLMDown", _with_served_model(
+              f'(count_over_time({_VLLM_UP}[{VLLM_DOWN_WINDOW}]) - sum_over_time({_VLLM_UP}[{VLLM_DOWN_WINDOW}])'
+              f' >= {VLLM_DOWN_FAILED_SCRAPES}'
+              f' and (max_over_time({_VLLM_UP}[{t.vllm_startup_grace}] offset {VLLM_DOWN_WINDOW}) == 1'
+              f' or {_VLLM_UP} == 0 and max_over_time({_VLLM_UP}[{VLLM_DOWN_WINDOW}]) == 1))'
+              f' or (max_over_time({_VLLM_UP}[{t.vllm_startup_grace}]) == 0 and {_VLLM_UP} offset {t.vllm_startup_grace})'),
+              "critical", dashboard=uids.SERVING,
+              summary="vLLM {{ $labels.instance }} is down",
+              description="Prometheus cannot scrape vLLM at {{ $labels.instance }} (model {{ $labels.model }}): "
+                          f"it failed {VLLM_DOWN_FAILED_SCRAPES} or more scrapes in {VLLM_DOWN_WINDOW} after serving, "
+                          f"or has answered none for {t.vllm_startup_grace} (a start that never became ready). Every "
+                          "request routed to it fails while it is down."),
+        Alert("GatewayDown", f'up{{job="{JOB_GATEWAY}"}} == 0', "critical", for_="1m", dashboard=uids.SERVING,
+              summary="inferwatch gateway {{ $labels.instance }} is down",
+              description="Prometheus cannot scrape the gateway at {{ $labels.instance }}: clients cannot reach "
+                          "the model through it."),
+        # Only while Prometheus reaches that vLLM itself: a dead vLLM is VLLMDown's page, and the
+        # gateway re-probes within seconds once it returns, well inside `for`. An upstream of
+        # several replicas (a comma list) stands on its first: upstream_up is 0 only when none
+        # answers, and a fleet whose first replica is down too is VLLMDown's.
+        # vLLM down is VLLMDown's page. Prometheus names a vLLM by its address where it scrapes
+        # the address the gateway uses (compose, `inferwatch up`) and by its Service where it
+        # scrapes pods behind the Service the gateway resolves (Kubernetes).
+        # An upstream that no variant sends traffic to (a rolled-back canary, the demo's slow canary
+        # at rest) pages nobody while it is down: its vLLM may be gone on purpose.
+        Alert("GatewayUpstreamDown",
+              _vllm_service(_address(f'({m("inferwatch_gateway_upstream_up")} == 0 unless on (instance, upstream) '
+                                     f'{m("inferwatch_gateway_upstream_weight_ratio")} == 0)',
+                                     "upstream", "https?://([^/,]+).*"),
+                            "upstream", "https?://([^/:.,]+).*")
+              + "\nunless on (address) " + _address(f'up{{job="{JOB_VLLM}"}} == 0', "instance", "(.+)")
+              + "\nunless on (vllm_service) " + _vllm_service(f'up{{job="{JOB_VLLM}"}} == 0', "service", "(.+)"),
+              "critical", for_="1m",
+              dashboard=uids.SERVING,
+              summary="Gateway {{ $labels.instance }} cannot reach vLLM at {{ $labels.upstream }}",
+              description="The gateway's probe of {{ $labels.upstream }} has failed for 1m while vLLM itself "
+                          "answers Prometheus: the path from {{ $labels.instance }} to it is broken (network, DNS, "
+                          "TLS, API key), and requests through that gateway are answered 503/504."),
+        # One replica of several out while the others serve: requests avoid it, so nothing burns,
+        # but the variant runs short of capacity. All replicas out is GatewayUpstreamDown's page.
+        Alert("GatewayUpstreamReplicaOut",
+              f'max by (upstream, endpoint) ({m("inferwatch_gateway_upstream_endpoint_up")}) == 0'
+              f' unless on (upstream) max by (upstream) ({m("inferwatch_gateway_upstream_up")}) == 0',
+              "warning", for_="10m", dashboard=uids.SERVING,
+              summary="vLLM replica {{ $labels.endpoint }} is out of rotation",
+              description="Every gateway has kept the replica {{ $labels.endpoint }} of {{ $labels.upstream }} out of "
+                          "rotation for 10m (refused connects, 5xx in a row or a failing /health): the other replicas "
+                          "carry its share."),
+        # changes(), not increase(): a restart count is small and exact, and extrapolation would
+        # turn 2 restarts into 2.01.
+        Alert("InferwatchCrashLooping", f'changes({m("inferwatch_supervisor_restarts_total")}[15m]) >= 3',
+              "critical", dashboard=uids.SERVING,
+              summary="{{ $labels.child }} keeps crashing ({{ $value }} restarts in 15m)",
+              description="The supervisor on {{ $labels.instance }} restarted {{ $labels.child }} "
+                          "{{ $value }} times in 15 minutes; it is crashing on start or soon after."),
+        Alert("GPUFatalXID", _increased(f'{_XID}{{xid=~"{"|".join(map(str, FATAL_XIDS))}"}}', "10m"), "critical",
+              dashboard=uids.GPUS,
+              summary=f"Fatal XID {{{{ $labels.xid }}}} on {GPU}",
+              description=f"{GPU} reported XID {{{{ $labels.xid }}}}: the GPU needs a reset or service. "
+                          "Drain the node."),
+        Alert("GPUDeviceFailed", f'{m("inferwatch_gpu_device_failed")} == 1', "critical", for_="1m",
+              dashboard=uids.GPUS,
+              summary=f"{GPU} does not answer NVML",
+              description=f"{GPU} fails NVML queries (lost, fallen off the bus or unknown error) for 1m."),
+        Alert("GPUUncorrectableECC", _increased(f'{_ECC}{{type="uncorrected",scope="volatile"}}', "10m"), "critical",
+              dashboard=uids.GPUS,
+              summary=f"Uncorrectable ECC errors on {GPU}",
+              description=f"{GPU} had uncorrectable memory errors: results may be corrupt. Drain the node."),
+        Alert("GPURowRemapFailure", f'{m("inferwatch_gpu_row_remap_failure")} == 1', "critical",
+              dashboard=uids.GPUS,
+              summary=f"Row remapping failed on {GPU}",
+              description=f"{GPU} could not remap a failing memory row: it needs service (RMA)."),
+        # A canary worse on errors or time to first token while it takes a real share of traffic:
+        # users are hurting now. The verdict is sequential (always-valid, Holm across guardrails),
+        # so one evaluation is evidence; `for` only rides out a scrape of a window in flux. The
+        # share is the gateway's live weight, not the window's share of records: the window keeps
+        # the canary's records (and its "worse") for an hour after a rollback, the weight drops to
+        # 0 at once, so a rollback clears the page.
+        Alert("ABCanaryHurtingUsers",
+              f'max by (model, control, treatment, metric) ({m("inferwatch_ab_guardrail_worse")}'
+              f'{{metric=~"{"|".join(PAGING)}"}}) == 1'
+              f' and on (model, treatment) max by (model, treatment) (label_replace('
+              f'{m("inferwatch_gateway_experiment_weight_ratio")}, "treatment", "$1", "variant", "(.*)"))'
+              f' > {PAGE_SHARE:g}',
+              "critical", for_="2m", dashboard=uids.DRIFT,
+              summary="Canary {{ $labels.treatment }} of {{ $labels.model }} is worse on {{ $labels.metric }}",
+              description="Variant {{ $labels.treatment }} of model {{ $labels.model }} is significantly worse than "
+                          "{{ $labels.control }} on {{ $labels.metric }} while it takes over "
+                          f"{PAGE_SHARE:.0%} of the traffic: roll it back (send all traffic to the control)."),
+        # -- ticket: will hurt soon, or needs a look this week ---------------------------------------
+        Alert("ABCanaryWorse",
+              f'max by (model, control, treatment, metric) ({m("inferwatch_ab_guardrail_worse")}) == 1',
+              "warning", for_="5m", dashboard=uids.DRIFT,
+              summary="Canary {{ $labels.treatment }} of {{ $labels.model }} is worse on {{ $labels.metric }}",
+              description="The A/B verdict finds variant {{ $labels.treatment }} of model {{ $labels.model }} "
+                          "worse than {{ $labels.control }} on {{ $labels.metric }} (always-valid p-value, Holm "
+                          "across guardrails) for 5m: look at GET /v1/ab/{{ $labels.model }} and roll back."),
+        Alert("DriftDetected",
+              f'max by (model, variant, feature) ({m("inferwatch_drift_feature_detected")} == 1)'
+              f' and on (model, variant) {m("inferwatch_drift_window_records")} >= {t.drift_min_window_records}',
+              "warning", for_=t.drift_for, dashboard=uids.DRIFT,
+              summary="Drift in {{ $labels.feature }} of {{ $labels.model }}/{{ $labels.variant }}",
+              description="{{ $labels.feature }} of model {{ $labels.model }} variant {{ $labels.variant }} has "
+                          f"differed from its baseline for {t.drift_for}: the segment's verdict (calibrated p-values, "
+                          "Holm across its features) holds its false-alarm rate at the drift service's alpha per "
+                          "evaluation."),
+        Alert("VLLMKVCacheSaturated",
+              f'max by (model, instance) ({m("vllm:kv_cache_usage_perc")}) > {t.kv_cache_high}'
+              f' and on (model, instance) sum by (model, instance) ({m("vllm:num_requests_waiting")}) > 0',
+              "warning", for_="10m", dashboard=uids.SERVING,
+              summary="vLLM {{ $labels.instance }} KV cache is {{ $value | humanizePercentage }} full with requests waiting",
+              description="Model {{ $labels.model }} on {{ $labels.instance }} has used over "
+                          f"{t.kv_cache_high:.0%} of its KV cache for 10m while requests queue: time to first token "
+                          "grows. Add replicas or lower max_num_seqs / max_model_len."),
+        # Requests queue although the KV cache has room: the scheduler's own limits (max_num_seqs,
+        # max_num_batched_tokens) or a replica too few, not memory. The queue never emptied for
+        # 10m and is longer than 10m ago.
+        Alert("VLLMQueueBuildingUp",
+              f'min by (model, instance) (min_over_time({m("vllm:num_requests_waiting")}[{t.queue_window}])) > 0'
+              f' and on (model, instance) sum by (model, instance) (delta({m("vllm:num_requests_waiting")}'
+              f'[{t.queue_window}])) > 0'
+              f' and on (model, instance) max by (model, instance) ({m("vllm:kv_cache_usage_perc")}) <= {t.kv_cache_high}',
+              "warning", for_="5m", dashboard=uids.SERVING,
+              summary="Requests queue up on vLLM {{ $labels.instance }} while its KV cache has room",
+              description="Model {{ $labels.model }} on {{ $labels.instance }} has had requests waiting for "
+                          f"{t.queue_window}, more now than {t.queue_window} ago, with its KV cache under "
+                          f"{t.kv_cache_high:.0%}: the scheduler's limits (max_num_seqs, max_num_batched_tokens) or "
+                          "the number of replicas hold requests back, not memory. Time to first token grows."),
+        Alert("GPUThrottled",
+              f'max by (instance, gpu, uuid, reason) ({m("inferwatch_gpu_throttle_active")}'
+              f'{{reason=~"{"|".join(THROTTLE_REASONS)}"}}) == 1',
+              "warning", for_="15m", dashboard=uids.GPUS,
+              summary=f"{GPU} throttled: {{{{ $labels.reason }}}}",
+              description=f"{GPU} has had its clocks held down by {{{{ $labels.reason }}}} for 15m."),
+        Alert("GPUCorrectableECCRising", f'increase({_ECC}{{type="corrected",scope="volatile"}}[1h]) > '
+                                         f'{t.correctable_ecc_per_hour}',
+              "warning", dashboard=uids.GPUS,
+              summary=f"Correctable ECC errors rising on {GPU}",
+              description=f"{GPU} corrected {{{{ $value | humanize }}}} memory errors in the last hour "
+                          f"(threshold {t.correctable_ecc_per_hour}): its memory may be degrading."),
+        Alert("GPUXIDError",
+              _increased(f'{_XID}{{xid!~"{"|".join(map(str, FATAL_XIDS))}"}}', "10m"), "warning",
+              dashboard=uids.GPUS,
+              summary=f"XID {{{{ $labels.xid }}}} on {GPU}",
+              description=f"{GPU} reported XID {{{{ $labels.xid }}}} (not in the fatal list): usually an "
+                          "application fault or a recorded row remap."),
+        Alert("GatewayFeatureRecordsDropped",
+              f'sum by (instance) (rate({m("inferwatch_gateway_feature_records_total")}'
+              '{outcome=~"dropped_.*"}[10m])) > 0',
+              "warning", for_="10m", dashboard=uids.DRIFT,
+              summary="Gateway {{ $labels.instance }} drops feature records",
+              description="{{ $value | humanize }} feature records/s are dropped on {{ $labels.instance }} "
+                          "(queue full or drift service failing): drift runs on a partial sample."),
+        # Replicas sharing weights through Redis agree within a second; routing by different
+        # weights for minutes means one of them lost Redis (or runs another experiment file).
+        Alert("GatewayReplicasDisagreeOnWeights",
+              f'max by (model, experiment, variant) ({m("inferwatch_gateway_experiment_weight_ratio")})'
+              f' - min by (model, experiment, variant) ({m("inferwatch_gateway_experiment_weight_ratio")}) > 0',
+              "warning", for_="2m", dashboard=uids.SERVING,
+              summary="Gateway replicas route {{ $labels.model }} by different weights",
+              description="The replicas of the gateway give variant {{ $labels.variant }} of experiment "
+                          "{{ $labels.experiment }} ({{ $labels.model }}) weights up to {{ $value }} "
+                          "apart for 2m: sticky users flip between variants and the A/B sample ratio holds. A replica "
+                          "has lost the shared state (Redis) or runs another experiment file."),
+        Alert("GatewaySharedStateDown",
+              f'{m("inferwatch_gateway_shared_state_up")} == 0',
+              "warning", for_="5m", dashboard=uids.SERVING,
+              summary="Gateway {{ $labels.instance }} cannot reach its shared state (Redis)",
+              description="The gateway at {{ $labels.instance }} has had no answer from Redis for 5m. Requests are "
+                          "served: it routes by the last weights it knew, enforces limits at its share of the fleet's, "
+                          "and keeps feedback to its own answers; weight changes through it are refused (503)."),
+        Alert("DriftIngestStalled",
+              f'sum(rate({m("inferwatch_gateway_feature_records_total")}{{outcome="queued"}}[10m])) > 0'
+              f' unless on () sum(rate({m("inferwatch_drift_ingested_records_total")}[10m])) > 0'
+              f' and on () max(up{{job="{JOB_DRIFT}"}}) == 1',
+              "warning", for_="10m", dashboard=uids.DRIFT,
+              summary="The drift service ingests nothing while gateways queue feature records",
+              description="Gateways queued feature records for 10m but the drift service accepted none: "
+                          "drift scores are frozen."),
+        Alert("NVMLDown",
+              f'{m("inferwatch_nvml_up")} == 0'
+              f' and on (instance, job) max_over_time({m("inferwatch_nvml_devices")}[1d]) > 0',
+              "warning", for_="5m", dashboard=uids.GPUS,
+              summary="NVML is down on {{ $labels.instance }}, which had GPUs",
+              description="The exporter on {{ $labels.instance }} cannot talk to the NVIDIA driver although it "
+                          "saw GPUs in the last day: GPU metrics and XID counting have stopped."),
+        Alert("GPUExporterSnapshotStale",
+              f'time() - {m("inferwatch_nvml_snapshot_timestamp_seconds")} > {t.snapshot_stale_s}',
+              "warning", for_="5m", dashboard=uids.GPUS,
+              summary="GPU metrics on {{ $labels.instance }} are {{ $value | humanizeDuration }} old",
+              description="The exporter's NVML sampler on {{ $labels.instance }} has not produced a snapshot "
+                          f"for over {t.snapshot_stale_s}s: it is stuck in a driver call."),
+        Alert("InferwatchTargetDown",
+              f'up{{job=~"{JOB_EXPORTER}|{JOB_DRIFT}|{JOB_SUPERVISOR}|{JOB_ALERTMANAGER}"}} == 0',
+              "warning", for_="5m",
+              summary="{{ $labels.job }} {{ $labels.instance }} is down",
+              description="Prometheus has not scraped {{ $labels.job }} at {{ $labels.instance }} for 5m."),
+        # -- info: context for the other alerts, routed to nobody -----------------------------------
+        Alert("GPUPowerCapped", f'{m("inferwatch_gpu_throttle_active")}{{reason="sw_power_cap"}} == 1', "info",
+              for_="30m", dashboard=uids.GPUS,
+              summary=f"{GPU} runs at its power cap",
+              description=f"{GPU} has been held at its power limit for 30m: expected under full load."),
+        Alert("VLLMPreempting",
+              f'sum by (model, instance) (rate({m("vllm:num_preemptions_total")}[10m])) > 0', "info", for_="15m",
+              dashboard=uids.SERVING,
+              summary="vLLM {{ $labels.instance }} preempts requests",
+              description="vLLM on {{ $labels.instance }} preempts {{ $value | humanize }} requests/s: the KV "
+                          "cache is too small for the batch."),
+        # -- meta -------------------------------------------------------------------------------------
+        Alert("Watchdog", "vector(1)", "none",
+              summary="The alerting pipeline works",
+              description="Always firing. Its absence at the dead man's switch means Prometheus or "
+                          "Alertmanager is down or cannot notify."),
+        # Reaches nobody (routing.py): inhibits the model's SLO alerts while every replica is down
+        # and for outage_shadow after, so an outage pages once (VLLMDown), not again when it ends.
+        # One replica down inhibits nothing: the survivors' SLO burns are theirs. It fires at the
+        # first failed scrape of the last replica (`up` read here, not through a record), so it
+        # is at Alertmanager before the outage's first SLO page leaves it (page group_wait); the
+        # shadow follows only an outage VLLMDown counts, never a single missed scrape.
+        # The shadow lifts once the model fails requests after a whole minute of being served
+        # again: those failures are a new incident's (a broken rollout), not the outage's residue.
+        Alert("VLLMModelUnavailable",
+              f"(group by (model) ({SERVED_MODEL}) unless on (model) ({SERVED_MODEL} and on (job, instance) {_VLLM_UP} == 1))"
+              f"\nor (\n  max_over_time({MODEL_UNAVAILABLE}[{outage_shadow}])\n"
+              f"  unless on (model) (sum by (model) (increase({_REQUESTS}{{status_class=\"5xx\"}}[1m])) > 0"
+              f"\n    unless on (model) max_over_time({MODEL_UNAVAILABLE}[1m]))\n)", "none",
+              dashboard=uids.SERVING,
+              summary="Every vLLM replica of {{ $labels.model }} is down, or was within the last " + outage_shadow,
+              description="No vLLM target serving {{ $labels.model }} answers Prometheus (or none did within "
+                          f"{outage_shadow}): the model's SLO alerts, which the outage itself causes, are inhibited; "
+                          "VLLMDown pages for the outage."),
+    )
 
 # Targets and key series whose disappearance must not look like health. The drift service
 # is expected once gateways deliver feature records to one; GPU metrics from anywhere
@@ -425,3 +415,54 @@ ABSENT_GUARDS = (
     Guard(JOB_EXPORTER, "inferwatch_nvml_up", m("inferwatch_nvml_up")),
     Guard(JOB_VLLM, "vllm:num_requests_running", m("vllm:num_requests_running")),
 )
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What one deployment alerts on: the generators' single input besides the metric names."""
+
+    settings: Settings
+    slos: tuple[SLO, ...]
+    tiers: tuple[BurnTier, ...]
+    alerts: tuple[Alert, ...]  # the enabled ones, with the settings' `for` durations
+
+    @property
+    def page_tier(self) -> BurnTier:
+        """The first paging tier: the dashboards' red lines are where it starts to page."""
+        return next(t for t in self.tiers if t.severity == "critical")
+
+    def slo_of(self, sli: str) -> SLO | None:
+        """The first SLO on ``sli``: what the serving dashboard draws its lines from."""
+        return next((s for d, s in zip(self.settings.slos, self.slos) if d.sli == sli), None)
+
+    @property
+    def thresholds(self) -> Thresholds:
+        return self.settings.alerts.thresholds
+
+
+def build(settings: Settings = Settings()) -> Spec:
+    """The spec of ``settings``. Raises ConfigError (with the field's path) for what only the
+    whole can tell: an unknown alert name, an SLO held by no model."""
+    tiers = tuple(tier(t) for t in settings.burn_rate.tiers)
+    slos = []
+    for i, declared in enumerate(settings.slos):
+        models = settings.models_of(declared.name)
+        if models == ():
+            raise ConfigError(("slos", i, "name"), f"SLO {declared.name} is held by no model: list it in a "
+                                                   "model's slos, or remove it")
+        slos.append(slo(declared, models, settings.burn_rate))
+    # How long after every replica of a model is back its SLO pages stay inhibited: the page
+    # tiers' longest short window, which the outage keeps over the threshold until it has passed.
+    # Pages for a burn that outlasts it go out; VLLMDown has paged for the outage itself.
+    shadow = max((w.short for t in tiers if t.severity == "critical" for w in t.windows), key=seconds)
+    every = _alerts(settings.alerts.thresholds, shadow)
+    names = {a.name for a in every}
+    chosen = settings.alerts
+    for i, name in enumerate(chosen.disabled):
+        if name not in names:
+            raise ConfigError(("alerts", "disabled", i), f"no alert is named {name!r}: one of {sorted(names)}")
+    for name in chosen.for_:
+        if name not in names:
+            raise ConfigError(("alerts", "for", name), f"no alert is named {name!r}: one of {sorted(names)}")
+    kept = tuple(replace(a, for_=chosen.for_.get(a.name, a.for_)) for a in every if a.name not in chosen.disabled)
+    return Spec(settings, tuple(slos), tiers, kept)

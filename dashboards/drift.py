@@ -6,7 +6,7 @@ from inferwatch.dashboards import uids
 from inferwatch.dashboards.health import RED_FROM_ONE, alerts_firing, targets_up
 from inferwatch.dashboards.panels import (RATE, dashboard, or_zero, q, quantiles, query_variable, server_error_ratio, stat_panel,
                                timeseries_panel)
-from inferwatch.alerts.spec import DRIFT_FOR, DRIFT_MIN_WINDOW_RECORDS, JOB_DRIFT
+from inferwatch.alerts.spec import JOB_DRIFT, Spec
 from inferwatch.catalog import metric as m
 from inferwatch.drift.schema import CATEGORICAL_FEATURES, NUMERIC_FEATURES, SAMPLING
 
@@ -18,7 +18,7 @@ def _names(features) -> str:
     return "|".join(f.name for f in features)
 
 
-def drift() -> list:
+def drift(spec: Spec) -> list:
     feature = f'{SEG}, feature=~"$feature"'
     return [
         stat_panel("Segment verdict (1 = drift)", "short",
@@ -52,8 +52,8 @@ def drift() -> list:
                          q(f'sum by (model, variant) (max by (model, variant, feature) '
                            f'({m("inferwatch_drift_feature_detected")}{{{feature}}}))', "{{model}}/{{variant}}"),
                          width=12, height=9, description=f"How many of the segment's features drifted: what "
-                                                         f"DriftDetected alerts on (for {DRIFT_FOR}, with at least "
-                                                         f"{DRIFT_MIN_WINDOW_RECORDS} records in the window); the "
+                                                         f"DriftDetected alerts on (for {spec.thresholds.drift_for}, with at least "
+                                                         f"{spec.thresholds.drift_min_window_records} records in the window); the "
                                                          "p-value panels say which."),
         # one panel per feature: methods x variants x (score, threshold) of every feature
         # on one axis would be dozens of lines
@@ -91,8 +91,8 @@ def drift() -> list:
     ]
 
 
-def health() -> list:
-    return [targets_up((JOB_DRIFT,)), alerts_firing(uids.DRIFT)]
+def health(spec: Spec) -> list:
+    return [targets_up((JOB_DRIFT,)), alerts_firing(uids.DRIFT, spec.alerts)]
 
 
 def verdicts() -> list:
@@ -163,7 +163,7 @@ def ab() -> list:
     ]
 
 
-def build():
+def build(spec: Spec):
     score = m("inferwatch_drift_score")
     return dashboard(
         uids.DRIFT, "inferwatch / drift and A/B", "Drift of request features and confidence against the "
@@ -176,4 +176,4 @@ def build():
          query_variable("guardrail", "A/B guardrail",
                         f'label_values({m("inferwatch_ab_effect_relative")}{{model=~"$model"}}, metric)'),
          query_variable("drift", "Drift service", f'label_values(up{{job="{JOB_DRIFT}"}}, instance)')],
-        [("Health", health()), ("Drift", drift()), ("A/B verdicts", verdicts()), ("A/B between variants", ab())])
+        [("Health", health(spec)), ("Drift", drift(spec)), ("A/B verdicts", verdicts()), ("A/B between variants", ab())])

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
+from inferwatch.alerts.spec import Spec
 from inferwatch.dashboards import drift, gpus, serving, slos
 
 JSON_DIR = Path(__file__).resolve().parent / "json"
@@ -19,11 +20,11 @@ MODULES = (serving, gpus, drift, slos)
 INTERVAL_ONLY = ("auto", "auto_count", "auto_min")
 
 
-def dashboards() -> dict[str, dict]:
+def dashboards(spec: Spec) -> dict[str, dict]:
     """uid -> dashboard JSON document."""
     out = {}
     for module in MODULES:
-        doc = json.loads(json.dumps(module.build().build(), cls=JSONEncoder))
+        doc = json.loads(json.dumps(module.build(spec).build(), cls=JSONEncoder))
         for var in doc.get("templating", {}).get("list", []):
             if var["type"] != "interval":
                 for key in INTERVAL_ONLY:
@@ -36,6 +37,6 @@ def render(doc: dict) -> str:
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
 
-def files() -> dict[Path, str]:
-    """The committed dashboards (``dashboards/json/<uid>.json``), path -> text."""
-    return {JSON_DIR / f"{uid}.json": render(doc) for uid, doc in dashboards().items()}
+def files(spec: Spec, out_dir: Path = JSON_DIR) -> dict[Path, str]:
+    """The dashboards (``dashboards/json/<uid>.json`` as committed), path -> text."""
+    return {out_dir / f"{uid}.json": render(doc) for uid, doc in dashboards(spec).items()}

@@ -8,7 +8,7 @@ from inferwatch.dashboards.panels import (
     RATE, added_in_window, dashboard, or_zero, q, query_variable, stat_panel, timeseries_panel,
 )
 from inferwatch.alerts import cost
-from inferwatch.alerts.spec import JOB_EXPORTER, SNAPSHOT_STALE_S
+from inferwatch.alerts.spec import JOB_EXPORTER, Spec
 from inferwatch.catalog import metric as m
 
 SEL = 'instance=~"$host", gpu=~"$gpu"'
@@ -20,7 +20,7 @@ def g(name: str, extra: str = "") -> str:
     return f'{m(name)}{{{SEL}{", " + extra if extra else ""}}}'
 
 
-def health() -> list:
+def health(spec: Spec) -> list:
     return [
         targets_up((JOB_EXPORTER,)),
         stat_panel("NVML up", "short", q(f'min({m("inferwatch_nvml_up")}{{instance=~"$host"}})', "NVML"),
@@ -29,7 +29,7 @@ def health() -> list:
                    q(f'sum({g("inferwatch_gpu_device_failed")}) or vector(0)', "failing"),
                    thresholds=RED_FROM_ONE, width=6,
                    description="GPUs that do not answer NVML (lost, off the bus): GPUDeviceFailed pages after 1m."),
-        alerts_firing(uids.GPUS),
+        alerts_firing(uids.GPUS, spec.alerts),
     ]
 
 
@@ -128,14 +128,14 @@ def errors() -> list:
     ]
 
 
-def processes_and_health() -> list:
+def processes_and_health(spec: Spec) -> list:
     return [
         timeseries_panel("Memory per process", "bytes",
                          q(g("inferwatch_gpu_process_memory_used_bytes"), "{{process}} ({{pid}}) " + GPU),
                          description="Opt-in: the exporter's --processes.", width=12),
         stat_panel("Snapshot age", "s",
                    q(f'max(time() - {m("inferwatch_nvml_snapshot_timestamp_seconds")}{{instance=~"$host"}})', "age"),
-                   thresholds=[(None, "green"), (SNAPSHOT_STALE_S, "red")], height=8),
+                   thresholds=[(None, "green"), (spec.thresholds.snapshot_stale_s, "red")], height=8),
         stat_panel("Sampler duration", "s",
                    q(f'max({m("inferwatch_nvml_sampler_duration_seconds")}{{instance=~"$host"}})', "sampler"),
                    height=8),
@@ -188,12 +188,12 @@ NOT_ON_DASHBOARDS: dict[str, str] = {
 }
 
 
-def build():
+def build(spec: Spec):
     info = m("inferwatch_gpu_info")
     return dashboard(
         uids.GPUS, "inferwatch / GPUs", "NVML exporter: utilization, saturation and errors per GPU.",
         # hosts from nvml_up, which an exporter serves even when NVML is down or finds no GPU
         [query_variable("host", "Host", f'label_values({m("inferwatch_nvml_up")}, instance)'),
          query_variable("gpu", "GPU", f'label_values({info}{{instance=~"$host"}}, gpu)')],
-        [("Health", health()), ("How busy (GPM)", busy()), ("Utilization and saturation", use()),
-         ("Errors and links", errors()), ("Processes and exporter health", processes_and_health())])
+        [("Health", health(spec)), ("How busy (GPM)", busy()), ("Utilization and saturation", use()),
+         ("Errors and links", errors()), ("Processes and exporter health", processes_and_health(spec))])

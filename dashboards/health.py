@@ -3,16 +3,18 @@ the alerts of this dashboard's scope firing), before the rows that explain them.
 
 from __future__ import annotations
 
-from inferwatch.alerts.spec import ALERTS
+from collections.abc import Iterable
+
+from inferwatch.alerts.model import Alert
 from inferwatch.dashboards.panels import q, stat_panel
 
 RED_BELOW_ONE = [(None, "red"), (1, "green")]
 RED_FROM_ONE = [(None, "green"), (1, "red")]
 
 
-def alerts_firing(uid: str, width: int = 6) -> object:
+def alerts_firing(uid: str, alerts: Iterable[Alert], width: int = 6) -> object:
     """Alerts that link to dashboard ``uid`` and fire now, by severity; 0, not "No data", when none."""
-    names = "|".join(sorted(a.name for a in ALERTS if a.dashboard == uid))
+    names = "|".join(sorted(a.name for a in alerts if a.dashboard == uid))
 
     def firing(severity: str) -> str:
         return f'count(ALERTS{{alertstate="firing", alertname=~"{names}", severity="{severity}"}}) or vector(0)'

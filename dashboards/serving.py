@@ -11,7 +11,7 @@ from inferwatch.dashboards.health import RED_BELOW_ONE, RED_FROM_ONE, alerts_fir
 from inferwatch.dashboards.panels import (RATE, dashboard, heatmap_panel, or_zero, q, quantiles, query_variable,
                                server_error_ratio, stat_panel, timeseries_panel)
 from inferwatch.alerts import cost
-from inferwatch.alerts.spec import AVAILABILITY, FAST_BURN, JOB_GATEWAY, JOB_VLLM, KV_CACHE_HIGH, TTFT_THRESHOLD_S
+from inferwatch.alerts.spec import JOB_GATEWAY, JOB_VLLM, Spec
 from inferwatch.catalog import metric as m
 from inferwatch.drift.sampling_params import VALUES
 from inferwatch.serving.metrics import ABNORMAL_KINDS, UNKNOWN_MODEL
@@ -19,9 +19,6 @@ from inferwatch.serving.metrics import ABNORMAL_KINDS, UNKNOWN_MODEL
 SEL = 'model=~"$model", variant=~"$variant", instance=~"$gateway"'
 REQ = m("inferwatch_gateway_requests_total")
 VLLM_SEL = 'model=~"$model", instance=~"$vllm"'
-# Red where the fastest burn-rate window pages on availability: the error ratio that spends
-# its share of the budget within that window.
-ERROR_RATIO_PAGES = AVAILABILITY.burn_threshold(FAST_BURN.windows[0])
 # Latency per model, so "All" shows a slow model beside a fast one instead of their blend;
 # the median and the tail (two series a model keeps a panel readable).
 PER_MODEL = {"by": "model", "qs": (0.5, 0.95)}
@@ -31,7 +28,7 @@ def _rate(name: str, by: str, selector: str = SEL) -> str:
     return f"sum by ({by}) (rate({m(name)}{{{selector}}}[{RATE}]))"
 
 
-def health() -> list:
+def health(spec: Spec) -> list:
     return [
         targets_up((JOB_GATEWAY, JOB_VLLM)),
         stat_panel("Gateways reaching vLLM", "percentunit",
@@ -45,18 +42,25 @@ def health() -> list:
                      "{{child}}"),
                    thresholds=RED_FROM_ONE, width=6,
                    description="Children `inferwatch up` restarted; InferwatchCrashLooping pages at 3."),
-        alerts_firing(uids.SERVING),
+        alerts_firing(uids.SERVING, spec.alerts),
     ]
 
 
-def users() -> list:
+def users(spec: Spec) -> list:
+    availability = spec.slo_of("availability")
+    ttft_s = next((d.threshold_s for d in spec.settings.slos if d.sli == "ttft"), None)
+    # red where the first paging window pages on availability: the error ratio that spends its
+    # share of the budget within that window
+    error_lines = ([(availability.budget, "orange"), (availability.burn_threshold(spec.page_tier.windows[0]), "red")]
+                   if availability else [])
     return [
         timeseries_panel("Request rate", "reqps", q(_rate(REQ, "model, status_class"), "{{model}} {{status_class}}"),
                          description="Requests answered per second, by status class."),
         timeseries_panel("Error ratio (5xx)", "percentunit", q(server_error_ratio(REQ, SEL, "model"), "{{model}}"),
-                         thresholds=[(None, "green"), (AVAILABILITY.budget, "orange"), (ERROR_RATIO_PAGES, "red")],
+                         thresholds=[(None, "green"), *error_lines],
                          description="Share of requests answered with a server error; the availability SLO allows "
-                                     f"{AVAILABILITY.budget:.1%}."),
+                                     f"{availability.budget:.1%}." if availability else "Share of requests answered with a server "
+                                     "error; no availability SLO is set."),
         stat_panel("Requests in flight", "short",
                    q(f'sum({m("inferwatch_gateway_requests_in_flight")}{{{SEL}}})', "in flight"), width=4, height=8),
         stat_panel("Tokens/s out", "short",
@@ -70,8 +74,8 @@ def users() -> list:
                       "s", description="Requests per second in each latency bucket."),
         timeseries_panel("Time to first token", "s",
                          *quantiles(m("inferwatch_gateway_time_to_first_token_seconds_bucket"), SEL, **PER_MODEL),
-                         thresholds=[(None, "green"), (TTFT_THRESHOLD_S, "red")],
-                         description=f"What a streaming user waits for; the TTFT SLO is {TTFT_THRESHOLD_S:g} s."),
+                         thresholds=[(None, "green"), *([(ttft_s, "red")] if ttft_s else [])],
+                         description="What a streaming user waits for" + (f"; the TTFT SLO is {ttft_s:g} s." if ttft_s else ".")),
         timeseries_panel("Inter-token latency", "s",
                          *quantiles(m("inferwatch_gateway_inter_token_latency_seconds_bucket"), SEL, exemplar=False,
                                     **PER_MODEL)),
@@ -91,7 +95,7 @@ def users() -> list:
     ]
 
 
-def engine() -> list:
+def engine(spec: Spec) -> list:
     return [
         timeseries_panel("Running and waiting requests", "short",
                          q(f'sum by (model) ({m("vllm:num_requests_running")}{{{VLLM_SEL}}})', "running {{model}}"),
@@ -99,7 +103,7 @@ def engine() -> list:
         timeseries_panel("KV-cache usage", "percentunit",
                          q(f'max by (model, instance) ({m("vllm:kv_cache_usage_perc")}{{{VLLM_SEL}}})',
                            "{{model}} {{instance}}"),
-                         thresholds=[(None, "green"), (KV_CACHE_HIGH, "red")]),
+                         thresholds=[(None, "green"), (spec.thresholds.kv_cache_high, "red")]),
         timeseries_panel("Preemptions", "ops", q(_rate("vllm:num_preemptions_total", "model", VLLM_SEL), "{{model}}")),
         timeseries_panel("Prefix-cache hit rate", "percentunit",
                          q(f'{_rate("vllm:prefix_cache_hits_total", "model", VLLM_SEL)} / '
@@ -265,7 +269,7 @@ def replicas() -> list:
     ]
 
 
-def build():
+def build(spec: Spec):
     return dashboard(
         uids.SERVING, "inferwatch / LLM serving",
         "RED and token-level metrics at the gateway; vLLM's engine; output quality; cost per token.",
@@ -273,6 +277,6 @@ def build():
          query_variable("variant", "Variant", f'label_values({REQ}{{model=~"$model"}}, variant)'),
          query_variable("gateway", "Gateway", f'label_values(up{{job="{JOB_GATEWAY}"}}, instance)'),
          query_variable("vllm", "vLLM", f'label_values(up{{job="{JOB_VLLM}"}}, instance)')],
-        [("Health", health()), ("Users (gateway)", users()), ("Engine (vLLM)", engine()),
+        [("Health", health(spec)), ("Users (gateway)", users(spec)), ("Engine (vLLM)", engine(spec)),
          ("Model layer (vLLM)", model_layer()), ("Output quality (gateway)", output_quality()),
          ("Cost (vLLM's tokens on its hosts' GPUs)", cost_row()), ("Replicas (gateway)", replicas())])

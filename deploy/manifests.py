@@ -9,7 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from inferwatch.config.settings import Settings
 from inferwatch.deploy.kube import layout
+from inferwatch.deploy.kube.settings import from_config
 from inferwatch.deploy.monitoring import DEPLOY_DIR
 
 K8S_DIR = DEPLOY_DIR / "kubernetes"
@@ -21,8 +23,9 @@ def _by_name(files: Mapping[Path, str]) -> list[str]:
 
 
 def kubernetes_files(rules: Mapping[Path, str], compat_rules: Mapping[Path, str],
-                     dashboards: Mapping[Path, str]) -> dict[Path, str]:
+                     dashboards: Mapping[Path, str], settings: Settings) -> dict[Path, str]:
     """The manifests, path -> text, from the generated files (path -> text) they wrap: the
     rule files, the dcgm-exporter compatibility rules and the dashboards' JSON."""
-    tree = layout.tree(_by_name(rules), _by_name(compat_rules), dashboards, COLLECTOR_CONFIG.read_text())
+    tree = layout.tree(_by_name(rules), _by_name(compat_rules), dashboards, COLLECTOR_CONFIG.read_text(),
+                       from_config(settings))
     return {K8S_DIR / path: text for path, text in tree.items()}

@@ -21,7 +21,8 @@ import yaml
 
 from inferwatch.alerts import spec
 from inferwatch.alerts.generate import RULES_DIR, render
-from inferwatch.alerts.routing import DEADMAN, PAGE, TEMPLATES_DIR, TICKET, Receivers, Timing, alertmanager_config
+from inferwatch.alerts.routing import DEADMAN, TEMPLATES_DIR, Receivers, Timing, alertmanager_config
+from inferwatch.config.settings import Routing
 from inferwatch.supervise import ManagedProcess
 
 DEPLOY_DIR = Path(__file__).resolve().parent  # package data: the same in a checkout and an installed wheel
@@ -57,8 +58,8 @@ class Targets:
 class Intervals:
     scrape: str = SCRAPE_INTERVAL
     evaluation: str = EVALUATION_INTERVAL
-    page: Timing = PAGE
-    ticket: Timing = TICKET
+    page: Timing | None = None  # None: the settings' (routing.page)
+    ticket: Timing | None = None
     deadman: Timing = DEADMAN
     resend_delay: str = "1m"  # how often Prometheus re-sends a firing alert (its own default)
 
@@ -127,23 +128,23 @@ TARGETS_HEADER = ("# The compose stack's default scrape targets (services of the
                   "# cost rules give a vLLM the GPUs of its host (docs/cost.md).\n")
 
 
-def compose_files(rule_names: Iterable[str], heartbeat_url: str | None = None) -> dict[Path, str]:
+def compose_files(rule_names: Iterable[str], policy: Routing = Routing()) -> dict[Path, str]:
     """The configs the compose stack mounts, path -> text: Prometheus loads the rule files
     named ``rule_names`` from /etc/prometheus/rules, targets from /etc/prometheus/targets.
 
     Alertmanager has two configs: without PagerDuty (the default; a PagerDuty receiver
     without a key fails at every page) and with it, for ``ALERTMANAGER_CONFIG``. The dead
-    man's switch goes to ``heartbeat_url``, or to the local pager."""
+    man's switch goes to the settings' ``routing.heartbeat_url``, or to the local pager."""
     rules = [f"/etc/prometheus/rules/{name}" for name in sorted(rule_names)]
     prometheus = prometheus_config(COMPOSE_TARGETS, rules, "compose", "/etc/prometheus/targets")
-    receivers = replace(COMPOSE_RECEIVERS, deadman_webhook=heartbeat_url or COMPOSE_RECEIVERS.deadman_webhook)
+    receivers = replace(COMPOSE_RECEIVERS, deadman_webhook=policy.heartbeat_url or COMPOSE_RECEIVERS.deadman_webhook)
     with_pagerduty = replace(receivers, pagerduty_routing_key_file=COMPOSE_PAGERDUTY_KEY_FILE)
     files = {
         DEPLOY_DIR / "prometheus" / "prometheus.yml": render(prometheus, HEADER),
         DEPLOY_DIR / "alertmanager" / "alertmanager.yml": render(
-            alertmanager_config(receivers, "/etc/alertmanager/templates"), HEADER),
+            alertmanager_config(receivers, "/etc/alertmanager/templates", policy), HEADER),
         DEPLOY_DIR / "alertmanager" / "alertmanager-pagerduty.yml": render(
-            alertmanager_config(with_pagerduty, "/etc/alertmanager/templates"), HEADER),
+            alertmanager_config(with_pagerduty, "/etc/alertmanager/templates", policy), HEADER),
     }
     for job, groups in target_groups(COMPOSE_TARGETS).items():
         files[DEPLOY_DIR / "prometheus" / "targets" / f"{job}.yml"] = TARGETS_HEADER + yaml.safe_dump(
@@ -152,7 +153,8 @@ def compose_files(rule_names: Iterable[str], heartbeat_url: str | None = None) -
 
 
 def write_local_configs(run_dir: Path, targets: Targets, receivers: Receivers,
-                        intervals: Intervals = Intervals(), rules_dir: Path = RULES_DIR) -> tuple[Path, Path]:
+                        intervals: Intervals = Intervals(), rules_dir: Path = RULES_DIR,
+                        policy: Routing = Routing()) -> tuple[Path, Path]:
     """Render both configs for a local stack into ``run_dir``; return their paths."""
     prom_dir, am_dir = run_dir / "prometheus", run_dir / "alertmanager"
     for d in (prom_dir, am_dir):
@@ -166,7 +168,7 @@ def write_local_configs(run_dir: Path, targets: Targets, receivers: Receivers,
     prom.write_text(yaml.safe_dump(prometheus_config(targets, rules, "local", str(targets_dir), intervals),
                                    sort_keys=False))
     am = am_dir / "alertmanager.yml"
-    am.write_text(yaml.safe_dump(alertmanager_config(receivers, TEMPLATES_DIR, page=intervals.page,
+    am.write_text(yaml.safe_dump(alertmanager_config(receivers, TEMPLATES_DIR, policy, page=intervals.page,
                                                      ticket=intervals.ticket, deadman=intervals.deadman),
                                  sort_keys=False))
     return prom, am

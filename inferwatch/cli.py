@@ -60,6 +60,64 @@ def _fail(message: str) -> NoReturn:
     raise typer.Exit(2)
 
 
+ConfigOption = Annotated[Optional[Path], typer.Option(
+    "--config", envvar="INFERWATCH_CONFIG", help="A team's settings (inferwatch.yaml); default: the defaults, "
+                                                  "which make the repository's committed files.")]
+
+
+def _checked_settings(config: Optional[Path]):
+    """The settings of ``config`` checked as a whole (each field, then what only the built spec
+    can tell); every problem printed as FILE:LINE:COLUMN: field.path: message, then exit 2."""
+    from inferwatch.alerts.spec import build
+    from inferwatch.config.errors import ConfigError, SettingsInvalid
+    from inferwatch.config.load import locate, read
+    from inferwatch.config.settings import Settings
+
+    if config is None:
+        return Settings()
+    try:
+        settings, text = read(config)
+        build(settings)
+    except SettingsInvalid as exc:
+        _fail(str(exc))
+    except ConfigError as exc:
+        _fail(str(locate(exc, text, str(config))))
+    return settings
+
+
+@app.command()
+def validate(config: Annotated[Path, typer.Argument(help="The settings file (inferwatch.yaml).")]) -> None:
+    """Check a settings file: each problem with its line, column and field; exit 2 if any."""
+    _checked_settings(config)
+    typer.echo(f"{config}: valid")
+
+
+@app.command()
+def generate(
+    config: ConfigOption = None,
+    out: Annotated[Path, typer.Option(help="Folder to write into, in the repository's layout (alerts/rules, "
+                                           "dashboards/json, deploy/...).")] = Path("generated"),
+) -> None:
+    """Write every generated file (rules, Prometheus and Alertmanager configs, dashboards, the
+    Kubernetes tree, the settings' JSON Schema) from a settings file. Files no longer made are
+    removed from the generated folders; unchanged files are left as they are."""
+    from inferwatch.generate import artifacts, write
+
+    files = artifacts(_checked_settings(config))
+    changed = write(files, out)
+    for path in changed:
+        typer.echo(f"{'wrote' if path in files else 'removed'} {out / path}", err=True)
+    typer.echo(f"{len(files)} generated files in {out}, {len(changed)} changed", err=True)
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of inferwatch.yaml (for an editor's completion and checks)."""
+    from inferwatch.config.load import schema_text
+
+    typer.echo(schema_text(), nl=False)
+
+
 @model_app.command("build")
 def model_build(
     cache_dir: Annotated[Optional[Path], typer.Option(help="Cache root (default $INFERWATCH_CACHE_DIR or ~/.cache/inferwatch).")] = None,
@@ -518,6 +576,7 @@ def up(
     monitoring_only: Annotated[bool, typer.Option(
         help="Start only Prometheus, Alertmanager and the local pager; they scrape vLLM, the gateway, exporter "
              "and drift service run apart (e.g. `inferwatch gateway`) at the ports given.")] = False,
+    config: ConfigOption = None,
 ) -> None:
     """Run the local stack until Ctrl-C: vLLM, drift service, gateway, GPU exporter, then Prometheus,
     Alertmanager and the local pager. A child that crashes is restarted with backoff."""
@@ -536,12 +595,7 @@ def up(
     if heartbeat_url is not None and (urlsplit(heartbeat_url).scheme not in ("http", "https")
                                       or not urlsplit(heartbeat_url).netloc):
         _fail(f"--heartbeat-url must be an http(s) URL, got {heartbeat_url!r}.")
-    from inferwatch.alerts.generate import Options
-
-    try:
-        rule_options = Options.from_env()
-    except ValueError as exc:
-        _fail(str(exc))
+    settings = _checked_settings(config)
 
     run_dir = run_dir.resolve()
     cli = [sys.executable, "-m", "inferwatch"]
@@ -605,7 +659,7 @@ def up(
                           drift=(at(drift_port),) if drift_port else (), supervisor=(at(supervisor_port),))
         pager = child("local pager", "pager", ["pager", "--host", host, "--port", str(pager_port)], pager_port)
         children += _monitoring_children(run_dir, targets, pager, pagerduty_routing_key_file, heartbeat_url, rules_dir,
-                                         rule_options, fast_alerting)
+                                         settings, fast_alerting)
         urls["Prometheus"] = f"http://{host}:{prometheus_port}"
         urls["Prometheus alerts"] = lambda: _alerts_page(f"http://{host}:{prometheus_port}")
         urls["Alertmanager"] = f"http://{host}:{alertmanager_port}"
@@ -664,20 +718,23 @@ def _watched(run_dir: Path) -> list[str]:
 
 
 def _monitoring_children(run_dir: Path, targets, pager, pagerduty_key: Optional[Path], heartbeat_url: Optional[str],
-                         rules_dir: Optional[Path], rule_options, fast: bool) -> list:
-    """The local pager, Alertmanager and Prometheus, configured by the same functions as deploy/."""
+                         rules_dir: Optional[Path], settings, fast: bool) -> list:
+    """The local pager, Alertmanager and Prometheus, configured by the same functions as deploy/,
+    from the settings (rules and routes regenerated into the run folder)."""
     from inferwatch.alerts.generate import rule_files, write
+    from inferwatch.alerts.spec import build
     from inferwatch.alerts.routing import Receivers
     from inferwatch.deploy.monitoring import FAST_INTERVALS, Intervals, alertmanager_process, prometheus_process, write_local_configs
 
     hooks = pager.health_url.removesuffix("/health") + "/hooks"
+    heartbeat_url = heartbeat_url or settings.routing.heartbeat_url
     receivers = Receivers(f"{hooks}/pager", f"{hooks}/ticket", heartbeat_url or f"{hooks}/deadman",
                           str(pagerduty_key.resolve()) if pagerduty_key else None)
     intervals = FAST_INTERVALS if fast else Intervals()
     if rules_dir is None:  # the shipped rules, without absent() guards for parts left out
         rules_dir = run_dir / "rules"
-        write(rule_files(jobs=targets.jobs(), options=rule_options), rules_dir)
-    prom_cfg, am_cfg = write_local_configs(run_dir, targets, receivers, intervals, rules_dir)
+        write(rule_files(build(settings), jobs=targets.jobs()), rules_dir)
+    prom_cfg, am_cfg = write_local_configs(run_dir, targets, receivers, intervals, rules_dir, settings.routing)
     host, _, am_port = targets.alertmanager.rpartition(":")
     prom_host, _, prom_port = targets.prometheus.rpartition(":")
     return [

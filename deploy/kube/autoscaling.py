@@ -6,14 +6,14 @@ Adapter for clusters without KEDA (docs/kubernetes.md has the adapter's rule).""
 from __future__ import annotations
 
 from inferwatch.deploy.kube import objects as o
-from inferwatch.deploy.kube.settings import NAMESPACE, Model, Settings
+from inferwatch.deploy.kube.settings import Model, Settings
 from inferwatch.deploy.kube.workloads import VLLM
 
 WAITING = "vllm:num_requests_waiting"
 ADAPTER_METRIC = "vllm_num_requests_waiting"  # the name the Prometheus Adapter's rule exposes it as
 
 
-def waiting_query(model: Model, namespace: str = NAMESPACE) -> str:
+def waiting_query(model: Model, namespace: str) -> str:
     """Requests waiting across the model's replicas; KEDA divides by the replicas."""
     return f'sum({WAITING}{{namespace="{namespace}", model="{model.name}"}})'
 
@@ -39,7 +39,7 @@ def scaled_object(model: Model, settings: Settings) -> dict:
                                   "behavior": "currentReplicas"},
                      "advanced": {"horizontalPodAutoscalerConfig": {"behavior": _behavior(settings)}},
                      "triggers": [{"type": "prometheus", "metricType": "AverageValue", "metadata": {
-                         "serverAddress": settings.cluster.prometheus_url, "query": waiting_query(model),
+                         "serverAddress": settings.cluster.prometheus_url, "query": waiting_query(model, settings.namespace),
                          "threshold": str(model.waiting_per_replica), "ignoreNullValues": "false"}}]}}
 
 

@@ -23,6 +23,8 @@ the rules', the rules themselves, the paging route, and the dashboards.
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -31,9 +33,7 @@ import yaml
 from inferwatch.alerts import routing
 from inferwatch.alerts.meta import META_ALERTS
 from inferwatch.deploy.kube import objects as o
-from inferwatch.deploy.kube.settings import (
-    JOB_LABEL, NAMESPACE, PAGERDUTY_SECRET, Settings,
-)
+from inferwatch.deploy.kube.settings import JOB_LABEL, PAGERDUTY_SECRET, SLACK_SECRET, Settings
 from inferwatch.deploy.kube.workloads import DRIFT, EXPORTER, GATEWAY, VLLM
 from inferwatch.deploy.monitoring import SCRAPE_INTERVAL
 
@@ -103,7 +103,7 @@ def monitors(settings: Settings) -> list[dict]:
 LEFT_OUT = frozenset(alert.name for alert in META_ALERTS)
 
 
-def rules_for_namespace(rule_texts: list[str], namespace: str = NAMESPACE) -> list[dict]:
+def rules_for_namespace(rule_texts: list[str], namespace: str) -> list[dict]:
     """The groups of the rule files, each alerting rule labelled with ``namespace``, the
     meta-monitoring alerts (``LEFT_OUT``) left out."""
     groups = []
@@ -117,18 +117,21 @@ def rules_for_namespace(rule_texts: list[str], namespace: str = NAMESPACE) -> li
 
 def prometheus_rule(obj_name: str, rule_texts: list[str], settings: Settings) -> dict:
     return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
-            "metadata": _meta(obj_name, settings), "spec": {"groups": rules_for_namespace(rule_texts)}}
+            "metadata": _meta(obj_name, settings), "spec": {"groups": rules_for_namespace(rule_texts, settings.namespace)}}
 
 
 def _webhook(url: str, send_resolved: bool = True) -> dict:
     return {"url": url, "sendResolved": send_resolved, "maxAlerts": routing.MAX_ALERTS_PER_WEBHOOK}
 
 
+_MATCHER = re.compile(r'^([a-zA-Z_][a-zA-Z0-9_]*)(=~|!~|!=|=)"(.*)"$')
+
+
 def _matcher(expr: str) -> dict:
-    """routing's ``name="value"`` / ``name=~"regex"`` as the CRD's matcher object."""
-    op = "=~" if "=~" in expr else "="
-    label, value = expr.split(op, 1)
-    return {"name": label, "value": value.strip('"'), "matchType": op}
+    """routing's ``name="value"`` (``=~``, ``!=``, ``!~``) as the CRD's matcher object."""
+    match = _MATCHER.match(expr)
+    assert match is not None, expr  # the settings' matchers and routing's own all have this form
+    return {"name": match[1], "value": match[3], "matchType": match[2]}
 
 
 CAMEL = {"group_wait": "groupWait", "group_interval": "groupInterval", "repeat_interval": "repeatInterval",
@@ -145,7 +148,7 @@ def alertmanager_config(settings: Settings) -> dict:
     """routing.alertmanager_config's tree in the AlertmanagerConfig CRD's spelling, with the
     receivers at ``settings.paging``; the Operator adds ``namespace="<this namespace>"`` to
     every route and inhibition. No templates: the Operator's Alertmanager has not got ours."""
-    config = routing.alertmanager_config(routing.Receivers("", "", ""), "")
+    config = routing.alertmanager_config(routing.Receivers("", "", ""), "", settings.routing)
     top = config["route"]
     inhibit = [{"sourceMatch": [_matcher(m) for m in rule["source_matchers"]],
                 "targetMatch": [_matcher(m) for m in rule["target_matchers"]], "equal": rule["equal"]}
@@ -157,17 +160,35 @@ def alertmanager_config(settings: Settings) -> dict:
                                **{CAMEL[key]: value for key, value in top.items() if key in CAMEL},
                                "routes": [_route(r) for r in top["routes"]]},
                      "inhibitRules": inhibit,
-                     "receivers": [{"name": "pager", "webhookConfigs": [_webhook(paging.pager_webhook)]},
-                                   {"name": "ticket", "webhookConfigs": [_webhook(paging.ticket_webhook)]},
+                     "receivers": [_receiver("pager", paging.pager_webhook, settings, page=True),
+                                   _receiver("ticket", paging.ticket_webhook, settings, page=False),
                                    {"name": "deadman", "webhookConfigs": [_webhook(paging.heartbeat_url, False)]},
                                    {"name": "null"}]}}
 
 
+def _pagerduty() -> dict:
+    return {"routingKey": {"name": PAGERDUTY_SECRET.name, "key": "routing_key"}, "sendResolved": True,
+            "severity": "critical"}
+
+
+def _receiver(receiver: str, hook: str, settings: Settings, *, page: bool) -> dict:
+    """The development pager's webhook, and the settings' receivers (``routing.receivers``):
+    secrets by reference, from Secrets the user creates."""
+    extra = settings.routing.receivers
+    out: dict = {"name": receiver, "webhookConfigs": [_webhook(hook)]}
+    if extra.webhook is not None and (page or extra.webhook.tickets):
+        out["webhookConfigs"].append(_webhook(extra.webhook.url))
+    if extra.slack is not None and (page or extra.slack.tickets):
+        out["slackConfigs"] = [{"apiURL": {"name": SLACK_SECRET.name, "key": "api_url"},
+                                "channel": extra.slack.channel, "sendResolved": True}]
+    if extra.pagerduty is not None and page:
+        out["pagerdutyConfigs"] = [_pagerduty()]
+    return out
+
+
 def pagerduty_patch() -> list[dict]:
     """A JSON patch (the CRD has no strategic merge) adding PagerDuty to the pager receiver."""
-    return [{"op": "add", "path": "/spec/receivers/0/pagerdutyConfigs", "value": [{
-        "routingKey": {"name": PAGERDUTY_SECRET.name, "key": "routing_key"}, "sendResolved": True,
-        "severity": "critical"}]}]
+    return [{"op": "add", "path": "/spec/receivers/0/pagerdutyConfigs", "value": [_pagerduty()]}]
 
 
 def dashboard_config_maps(dashboards: Mapping[Path, str], settings: Settings) -> list[dict]:

@@ -12,11 +12,10 @@ import re
 from dataclasses import dataclass, field
 
 from inferwatch.alerts import spec
+from inferwatch.config import settings as config
 
 APP = "inferwatch"
-NAMESPACE = "inferwatch"
-VERSION = "0.1.0"
-IMAGE = f"inferwatch:{VERSION}"  # build it from the Dockerfile and push; `kustomize edit set image` renames
+NAMESPACE = "inferwatch"  # the settings' default (deployment.namespace)
 UID = 10001  # the image's user (Dockerfile); fsGroup gives it the volumes
 # The label each scrape object copies into `job` (its jobLabel): job names come from the rules.
 JOB_LABEL = "inferwatch.dev/job"
@@ -54,8 +53,10 @@ UPSTREAM_SECRET = UserSecret("inferwatch-upstream", ("api_key",), optional=True,
                              what="vLLM's --api-key, when it has one")
 PAGERDUTY_SECRET = UserSecret("inferwatch-pagerduty", ("routing_key",), optional=True,
                               what="the PagerDuty Events v2 routing key (pages also go to the webhook)")
+SLACK_SECRET = UserSecret("inferwatch-slack", ("api_url",), optional=True,
+                          what="the Slack incoming webhook URL, when inferwatch.yaml routes to Slack")
 HF_SECRET = UserSecret("hf-token", ("token",), optional=True, what="a Hugging Face token, for gated models")
-USER_SECRETS = (GATEWAY_SECRET, DRIFT_SECRET, UPSTREAM_SECRET, PAGERDUTY_SECRET, HF_SECRET)
+USER_SECRETS = (GATEWAY_SECRET, DRIFT_SECRET, UPSTREAM_SECRET, PAGERDUTY_SECRET, SLACK_SECRET, HF_SECRET)
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,11 @@ class Model:
     downloads: bool = True  # from the Hugging Face Hub: the optional hf-token Secret is mounted
 
     @property
+    def folder(self) -> str:
+        """Its folder under models/: a served name may hold a slash."""
+        return re.sub(r"[^A-Za-z0-9._-]", "-", self.name)
+
+    @property
     def service(self) -> str:
         """The Deployment's and Service's name: a Service name is a DNS label (no dots)."""
         return "vllm-" + re.sub(r"[^a-z0-9-]", "-", self.name.lower())
@@ -94,9 +100,9 @@ class Paging:
     """Where the AlertmanagerConfig sends each tier: webhooks in the cluster by default (the
     development pager), your own in a real install; the heartbeat is the dead man's switch."""
 
-    pager_webhook: str = f"http://inferwatch-pager.{NAMESPACE}.svc:{PAGER_PORT}/hooks/pager"
-    ticket_webhook: str = f"http://inferwatch-pager.{NAMESPACE}.svc:{PAGER_PORT}/hooks/ticket"
-    heartbeat_url: str = f"http://inferwatch-pager.{NAMESPACE}.svc:{PAGER_PORT}/hooks/deadman"
+    pager_webhook: str
+    ticket_webhook: str
+    heartbeat_url: str
 
 
 @dataclass(frozen=True)
@@ -123,29 +129,59 @@ class Cluster:
 
 @dataclass(frozen=True)
 class Settings:
-    cluster: Cluster = Cluster()
-    paging: Paging = Paging()
+    """Made from ``inferwatch.yaml`` by ``from_config``; the defaults live in the declaration."""
+
+    cluster: Cluster
+    paging: Paging
+    gateway_replicas: int
+    gateway_max_replicas: int
+    drift_replicas: int  # 2, the pair: every record goes to both
+    drift_storage: str
+    redis_storage: str
+    namespace: str
+    image: str  # the project's image: every component but vLLM runs it
+    gateway_resources: dict
+    models: tuple[Model, ...]  # a tree under models/ each
+    overlays: dict[str, Model]  # overlays/<name>, each the gateways in front of one model
+    routing: config.Routing
     autoscaling: Autoscaling = Autoscaling()
-    gateway_replicas: int = 2
-    gateway_max_replicas: int = 6
-    drift_replicas: int = 2  # the pair: every record goes to both
-    drift_storage: str = "5Gi"
-    redis_storage: str = "1Gi"
     jobs: dict[str, str] = field(default_factory=lambda: {
         "gateway": spec.JOB_GATEWAY, "drift": spec.JOB_DRIFT, "exporter": spec.JOB_EXPORTER, "vllm": spec.JOB_VLLM})
 
 
-TINY = Model(
-    "tiny-llama", image=f"inferwatch-vllm-cpu:{VERSION}",  # the Dockerfile's vllm-cpu target
-    args=("vllm", "--model", "tiny", "--name", "tiny-llama", "--host", "0.0.0.0", "--port", str(VLLM_PORT),
-          "--dtype", "bfloat16", "--log-file", "-"),
-    resources={"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "6Gi"}},
-    max_replicas=2, startup_s=300, tracing_flag="--otlp-endpoint", downloads=False)
-LLAMA = Model(
-    "llama-3.1-8b", image="vllm/vllm-openai:v0.32.0",
-    args=("meta-llama/Llama-3.1-8B-Instruct", "--served-model-name", "llama-3.1-8b",  # to `vllm serve`
-          "--port", str(VLLM_PORT), "--gpu-memory-utilization", "0.90", "--max-model-len", "8192",
-          "--enable-prefix-caching"),
-    resources={"requests": {"cpu": "4", "memory": "24Gi", "nvidia.com/gpu": "1", "ephemeral-storage": "40Gi"},
-               "limits": {"memory": "32Gi", "nvidia.com/gpu": "1"}},
-    gpu=True, as_root=True)
+
+def _pager_hook(namespace: str, hook: str) -> str:
+    return f"http://inferwatch-pager.{namespace}.svc:{PAGER_PORT}/hooks/{hook}"
+
+
+def _image(template: str, declared: config.Deployment) -> str:
+    """An image reference of the settings: ``{registry}`` and ``{tag}`` filled in (an empty
+    registry leaves a local name, as ``docker build -t`` gives)."""
+    return template.format(registry=declared.registry, tag=declared.tag).removeprefix("/")
+
+
+def model(declared: config.Model, deployment: config.Deployment) -> Model:
+    vllm = declared.kubernetes
+    assert vllm is not None  # the settings refuse an overlay of a model without one
+    resources = {"requests": dict(vllm.resources.requests), **({"limits": dict(vllm.resources.limits)}
+                                                               if vllm.resources.limits else {})}
+    return Model(declared.name, image=_image(vllm.image, deployment), args=tuple(vllm.args), resources=resources,
+                 gpu=vllm.gpu, as_root=vllm.as_root, min_replicas=vllm.min_replicas, max_replicas=vllm.max_replicas,
+                 startup_s=vllm.startup_s, tracing_flag=vllm.tracing_flag, downloads=vllm.downloads)
+
+
+def from_config(declared: config.Settings) -> Settings:
+    """The tree's settings from ``inferwatch.yaml``'s (its ``deployment``, ``models``, ``routing``)."""
+    d = declared.deployment
+    models = {m.name: model(m, d) for m in declared.models if m.kubernetes is not None}
+    hooks = {hook: _pager_hook(d.namespace, hook) for hook in ("pager", "ticket", "deadman")}
+    return Settings(
+        cluster=Cluster(release=d.release, monitoring_namespace=d.monitoring_namespace),
+        paging=Paging(hooks["pager"], hooks["ticket"], declared.routing.heartbeat_url or hooks["deadman"]),
+        gateway_replicas=d.gateway_replicas, gateway_max_replicas=d.gateway_max_replicas,
+        drift_replicas=d.drift_replicas, drift_storage=d.drift_storage, redis_storage=d.redis_storage,
+        namespace=d.namespace, image=_image("{registry}/inferwatch:{tag}", d),
+        gateway_resources={"requests": dict(d.gateway_resources.requests),
+                           **({"limits": dict(d.gateway_resources.limits)} if d.gateway_resources.limits else {})},
+        models=tuple(models.values()), overlays={name: models[served] for name, served in d.overlays.items()},
+        routing=declared.routing)

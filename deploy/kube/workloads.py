@@ -8,7 +8,7 @@ from __future__ import annotations
 from inferwatch.deploy.kube import objects as o
 from inferwatch.serving.settings import GatewaySettings
 from inferwatch.deploy.kube.settings import (
-    DRIFT_PORT, DRIFT_SECRET, EXPORTER_PORT, GATEWAY_PORT, GATEWAY_SECRET, HF_SECRET, IMAGE, JOB_LABEL, PAGER_PORT,
+    DRIFT_PORT, DRIFT_SECRET, EXPORTER_PORT, GATEWAY_PORT, GATEWAY_SECRET, HF_SECRET, JOB_LABEL, PAGER_PORT,
     REDIS_PORT, UID, UPSTREAM_SECRET, VLLM_PORT, Model, Settings,
 )
 
@@ -59,16 +59,16 @@ def gateway(settings: Settings) -> list[dict]:
     """The gateways, without their upstream: each overlay names its model's (``upstream_patch``)."""
     tmp, tmp_mount = o.scratch("tmp", "/tmp")
     container = o.container(
-        "gateway", IMAGE, ["gateway", "--host", "0.0.0.0", "--port", str(GATEWAY_PORT)], {"http": GATEWAY_PORT},
+        "gateway", settings.image, ["gateway", "--host", "0.0.0.0", "--port", str(GATEWAY_PORT)], {"http": GATEWAY_PORT},
         env=[o.env("INFERWATCH_GATEWAY_DRIFT_URLS", drift_urls(settings)),
              o.env("INFERWATCH_GATEWAY_REDIS_URL", f"redis://{name(REDIS)}:{REDIS_PORT}/0"),
              o.env("INFERWATCH_GATEWAY_API_KEYS_FILE", o.secret_file(GATEWAY_SECRET, "api_keys")),
              o.env("INFERWATCH_GATEWAY_ADMIN_TOKEN_FILE", o.secret_file(GATEWAY_SECRET, "admin_token")),
              o.env("INFERWATCH_GATEWAY_DRIFT_TOKEN_FILE", o.secret_file(DRIFT_SECRET, "token"))],
-        resources={"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
+        resources=settings.gateway_resources,
         probes=_health("http"), mounts=[o.secret_mount(GATEWAY_SECRET), o.secret_mount(DRIFT_SECRET), tmp_mount])
     container["lifecycle"] = _drain(GATEWAY_DRAIN_S)
-    check = _check_secrets([("INFERWATCH_GATEWAY_API_KEYS_FILE", o.secret_file(GATEWAY_SECRET, "api_keys")),
+    check = _check_secrets(settings.image, [("INFERWATCH_GATEWAY_API_KEYS_FILE", o.secret_file(GATEWAY_SECRET, "api_keys")),
                             ("INFERWATCH_GATEWAY_ADMIN_TOKEN_FILE", o.secret_file(GATEWAY_SECRET, "admin_token")),
                             ("INFERWATCH_GATEWAY_DRIFT_TOKEN_FILE", o.secret_file(DRIFT_SECRET, "token"))],
                            [o.secret_mount(GATEWAY_SECRET), o.secret_mount(DRIFT_SECRET)])
@@ -98,10 +98,10 @@ def _drain(seconds: int) -> dict:
     return {"preStop": {"sleep": {"seconds": seconds}}}
 
 
-def _check_secrets(required: list[tuple[str, str]], mounts: list[dict]) -> dict:
+def _check_secrets(image: str, required: list[tuple[str, str]], mounts: list[dict]) -> dict:
     """The compose stack's pre-flight as an init container: a missing or empty secret stops
     the pod with a message naming it, before the service starts on half a configuration."""
-    return o.container("check-secrets", IMAGE, ["check-secrets", *(f"{var}={path}" for var, path in required)], {},
+    return o.container("check-secrets", image, ["check-secrets", *(f"{var}={path}" for var, path in required)], {},
                        resources={"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}},
                        mounts=mounts)
 
@@ -142,14 +142,14 @@ def drift(settings: Settings) -> list[dict]:
     Service names each for the gateways, and ServiceMonitor scrapes both."""
     tmp, tmp_mount = o.scratch("tmp", "/tmp")
     container = o.container(
-        "drift", IMAGE, ["drift", "serve", "--host", "0.0.0.0", "--port", str(DRIFT_PORT),
+        "drift", settings.image, ["drift", "serve", "--host", "0.0.0.0", "--port", str(DRIFT_PORT),
                          "--db-path", "/data/drift.sqlite3",
                          "--prometheus-url", settings.cluster.prometheus_url],
         {"http": DRIFT_PORT}, env=[o.env("INFERWATCH_DRIFT_TOKEN_FILE", o.secret_file(DRIFT_SECRET, "token"))],
         resources={"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
         probes=_health("http"), mounts=[o.secret_mount(DRIFT_SECRET), {"name": "data", "mountPath": "/data"},
                                         tmp_mount])
-    check = _check_secrets([("INFERWATCH_DRIFT_TOKEN_FILE", o.secret_file(DRIFT_SECRET, "token"))],
+    check = _check_secrets(settings.image, [("INFERWATCH_DRIFT_TOKEN_FILE", o.secret_file(DRIFT_SECRET, "token"))],
                            [o.secret_mount(DRIFT_SECRET)])
     pod = _pod(DRIFT, [container], volumes=[o.secret_volume(DRIFT_SECRET), tmp], initContainers=[check],
                topologySpreadConstraints=[_spread(DRIFT)])
@@ -167,7 +167,7 @@ def exporter(settings: Settings) -> list[dict]:
     put the whole namespace at Pod Security `privileged` (docs/kubernetes.md says how)."""
     key, value = settings.cluster.gpu_node_label
     container = o.container(
-        "exporter", IMAGE, ["exporter", "--host", "0.0.0.0", "--port", str(EXPORTER_PORT)], {"metrics": EXPORTER_PORT},
+        "exporter", settings.image, ["exporter", "--host", "0.0.0.0", "--port", str(EXPORTER_PORT)], {"metrics": EXPORTER_PORT},
         env=[o.env("NVIDIA_VISIBLE_DEVICES", "all"), o.env("NVIDIA_DRIVER_CAPABILITIES", "utility")],
         resources={"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
         probes=_health("metrics"))
@@ -181,10 +181,10 @@ def exporter(settings: Settings) -> list[dict]:
     return [o.service_account(name(EXPORTER), EXPORTER), daemon_set]
 
 
-def pager() -> list[dict]:
+def pager(settings: Settings) -> list[dict]:
     """The development pager (Alertmanager's webhook receiver, as in compose): pages,
     tickets and heartbeats land in its log. Point Paging's URLs at your own for production."""
-    container = o.container("pager", IMAGE, ["pager", "--host", "0.0.0.0", "--port", str(PAGER_PORT)],
+    container = o.container("pager", settings.image, ["pager", "--host", "0.0.0.0", "--port", str(PAGER_PORT)],
                             {"http": PAGER_PORT},
                             resources={"requests": {"cpu": "20m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}},
                             probes=_health("http"))

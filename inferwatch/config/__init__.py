@@ -1,0 +1,2 @@
+"""A team's settings: the declaration (``settings``), and reading a file with the place of
+each problem (``load``)."""
