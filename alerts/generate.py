@@ -250,7 +250,7 @@ def absent_alerts(jobs: set[str] | None, links: Links) -> list[dict]:
     return out
 
 
-def rule_files(the_spec: Spec, jobs: set[str] | None = None) -> dict[str, dict]:
+def rule_files(the_spec: Spec = spec.DEFAULT, jobs: set[str] | None = None) -> dict[str, dict]:
     """File name -> rule file document; ``jobs`` limits the absent() guards to those scraped."""
     links = the_spec.settings.links
     slo_groups = [g for slo in the_spec.slos for g in slo_recording_groups(slo)]
@@ -308,7 +308,7 @@ def _header(name: str) -> str:
     return COST_HEADER if name == "cost.yml" else HEADER
 
 
-def files(the_spec: Spec, out_dir: Path = RULES_DIR) -> dict[Path, str]:
+def files(the_spec: Spec = spec.DEFAULT, out_dir: Path = RULES_DIR) -> dict[Path, str]:
     """The rule files, path -> text (``alerts/rules/`` is committed with the default settings)."""
     return {out_dir / name: render(doc, _header(name)) for name, doc in rule_files(the_spec).items()}
 

@@ -466,3 +466,6 @@ def build(settings: Settings = Settings()) -> Spec:
             raise ConfigError(("alerts", "for", name), f"no alert is named {name!r}: one of {sorted(names)}")
     kept = tuple(replace(a, for_=chosen.for_.get(a.name, a.for_)) for a in every if a.name not in chosen.disabled)
     return Spec(settings, tuple(slos), tiers, kept)
+
+
+DEFAULT = build()  # the repository's: what the committed files are made of

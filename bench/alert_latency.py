@@ -183,7 +183,7 @@ def drift_cycle(stack: Stack, run: int) -> tuple[float, float]:
 
 
 def _for(name: str) -> float:
-    return float(seconds(next(a.for_ for a in spec.ALERTS if a.name == name)))
+    return float(seconds(next(a.for_ for a in spec.DEFAULT.alerts if a.name == name)))
 
 
 def computed(name: str, intervals: Intervals, tier: str, for_cap: str | None) -> tuple[float, float, float]:

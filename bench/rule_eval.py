@@ -176,7 +176,7 @@ def backfill(models: list[str], out: Path, now: float) -> float:
             f.write(f"# TYPE {name} gauge\n")
             stamps = range(end - span, end, step)
             for model in models:
-                for slo in spec.SLOS:
+                for slo in spec.DEFAULT.slos:
                     prefix = f'{name}{{model="{model}",slo="{slo.name}"}} {value} '
                     f.writelines(f"{prefix}{t}\n" for t in stamps)
         f.write("# EOF\n")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
-from inferwatch.alerts.spec import Spec
+from inferwatch.alerts.spec import DEFAULT, Spec
 from inferwatch.dashboards import drift, gpus, serving, slos
 
 JSON_DIR = Path(__file__).resolve().parent / "json"
@@ -20,7 +20,7 @@ MODULES = (serving, gpus, drift, slos)
 INTERVAL_ONLY = ("auto", "auto_count", "auto_min")
 
 
-def dashboards(spec: Spec) -> dict[str, dict]:
+def dashboards(spec: Spec = DEFAULT) -> dict[str, dict]:
     """uid -> dashboard JSON document."""
     out = {}
     for module in MODULES:
@@ -37,6 +37,6 @@ def render(doc: dict) -> str:
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
 
-def files(spec: Spec, out_dir: Path = JSON_DIR) -> dict[Path, str]:
+def files(spec: Spec = DEFAULT, out_dir: Path = JSON_DIR) -> dict[Path, str]:
     """The dashboards (``dashboards/json/<uid>.json`` as committed), path -> text."""
     return {out_dir / f"{uid}.json": render(doc) for uid, doc in dashboards(spec).items()}

@@ -170,7 +170,7 @@ def model(declared: config.Model, deployment: config.Deployment) -> Model:
                  startup_s=vllm.startup_s, tracing_flag=vllm.tracing_flag, downloads=vllm.downloads)
 
 
-def from_config(declared: config.Settings) -> Settings:
+def from_config(declared: config.Settings = config.Settings()) -> Settings:
     """The tree's settings from ``inferwatch.yaml``'s (its ``deployment``, ``models``, ``routing``)."""
     d = declared.deployment
     models = {m.name: model(m, d) for m in declared.models if m.kubernetes is not None}
@@ -183,5 +183,8 @@ def from_config(declared: config.Settings) -> Settings:
         namespace=d.namespace, image=_image("{registry}/inferwatch:{tag}", d),
         gateway_resources={"requests": dict(d.gateway_resources.requests),
                            **({"limits": dict(d.gateway_resources.limits)} if d.gateway_resources.limits else {})},
-        models=tuple(models.values()), overlays={name: models[served] for name, served in d.overlays.items()},
+        models=tuple(models.values()), overlays={name: models[served] for name, served in declared.overlays().items()},
         routing=declared.routing)
+
+
+DEFAULT = from_config()  # the repository's: what deploy/kubernetes is made of

@@ -323,12 +323,18 @@ class Settings(Section):
             unknown = sorted(set(model.slos or ()) - set(slos))
             if unknown:
                 raise ValueError(f"models: {model.name} names SLOs that are not declared: {unknown} (declared: {slos})")
-        for overlay, model_name in self.deployment.overlays.items():
-            found = next((m for m in self.models if m.name == model_name), None)
-            if found is None or found.kubernetes is None:
-                raise ValueError(f"deployment.overlays: {overlay} serves {model_name!r}, which is no model with a "
-                                 f"kubernetes section")
+        if "overlays" in self.deployment.model_fields_set:
+            deployable = {m.name for m in self.models if m.kubernetes is not None}
+            for overlay, model_name in self.deployment.overlays.items():
+                if model_name not in deployable:
+                    raise ValueError(f"deployment.overlays: {overlay} serves {model_name!r}, which is no model with "
+                                     f"a kubernetes section")
         return self
+
+    def overlays(self) -> dict[str, str]:
+        """Overlay -> model: as set, or the default overlays whose model the file deploys."""
+        deployable = {m.name for m in self.models if m.kubernetes is not None}
+        return {name: model for name, model in self.deployment.overlays.items() if model in deployable}
 
     def models_of(self, slo: str) -> tuple[str, ...] | None:
         """The models held to ``slo``; None when every declared model is (the SLO then also

@@ -10,7 +10,10 @@ from __future__ import annotations
 import pytest
 
 from inferwatch.alerts import cost
-from inferwatch.alerts.generate import RULES_DIR, Options, render, rule_files
+from inferwatch.alerts.generate import RULES_DIR, render, rule_files
+from inferwatch.alerts.spec import build
+from inferwatch.config.errors import SettingsInvalid
+from inferwatch.config.load import parse
 from tests.alerts.promtool import run_promtool, selector
 
 COST_RULES = RULES_DIR / "cost.yml"
@@ -215,21 +218,37 @@ def test_a_model_that_replaces_another_is_attributed_once_the_window_holds_it_al
     ])
 
 
-def test_the_price_per_gpu_hour_is_an_option(tmp_path):
-    """INFERWATCH_GPU_HOUR_PRICE=3.60: 2 GPUs for 100 tokens/s cost 2 x 3.6 / 3600 $/s, $20 per
-    1M tokens."""
-    options = Options.from_env({"INFERWATCH_GPU_HOUR_PRICE": "3.60"})
-    assert options.gpu_hour_price == 3.6
+def _cost_rules(tmp_path, settings_text: str):
     path = tmp_path / "cost.yml"
-    path.write_text(render(rule_files(options=options)["cost.yml"]))
+    path.write_text(render(rule_files(build(parse(settings_text)))["cost.yml"]))
+    return path
+
+
+def test_the_price_per_gpu_hour_is_a_setting(tmp_path):
+    """cost.gpu_hour_price 3.60: 2 GPUs for 100 tokens/s cost 2 x 3.6 / 3600 $/s, $20 per 1M tokens."""
+    path = _cost_rules(tmp_path, "cost:\n  gpu_hour_price: 3.60\n")
     run(tmp_path, "price 3.60", LOCAL, [check(cost.DOLLARS_PER_1M, {M1: 20}),
                                          check(cost.GPU_HOUR_PRICE, {"{}": 3.6})], rules=path)
 
 
-@pytest.mark.parametrize("text", ["abc", "0", "-2", "nan", "inf"])
-def test_a_price_that_is_no_price_is_refused_with_the_variable_named(text):
-    with pytest.raises(ValueError, match="INFERWATCH_GPU_HOUR_PRICE"):
-        Options.from_env({"INFERWATCH_GPU_HOUR_PRICE": text})
+def test_gpus_of_another_model_cost_their_own_price(tmp_path):
+    """Two hosts of m1: one of two H100 at $4/h, one of one other GPU at the default $1.5/h.
+    $9.5/h for 100 + 100 tokens/s: 9.5 / 3600 / 200 x 1e6 = $13.194 per 1M tokens."""
+    other = {k.replace(H100, "NVIDIA L4"): v for k, v in gpus("10.0.0.2:9400", (70, 0.5), host="b").items()}
+    series = {**serving("m1", "10.0.0.1:8000", output_per_s=100, host="a"),
+              **gpus("10.0.0.1:9400", (300, 0.9), (200, 0.5), host="a"),
+              **serving("m1", "10.0.0.2:8000", output_per_s=100, host="b"), **other}
+    path = _cost_rules(tmp_path, f"cost:\n  gpu_hour_price: 1.5\n  gpu_hour_prices:\n    {H100}: 4\n")
+    run(tmp_path, "prices per GPU model", series, [
+        check(cost.HOST_DOLLARS, {'{host="a"}': 8, '{host="b"}': 1.5}),
+        check(cost.MODEL_DOLLARS, {M1: 9.5}),
+        check(cost.DOLLARS_PER_1M, {M1: round(9.5 / 3600 / 200 * 1e6, 3)})], rules=path)
+
+
+@pytest.mark.parametrize("text", ["abc", "0", "-2", ".nan", ".inf"])
+def test_a_price_that_is_no_price_is_refused_with_the_field_named(text):
+    with pytest.raises(SettingsInvalid, match=r"inferwatch.yaml:2:\d+: cost.gpu_hour_price"):
+        parse(f"cost:\n  gpu_hour_price: {text}\n")
 
 
 def test_the_instance_host_regex_takes_the_host_part_of_any_address(tmp_path):

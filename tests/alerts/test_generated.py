@@ -49,7 +49,7 @@ def test_every_alert_is_documented_and_linked():
         name, notes = rule["alert"], rule["annotations"]
         assert rule["labels"]["severity"] in ("critical", "warning", "info", "none"), name
         assert notes["summary"] and notes["description"], name
-        assert notes["runbook_url"] == f"{spec.RUNBOOK_BASE_URL}/{name}.md", name
+        assert notes["runbook_url"] == f"{spec.DEFAULT.settings.links.runbook_url}/{name}.md", name
         runbook = RUNBOOKS / f"{name}.md"
         assert runbook.is_file(), f"no runbook for {name}"
         text = runbook.read_text()
@@ -136,11 +136,21 @@ def test_absent_guards_only_for_the_jobs_that_are_scraped():
     assert guarded(rule_files(jobs={spec.JOB_GATEWAY, spec.JOB_VLLM})) == {spec.JOB_GATEWAY, spec.JOB_VLLM}
 
 
-def test_links_and_the_optional_itl_objective_come_from_the_environment(tmp_path):
-    options = generate.Options.from_env({"INFERWATCH_GRAFANA_URL": "https://grafana.example.com",
-                                         "INFERWATCH_RUNBOOK_URL": "https://wiki.example.com/runbooks/",
-                                         "INFERWATCH_ITL_SLO_MODELS": "llama-.*|qwen"})
-    files = rule_files(options=options)
+def test_links_and_an_itl_objective_on_some_models_come_from_the_settings(tmp_path):
+    from inferwatch.alerts.spec import build
+    from inferwatch.config.load import parse
+
+    settings = parse("""
+links: {grafana_url: "https://grafana.example.com", runbook_url: "https://wiki.example.com/runbooks/"}
+models:
+  - {name: llama-3.1-8b}
+  - {name: qwen, slos: [availability, itl]}
+  - {name: other, slos: [availability]}
+slos:
+  - {name: availability, sli: availability, objective: 0.999}
+  - {name: itl, sli: itl, objective: 0.99, threshold_s: 0.1}
+""")
+    files = rule_files(build(settings))
     alerts = [r for doc in files.values() for g in doc["groups"] for r in g["rules"] if "alert" in r]
     assert all(r["annotations"]["runbook_url"] == f"https://wiki.example.com/runbooks/{r['alert']}.md" for r in alerts)
     assert {r["annotations"]["dashboard_url"].rsplit("/d/", 1)[0] for r in alerts if "dashboard_url" in r["annotations"]} \
@@ -148,21 +158,15 @@ def test_links_and_the_optional_itl_objective_come_from_the_environment(tmp_path
     itl = [r for r in alerts if r["alert"] == "SLOErrorBudgetBurn" and r["labels"]["slo"] == "itl"]
     assert [r["labels"]["burn"] for r in itl] == ["fast", "slow"]
     records = [r for doc in files.values() for g in doc["groups"] for r in g["rules"] if r.get("labels", {}).get("slo") == "itl"]
-    assert 'model=~"llama-.*|qwen"' in records[0]["expr"] and 'le="0.1"' in records[0]["expr"]
+    assert 'model=~"llama-3\\\\.1-8b|qwen"' in records[0]["expr"] and 'le="0.1"' in records[0]["expr"]
+    availability = [r for doc in files.values() for g in doc["groups"] for r in g["rules"]
+                    if r.get("labels", {}).get("slo") == "availability"]
+    assert "model=~" not in availability[0]["expr"], "an SLO every model holds also covers models not listed"
     for name, doc in files.items():  # promtool accepts them
         (tmp_path / name).write_text(generate.render(doc))
     subprocess.run(["promtool", "check", "rules", *map(str, sorted(tmp_path.glob("*.yml")))], check=True,
                    capture_output=True)
     assert not any(r.get("labels", {}).get("slo") == "itl" for r in all_rules())  # off by default
-
-
-@pytest.mark.parametrize(("env", "message"), [
-    ({"INFERWATCH_RUNBOOK_URL": "/runbooks"}, r"INFERWATCH_RUNBOOK_URL must be an http\(s\) URL"),
-    ({"INFERWATCH_ITL_SLO_MODELS": 'a"b'}, "may not hold quotes"),
-])
-def test_bad_generator_settings_are_refused_with_the_variable_named(env, message):
-    with pytest.raises(ValueError, match=message):
-        generate.Options.from_env(env)
 
 
 def test_the_heartbeat_goes_where_it_is_configured_and_never_sends_resolutions(tmp_path):

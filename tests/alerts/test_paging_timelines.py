@@ -9,8 +9,13 @@ from dataclasses import replace
 import pytest
 
 from inferwatch.alerts.model import seconds
-from inferwatch.alerts.routing import PAGE
-from inferwatch.alerts.spec import AVAILABILITY, FAST_BURN, SLOW_BURN, TTFT
+from inferwatch.alerts.routing import timing
+from inferwatch.alerts.spec import DEFAULT
+from inferwatch.config.settings import Routing
+
+AVAILABILITY, TTFT = DEFAULT.slo_of("availability"), DEFAULT.slo_of("ttft")
+FAST_BURN, SLOW_BURN = DEFAULT.tiers
+PAGE = timing(Routing().page)
 from tests.alerts.promtool import run_promtool
 from tests.alerts.timelines import (Incident, Timeline, doc, expected, promtool_timeline, tolerance_s,
                                     workbook_detection_s)

@@ -525,9 +525,9 @@ def test_every_alert_has_a_scenario_that_fires_it():
 
 
 def test_burn_factors_follow_the_sre_workbook():
-    from inferwatch.alerts.spec import TIERS
+    from inferwatch.alerts.spec import DEFAULT
 
-    assert [w.factor("30d") for t in TIERS for w in t.windows] == [14.4, 6.0, 3.0, 1.0]
+    assert [w.factor("30d") for t in DEFAULT.tiers for w in t.windows] == [14.4, 6.0, 3.0, 1.0]
     assert seconds("3d") == 3 * 86400
 
 

@@ -11,7 +11,7 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as dash
 
 from inferwatch.alerts.generate import rule_files
-from inferwatch.alerts.spec import ALERTS
+from inferwatch.alerts.spec import DEFAULT
 from inferwatch.dashboards import uids
 from inferwatch.dashboards.generate import INTERVAL_ONLY, dashboards
 from inferwatch.catalog import exposed, kind_of
@@ -31,7 +31,7 @@ def exprs(doc: dict) -> list[str]:
 
 def test_uids_are_the_ones_alerts_link_to():
     assert set(DOCS) == {uids.SERVING, uids.GPUS, uids.DRIFT, uids.SLOS}
-    linked = {a.dashboard for a in ALERTS if a.dashboard}
+    linked = {a.dashboard for a in DEFAULT.alerts if a.dashboard}
     assert linked <= set(DOCS)
 
 
@@ -187,7 +187,7 @@ def test_p_values_are_on_a_log_axis():
 def test_every_alert_links_to_a_dashboard_that_shows_what_it_reads():
     """An alert's dashboard_url must lead to its signal: some panel reads a metric its
     expression reads (the A/B, NVML and upstream alerts once led to none)."""
-    for alert in ALERTS:
+    for alert in DEFAULT.alerts:
         if not alert.dashboard:
             continue
         shown = {name for p in panels(DOCS[alert.dashboard]) for t in p["targets"] for name in metric_names(t["expr"])}
@@ -204,7 +204,7 @@ def test_each_dashboard_opens_with_its_health(uid):
     titles = {p["title"] for p in doc["panels"][1:second_row]}
     assert {"Targets up", "Alerts firing here"} <= titles, titles
     [firing] = [p for p in doc["panels"] if p["title"] == "Alerts firing here"]
-    linked = {a.name for a in ALERTS if a.dashboard == uid}
+    linked = {a.name for a in DEFAULT.alerts if a.dashboard == uid}
     assert set(re.search(r'alertname=~"([^"]+)"', firing["targets"][0]["expr"])[1].split("|")) == linked
 
 

@@ -27,7 +27,9 @@ from inferwatch.alerts import dcgm, spec
 from inferwatch.alerts.generate import RULES_DIR
 from inferwatch.dashboards.generate import JSON_DIR
 from inferwatch.deploy.kube import autoscaling, settings as kube
-from inferwatch.deploy.kube.layout import OVERLAYS
+from inferwatch.deploy.kube.settings import DEFAULT as KUBE
+
+OVERLAYS = KUBE.overlays
 from inferwatch.deploy.kube.monitoring import LEFT_OUT
 from inferwatch.deploy.kube.workloads import VLLM_API_KEY
 from inferwatch.deploy.manifests import K8S_DIR
@@ -364,7 +366,7 @@ def test_ports_and_settings_are_the_components_own():
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
     from inferwatch.deploy.kube import tracing, workloads
     for service, image in (("otel-collector", tracing.COLLECTOR_IMAGE), ("jaeger", tracing.JAEGER_IMAGE),
-                           ("redis", workloads.REDIS_IMAGE), ("vllm-gpu", kube.LLAMA.image)):
+                           ("redis", workloads.REDIS_IMAGE), ("vllm-gpu", OVERLAYS["gpu"].image)):
         assert compose[service]["image"].split(":-")[-1].rstrip("}") == image, service
 
 
@@ -434,7 +436,7 @@ def test_autoscaling_queries_parse_and_read_the_gauge_vllm_exports(tmp_path):
     for overlay, model in OVERLAYS.items():
         [scaled] = _by_kind(built(overlay), "ScaledObject")
         [trigger] = scaled["spec"]["triggers"]
-        assert trigger["metadata"]["query"] == autoscaling.waiting_query(model)
+        assert trigger["metadata"]["query"] == autoscaling.waiting_query(model, KUBE.namespace)
         assert metric(autoscaling.WAITING) == autoscaling.WAITING
         assert scaled["spec"]["fallback"]["replicas"] >= 1 and scaled["spec"]["minReplicaCount"] >= 1
         rules = tmp_path / f"{overlay}.yml"

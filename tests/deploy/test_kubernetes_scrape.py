@@ -14,7 +14,9 @@ import requests
 
 from inferwatch.alerts import spec
 from inferwatch.deploy.kube import autoscaling
-from inferwatch.deploy.kube.layout import OVERLAYS
+from inferwatch.deploy.kube.settings import DEFAULT as KUBE
+
+OVERLAYS = KUBE.overlays
 from inferwatch.deploy.kube.settings import NAMESPACE
 from inferwatch.drift.service import DriftSettings, create_app as drift_app
 from inferwatch.exporters.server import Exporter, ExporterSettings, make_server
@@ -87,7 +89,7 @@ def test_each_monitor_scrapes_its_own_service_under_the_rules_job_name(prometheu
 def test_vllm_series_carry_model_and_the_keda_query_reads_one_gauge(prometheus):
     eventually(lambda: instant_query(prometheus, f'vllm:generation_tokens_total{{model="{TINY_MODEL_NAME}"}}'),
                timeout_s=30)
-    [sample] = instant_query(prometheus, autoscaling.waiting_query(MODEL))
+    [sample] = instant_query(prometheus, autoscaling.waiting_query(MODEL, KUBE.namespace))
     assert float(sample["value"][1]) == 0.0
 
 

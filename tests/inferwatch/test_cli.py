@@ -76,10 +76,15 @@ def test_up_refuses_an_unreadable_or_empty_pagerduty_key_file(tmp_path):
 @pytest.mark.parametrize(("args", "env", "message"), [
     (["--heartbeat-url", "hc-ping.com/abc"], {}, "--heartbeat-url must be an http(s) URL"),
     ([], {"INFERWATCH_HEARTBEAT_URL": "ftp://x/y"}, "--heartbeat-url must be an http(s) URL"),
-    ([], {"INFERWATCH_GRAFANA_URL": "grafana:3000"}, "INFERWATCH_GRAFANA_URL must be an http(s) URL"),
-    ([], {"INFERWATCH_ITL_SLO_MODELS": "llama-("}, "INFERWATCH_ITL_SLO_MODELS is not a regex"),
+    (["--config", "{tmp}/bad.yaml"], {}, "bad.yaml:1:48: links.grafana_url: 'grafana:3000' is not allowed"),
+    ([], {"INFERWATCH_CONFIG": "{tmp}/bad.yaml"}, "bad.yaml:1:48: links.grafana_url"),
+    (["--config", "{tmp}/missing.yaml"], {}, "missing.yaml: (top level): cannot read it"),
 ])
 def test_up_refuses_bad_alerting_settings_before_starting_anything(tmp_path, args, env, message):
+    (tmp_path / "bad.yaml").write_text("links: {grafana_url: 3000, grafana_url: x}\n".replace(
+        "{grafana_url: 3000, grafana_url: x}", "{runbook_url: 'https://a', grafana_url: 'grafana:3000'}"))
+    args = [a.format(tmp=tmp_path) for a in args]
+    env = {k: v.format(tmp=tmp_path) for k, v in env.items()}
     result = subprocess.run([sys.executable, "-m", "inferwatch", "up", "--model", str(tmp_path / "none"), *args,
                              "--run-dir", str(tmp_path)], capture_output=True, text=True, timeout=60,
                             env={**os.environ, **env})

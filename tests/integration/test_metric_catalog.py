@@ -9,7 +9,7 @@ import requests
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from inferwatch.alerts.spec import SLOS
+from inferwatch.alerts.spec import DEFAULT
 from inferwatch.serving.metrics import create_metrics
 from inferwatch.serving.vllm_metrics import VLLM_METRICS
 
@@ -29,7 +29,7 @@ def test_latency_slo_buckets_are_boundaries_the_gateway_exposes():
     m.request_duration.labels("m", "v", "/v1/chat/completions", "2xx").observe(3)
     buckets = {(s.name, s.labels["le"]) for f in text_string_to_metric_families(generate_latest(registry).decode())
                for s in f.samples if s.name.endswith("_bucket")}
-    for slo in SLOS:
+    for slo in DEFAULT.slos:
         if slo.good is not None:
             name = slo.good.split("{", 1)[0]
             le = slo.good.split('le="')[1].split('"')[0]
