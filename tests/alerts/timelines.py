@@ -17,6 +17,7 @@ reset are then checked on both sides of each change, just outside its tolerance.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from inferwatch.alerts.generate import RAW_WINDOWS, RULES_DIR, SHORT_WINDOWS
 from inferwatch.alerts.model import SLO, BurnTier, BurnWindow, seconds
@@ -161,7 +162,7 @@ def promtool_timeline(name: str, tl: Timeline, slo: SLO, checks: dict[BurnTier, 
             "promql_expr_test": tests}
 
 
-def doc(tests: list[dict], evaluation_s: int) -> dict:
+def doc(tests: list[dict], evaluation_s: int, rules: Path = RULES_DIR / "slos.yml") -> dict:
     """The SLO rule file alone (the other alerts read none of these series), evaluated as
     often as the timelines are scraped."""
-    return {"rule_files": [str(RULES_DIR / "slos.yml")], "evaluation_interval": f"{evaluation_s}s", "tests": tests}
+    return {"rule_files": [str(rules)], "evaluation_interval": f"{evaluation_s}s", "tests": tests}
