@@ -443,6 +443,7 @@ class Spec:
 def build(settings: Settings = Settings()) -> Spec:
     """The spec of ``settings``. Raises ConfigError (with the field's path) for what only the
     whole can tell: an unknown alert name, an SLO held by no model."""
+    settings.cross_check()
     tiers = tuple(tier(t) for t in settings.burn_rate.tiers)
     slos = []
     for i, declared in enumerate(settings.slos):

@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from inferwatch.alerts.model import seconds
+from inferwatch.config.errors import ConfigError
 from inferwatch.serving.metrics import INTER_TOKEN_BUCKETS, REQUEST_DURATION_BUCKETS, TTFT_BUCKETS
 
 # A single-unit Prometheus duration: what the rules and Alertmanager's routes are written with.
@@ -311,25 +312,27 @@ class Settings(Section):
     links: Links = Links()
     deployment: Deployment = Deployment()
 
-    @model_validator(mode="after")
-    def _references(self) -> Settings:
+    def cross_check(self) -> None:
+        """What no single field can tell, located at the field that names the missing or
+        repeated thing (raises ConfigError)."""
         slos = [s.name for s in self.slos]
-        if len(set(slos)) != len(slos):
-            raise ValueError(f"slos: names repeat: {slos}")
+        for i, name in enumerate(slos):
+            if name in slos[:i]:
+                raise ConfigError(("slos", i, "name"), f"SLO {name!r} is declared twice")
         models = [m.name for m in self.models]
-        if len(set(models)) != len(models):
-            raise ValueError(f"models: names repeat: {models}")
-        for model in self.models:
-            unknown = sorted(set(model.slos or ()) - set(slos))
-            if unknown:
-                raise ValueError(f"models: {model.name} names SLOs that are not declared: {unknown} (declared: {slos})")
+        for i, model in enumerate(self.models):
+            if model.name in models[:i]:
+                raise ConfigError(("models", i, "name"), f"model {model.name!r} is declared twice")
+            for j, slo in enumerate(model.slos or ()):
+                if slo not in slos:
+                    raise ConfigError(("models", i, "slos", j), f"no SLO is named {slo!r}: one of {slos}")
         if "overlays" in self.deployment.model_fields_set:
             deployable = {m.name for m in self.models if m.kubernetes is not None}
             for overlay, model_name in self.deployment.overlays.items():
                 if model_name not in deployable:
-                    raise ValueError(f"deployment.overlays: {overlay} serves {model_name!r}, which is no model with "
-                                     f"a kubernetes section")
-        return self
+                    raise ConfigError(("deployment", "overlays", overlay),
+                                      f"{model_name!r} is no model with a kubernetes section: one of "
+                                      f"{sorted(deployable)}")
 
     def overlays(self) -> dict[str, str]:
         """Overlay -> model: as set, or the default overlays whose model the file deploys."""
