@@ -14,7 +14,7 @@ import yaml
 from pydantic import ValidationError
 
 from inferwatch.config.errors import ConfigError, Problem, SettingsInvalid
-from inferwatch.config.settings import Settings
+from inferwatch.config.settings import PATTERN_HELP, Settings
 
 SCHEMA_URL = "https://inferwatch.dev/schema/inferwatch.schema.json"
 
@@ -109,7 +109,8 @@ def parse(text: str, source: str = "inferwatch.yaml") -> Settings:
             elif error["type"] == "literal_error" and "input" in error:
                 message = f"{message}, got {error['input']!r}"
             elif error["type"] == "string_pattern_mismatch":
-                message = f"{error['input']!r} is not allowed here ({message})"
+                pattern = error.get("ctx", {}).get("pattern", "")
+                message = f"{error['input']!r} is not {PATTERN_HELP.get(pattern, 'allowed here: ' + message)}"
             out.append(_problem(root, path, message, unknown_key=error["type"] == "extra_forbidden"))
         raise SettingsInvalid(source, sorted(out, key=lambda p: (p.line or 0, p.column or 0))) from None
 

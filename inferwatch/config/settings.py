@@ -18,6 +18,7 @@ from inferwatch.serving.metrics import INTER_TOKEN_BUCKETS, REQUEST_DURATION_BUC
 
 # A single-unit Prometheus duration: what the rules and Alertmanager's routes are written with.
 Duration = Annotated[str, StringConstraints(pattern=r"^[1-9][0-9]*[smhdw]$")]
+Wait = Annotated[str, StringConstraints(pattern=r"^(0|[1-9][0-9]*)[smhdw]$")]
 # A label value and a file name in one: a name that needs no quoting in PromQL or a path.
 Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$")]
 ModelName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")]
@@ -28,6 +29,22 @@ Quantity = Annotated[str, StringConstraints(pattern=r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi
 # an Alertmanager label matcher: name, operator, quoted value
 Matcher = Annotated[str, StringConstraints(pattern=r'^[a-zA-Z_][a-zA-Z0-9_]*(=|!=|=~|!~)"[^"\\]*"$')]
 LabelName = Annotated[str, StringConstraints(pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$")]
+
+# What each pattern means, for the message a person reads instead of the regex.
+PATTERN_HELP = {
+    r"^[1-9][0-9]*[smhdw]$": "a duration of one unit, e.g. 30s, 5m, 1h, 28d",
+    r"^(0|[1-9][0-9]*)[smhdw]$": "a duration of one unit, e.g. 0s, 30s, 5m",
+    r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$": "lower-case letters, digits, '-', '_' and '.', at most 63",
+    r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$": "a served model name: letters, digits and . _ : / @ + -",
+    r"^https?://[^\s/\"'`]+(/[^\s\"'`]*)?$": "an http:// or https:// URL",
+    r"^/[^\s\"'`]*$": "an absolute path",
+    r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|k|M|G|T)?$": "a Kubernetes quantity, e.g. 500m, 2, 4Gi",
+    r'^[a-zA-Z_][a-zA-Z0-9_]*(=|!=|=~|!~)"[^"\\]*"$': 'a matcher, e.g. severity="critical" or alertname=~"GPU.+"',
+    r"^[a-zA-Z_][a-zA-Z0-9_]*$": "a Prometheus label name",
+    r"^[#@][a-z0-9_.-]{1,80}$": "a Slack channel (#name) or user (@name)",
+    r"^([a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)*)?$": "a registry and path without a scheme, e.g. ghcr.io/acme",
+    r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$": "an image tag: letters, digits, '_', '.', '-'",
+}
 
 SLI_BUCKETS = {"ttft": TTFT_BUCKETS, "e2e_latency": REQUEST_DURATION_BUCKETS, "itl": INTER_TOKEN_BUCKETS}
 
@@ -153,7 +170,7 @@ class Alerts(Section):
 
 
 class Timing(Section):
-    group_wait: Duration
+    group_wait: Wait
     group_interval: Duration
     repeat_interval: Duration
 

@@ -76,7 +76,7 @@ def test_up_refuses_an_unreadable_or_empty_pagerduty_key_file(tmp_path):
 @pytest.mark.parametrize(("args", "env", "message"), [
     (["--heartbeat-url", "hc-ping.com/abc"], {}, "--heartbeat-url must be an http(s) URL"),
     ([], {"INFERWATCH_HEARTBEAT_URL": "ftp://x/y"}, "--heartbeat-url must be an http(s) URL"),
-    (["--config", "{tmp}/bad.yaml"], {}, "bad.yaml:1:48: links.grafana_url: 'grafana:3000' is not allowed"),
+    (["--config", "{tmp}/bad.yaml"], {}, "bad.yaml:1:48: links.grafana_url: 'grafana:3000' is not an http:// or https:// URL"),
     ([], {"INFERWATCH_CONFIG": "{tmp}/bad.yaml"}, "bad.yaml:1:48: links.grafana_url"),
     (["--config", "{tmp}/missing.yaml"], {}, "missing.yaml: (top level): cannot read it"),
 ])

@@ -7,7 +7,8 @@ Everything runs from a folder outside the checkout, so a path looked up relative
 tree fails here. The fresh venv has no pip and no dependencies of its own: a ``.pth`` line adds
 the project venv's site-packages after its own, and since ``.pth`` files are processed only in
 site folders, the project's editable-install hook stays inert and ``inferwatch`` resolves only
-to the wheel's copy.
+to the wheel's copy. vLLM, torch and transformers, which the project venv has, are made
+unimportable there: what the fresh venv runs is what a venv without the engine runs.
 """
 
 from __future__ import annotations
@@ -45,6 +46,19 @@ RUN_TIME_DATA = {
     "deploy": ("alertmanager", "kubernetes", "otel-collector", "prometheus"),
 }
 TIMEOUT_S = 60
+ENGINE = ("vllm", "torch", "transformers")
+NO_ENGINE = f"""import importlib.abc, sys
+
+
+class NoEngine(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in {ENGINE!r}:
+            raise ImportError(f"{{name}}: not in this venv (tests/inferwatch/test_wheel.py)")
+        return None
+
+
+sys.meta_path.insert(0, NoEngine())
+"""
 
 
 def package_dirs() -> dict[str, str]:
@@ -126,6 +140,8 @@ def fresh(wheel, tmp_path_factory) -> Fresh:
                                          "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                         capture_output=True, text=True, check=True, timeout=TIMEOUT_S).stdout.strip())
     (site_packages / "project-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    (site_packages / "no_engine.py").write_text(NO_ENGINE)
+    (site_packages / "zz-no-engine.pth").write_text("import no_engine\n")  # after the line above: .pth files by name
     cwd = tmp_path_factory.mktemp("elsewhere")
     assert not cwd.is_relative_to(REPO)
     return Fresh(root, site_packages, cwd, _environment(root))
@@ -275,3 +291,28 @@ def test_up_monitoring_only_runs_prometheus_alertmanager_and_pager_from_the_inst
                                         timeout=5).json()["events"], timeout_s=20)
     assert proc.returncode == 0, log.read_text()
     assert not [name for name in ("prometheus", "alertmanager", "pager") if answers(url[name])], log.read_text()
+
+
+def test_the_installed_package_validates_and_generates_without_the_engine_or_a_checkout(fresh):
+    """``inferwatch validate`` and ``generate`` from the wheel, in a venv where vLLM, torch and
+    transformers cannot be imported: the default settings make exactly the committed files."""
+    for name in ENGINE:
+        probe = fresh.run(fresh.python, "-c", f"import {name}")
+        assert probe.returncode != 0 and "not in this venv" in probe.stderr, name
+    settings = fresh.cwd / "inferwatch.yaml"
+    settings.write_text("slos:\n  - {name: availability, sli: availability, objective: 0.995, period: 28d}\n")
+    checked = fresh.run(fresh.inferwatch, "validate", str(settings))
+    assert checked.returncode == 0 and "valid" in checked.stdout, checked.stderr
+    made = fresh.run(fresh.inferwatch, "generate", "--config", str(settings), "--out", "team")
+    assert made.returncode == 0, made.stderr
+    assert "objective: 0.995" not in made.stderr and (fresh.cwd / "team" / "alerts" / "rules" / "slos.yml").is_file()
+    assert "vector(0.005)" in (fresh.cwd / "team" / "alerts" / "rules" / "slos.yml").read_text()
+    made = fresh.run(fresh.inferwatch, "generate", "--out", "defaults")
+    assert made.returncode == 0, made.stderr
+    out = fresh.cwd / "defaults"
+    generated = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file())
+    assert len(generated) > 40
+    differ = [p for p in generated if (out / p).read_text() != (REPO / p).read_text()]
+    assert differ == [], "the wheel's defaults make other files than the committed ones"
+    schema = fresh.run(fresh.inferwatch, "schema")
+    assert json.loads(schema.stdout) == json.loads((REPO / "inferwatch.schema.json").read_text())
