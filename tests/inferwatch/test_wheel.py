@@ -316,3 +316,34 @@ def test_the_installed_package_validates_and_generates_without_the_engine_or_a_c
     assert differ == [], "the wheel's defaults make other files than the committed ones"
     schema = fresh.run(fresh.inferwatch, "schema")
     assert json.loads(schema.stdout) == json.loads((REPO / "inferwatch.schema.json").read_text())
+
+
+def test_up_with_a_settings_file_runs_the_rules_and_routes_generated_from_it(fresh, gateway, tmp_path_factory):
+    """``inferwatch up --config``: the team's rules and routes, regenerated into the run folder,
+    are what Prometheus and Alertmanager load."""
+    names = ("vllm", "prometheus", "alertmanager", "pager", "supervisor")
+    ports = dict(zip(names, free_ports(len(names))), gateway=gateway)
+    url = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
+    run_dir = tmp_path_factory.mktemp("up-config")
+    (run_dir / "slack").write_text("https://hooks.slack.com/services/T0/B0/X\n")
+    settings = run_dir / "team.yaml"
+    settings.write_text(f"slos:\n  - {{name: availability, sli: availability, objective: 0.995, period: 28d}}\n"
+                        f"alerts:\n  disabled: [GPUPowerCapped]\n"
+                        f"routing:\n  receivers:\n    slack: {{api_url_file: {run_dir}/slack, channel: '#oncall'}}\n")
+    log = run_dir / "up.log"
+    with running(fresh, log, "up", "--monitoring-only", "--fast-alerting", "--config", str(settings),
+                 "--run-dir", str(run_dir), "--exporter-port", "0", "--drift-port", "0",
+                 *(arg for name, port in ports.items() for arg in (f"--{name}-port", str(port)))) as proc:
+        eventually(lambda: running_still(proc, log) and "Ctrl-C stops everything" in log.read_text(),
+                   timeout_s=TIMEOUT_S)
+        groups = requests.get(f"{url['prometheus']}/api/v1/rules", timeout=5).json()["data"]["groups"]
+        assert {Path(g["file"]).parent for g in groups} == {run_dir / "rules"}
+        rules = {r["name"]: r for g in groups for r in g["rules"]}
+        assert rules["inferwatch_slo:error_budget:ratio"]["query"] == "vector(0.005)"
+        assert {g["name"] for g in groups} >= {"inferwatch-slo-availability"} and \
+            not any(g["name"].startswith("inferwatch-slo-ttft") for g in groups)
+        assert "GPUPowerCapped" not in rules
+        routes = yaml.safe_load((run_dir / "alertmanager" / "alertmanager.yml").read_text())
+        assert next(r for r in routes["receivers"] if r["name"] == "pager")["slack_configs"][0]["channel"] == "#oncall"
+        assert requests.get(f"{url['alertmanager']}/-/ready", timeout=5).status_code == 200
+    assert proc.returncode == 0, log.read_text()
