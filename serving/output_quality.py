@@ -26,6 +26,8 @@ import re
 from array import array
 from dataclasses import dataclass
 
+import orjson
+
 N = 4
 MIN_UNITS = 2 * N
 LOOP_MAX_PERIOD = 64
@@ -34,7 +36,6 @@ LOOP_MIN_UNITS = 32
 LOOP_TAIL = 1024  # units looked back at for a loop: bounds the work per answer
 
 _WORD = re.compile(r"\w+|[^\w\s]")
-_BLANK_ESCAPES = (b"\\n", b"\\r", b"\\t")
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,12 +46,21 @@ class OutputQuality:
     single_token: bool  # stopped after its first token
 
 
-def is_blank(raw: bytes) -> bool:
-    """Whether a token's JSON-escaped text is whitespace only (``\\n`` arrives escaped)."""
-    for escape in _BLANK_ESCAPES:
-        if escape in raw:
-            raw = raw.replace(escape, b"")
-    return not raw.strip()
+def is_blank(text: str) -> bool:
+    """Whether an answer's text is whitespace only, as Python's ``str.isspace`` has it (U+3000,
+    U+00A0, form feed and vertical tab included): the one test of a streamed answer's tokens
+    and of an answer read whole, so the two cannot disagree."""
+    return not text or text.isspace()
+
+
+def is_blank_escaped(raw: bytes) -> bool:
+    """``is_blank`` of a streamed token's text as it came, JSON-escaped (``\\n``, ``\\u3000``).
+    Decoded only until an answer's first text that is not blank."""
+    try:
+        text = orjson.loads(b'"' + raw + b'"')
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(text, str) and is_blank(text)
 
 
 def words(text: str) -> array:
@@ -80,12 +90,14 @@ def ends_in_loop(units: array) -> bool:
     return False
 
 
-def assess(units: array, text_seen: bool, finish_reason: str | None, completion_tokens: int | None) -> OutputQuality:
+def assess(units: array, text_seen: bool, finish_reason: str | None, completion_tokens: int | None,
+           tool_called: bool = False) -> OutputQuality:
     """An answer that ended (a finish reason came). Tool calls are an answer without text,
-    not an empty one."""
+    not an empty one, whatever the finish reason: vLLM ends a call of a function named in
+    ``tool_choice`` with ``stop``, and ``tool_calls`` only for ``auto`` or ``required``."""
     return OutputQuality(
         repetition=repetition(units),
         loop=ends_in_loop(units),
-        empty=not text_seen and finish_reason != "tool_calls",
+        empty=not text_seen and not tool_called and finish_reason != "tool_calls",
         single_token=completion_tokens == 1 and finish_reason == "stop",
     )

@@ -27,7 +27,7 @@ from inferwatch.serving.access import Access
 from inferwatch.serving.errors import CLIENT_CLOSED, GatewayError
 from inferwatch.serving.exchange import Exchange
 from inferwatch.serving.metrics import UNKNOWN_MODEL, UNROUTED
-from inferwatch.serving.output_quality import words
+from inferwatch.serving.output_quality import is_blank, words
 from inferwatch.serving.recording import Recorder
 from inferwatch.serving.relay import StreamRelay
 from inferwatch.serving.relay_client import UpstreamResponse
@@ -296,7 +296,9 @@ def read_answer(account: StreamAccount, choice: object, route: str) -> None:
     text = message.get("content") if route == "chat" and isinstance(message, dict) else choice.get("text")
     if isinstance(text, str):
         account.units = words(text)
-        account.text_seen = not text.isspace() and text != ""
+        account.text_seen = not is_blank(text)
+    if route == "chat" and isinstance(message, dict) and message.get("tool_calls"):
+        account.tool_called = True
 
 
 def classify_failure(exc: BaseException) -> tuple[int, str, GatewayError]:

@@ -84,7 +84,8 @@ class Recorder:
         # an echoed prompt comes back as the answer's start: judging it would judge the prompt
         if ok and account.finish_reasons and state.req is not None and state.req.n == 1 and \
                 not state.req.payload.get("echo"):
-            quality = assess(account.units, account.text_seen, account.finish_reasons[0], account.completion_tokens)
+            quality = assess(account.units, account.text_seen, account.finish_reasons[0], account.completion_tokens,
+                             account.tool_called)
             if quality.repetition is not None:
                 series.repetition.observe(quality.repetition)
             for kind in ABNORMAL_KINDS:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from inferwatch.drift.feature_record import LOGPROB, TOKENS
-from inferwatch.serving.output_quality import is_blank
+from inferwatch.serving.output_quality import is_blank_escaped
 
 DONE = b"data: [DONE]"
 _USAGE = b'"usage":{'
@@ -29,6 +29,8 @@ _ROLE = b'"role":"'
 _EMPTY_DELTA = b'"delta":{}'
 _EMPTY_TEXT = (b'"content":""', b'"text":""')
 _LOGPROBS = b'"logprobs":{'
+# a delta with a tool call (vLLM streams a call's name and arguments in these, without content)
+_TOOL_CALLS = b'"tool_calls":[{'
 _TEXT_ANCHOR = {"chat": b'"delta":{"content":"', "completions": b'"text":"'}  # where a token's text starts
 _TEXT = {route: re.compile(re.escape(anchor) + rb'((?:[^"\\]|\\.)*)"') for route, anchor in _TEXT_ANCHOR.items()}
 
@@ -94,11 +96,12 @@ class StreamAccount:
     # the answer's units (serving/output_quality.py): token texts' hashes, never the text
     units: array = field(default_factory=lambda: array("q"))
     text_seen: bool = False  # a unit that is not whitespace came
+    tool_called: bool = False  # the answer calls a tool (its text may be empty)
 
     def on_text(self, raw: bytes) -> None:
         """A token's text, JSON-escaped as it came: kept as its hash only."""
         self.units.append(hash(raw))
-        if not self.text_seen and not is_blank(raw):
+        if not self.text_seen and not is_blank_escaped(raw):
             self.text_seen = True
 
     def on_token(self, now: float) -> None:
@@ -212,7 +215,7 @@ class EventProcessor:
         account.token_events += 1
         raw = chunk[len(head):len(chunk) - len(tail)]
         account.units.append(hash(raw))
-        if not account.text_seen and not is_blank(raw):
+        if not account.text_seen and not is_blank_escaped(raw):
             account.text_seen = True
         return True
 
@@ -249,6 +252,8 @@ class EventProcessor:
                         account.on_usage(usage)
                     if _CHOICE not in event and self.strip_usage:
                         continue
+                if _TOOL_CALLS in event:
+                    account.tool_called = True
                 if is_token_event(event):
                     account.on_token(now)
                     if (text := self._text.search(event)) is not None:

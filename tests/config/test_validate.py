@@ -145,3 +145,18 @@ def test_the_command_line_exits_2_on_a_bad_file(tmp_path):
         assert result.returncode == 2, result.stderr
         assert f"{config}:2:" in result.stderr and "slos.0.objective" in result.stderr
     assert not (tmp_path / "o").exists(), "nothing is written from a bad file"
+
+
+def test_the_example_in_the_docs_is_valid_and_generates():
+    """docs/settings.md's example team file, as a reader copies it."""
+    import re
+    from pathlib import Path
+
+    from inferwatch.alerts.spec import build
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "settings.md").read_text()
+    [example] = [block for block in re.findall(r"```yaml\n(.*?)```", page, re.S) if "models:" in block]
+    settings = parse(example)
+    assert [s.name for s in settings.slos] == ["availability", "ttft"]
+    assert build(settings).slo_of("availability").objective == 0.995
+    assert artifacts(settings)

@@ -57,6 +57,27 @@ def test_a_whitespace_answer_is_empty(gw, stream):
                       kind="empty") >= 1
 
 
+@pytest.mark.parametrize("stream", [True, False])
+def test_an_answer_of_unicode_whitespace_is_empty_streamed_or_not(gw, stream):
+    """U+3000, newline and U+00A0: blank by one test on both paths (str.isspace)."""
+    before = len(gw.gateway.features.sink.records)
+    ask(gw, "unicode_blank", stream)
+    assert last_record(gw, before + 1).empty is True
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_call_of_a_named_function_is_not_an_empty_answer(gw, stream):
+    """tool_choice naming a function: vLLM answers with the call and finish_reason "stop",
+    content "" (or no content deltas)."""
+    before = len(gw.gateway.features.sink.records)
+    ask(gw, "named_tool", stream, tools=[{"type": "function", "function": {"name": "weather", "parameters": {}}}],
+        tool_choice={"type": "function", "function": {"name": "weather"}})
+    record = last_record(gw, before + 1)
+    assert record.empty is False and record.finish_reason == "stop"
+    assert metric_sum(gw.metrics_text(), "inferwatch_gateway_abnormal_outputs_total", model="named_tool",
+                      kind="empty") == 0
+
+
 def test_an_echoed_prompt_is_not_judged(gw):
     before = len(gw.gateway.features.sink.records)
     ask(gw, "looping", True, echo=True)

@@ -8,7 +8,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from inferwatch.serving.output_quality import (LOOP_MIN_UNITS, MIN_UNITS, assess, ends_in_loop, is_blank, repetition,
+from inferwatch.serving.output_quality import (LOOP_MIN_UNITS, MIN_UNITS, assess, ends_in_loop, is_blank,
+                                                is_blank_escaped, repetition,
                                                words)
 from inferwatch.serving.sse import EventProcessor, SSESplitter, StreamAccount
 
@@ -52,15 +53,25 @@ def test_a_loop_is_a_tail_of_one_span_repeated():
     assert not ends_in_loop(looped_then_moved_on) and repetition(looped_then_moved_on) > 0.5
 
 
-@pytest.mark.parametrize("raw, blank", [(b"", True), (b"  ", True), (b"\\n\\n", True), (b" \\t\\r\\n", True),
-                                        (b"a", False), (b"\\\\n", False), (b" .", False)])
-def test_blank_reads_json_escaped_whitespace(raw, blank):
-    assert is_blank(raw) is blank
+@pytest.mark.parametrize("text", ["", "  ", "\n\n", " \t\r\n", "\u3000\n", "\u00a0", "\f", "\u000b", "\u2003 ",
+                                  "a", "\\n", " .", "\u3000x"])
+def test_one_blank_test_for_streamed_tokens_and_whole_answers(text):
+    """The streamed path reads a token JSON-escaped as vLLM sends it (orjson and json both),
+    the whole answer as text: both are ``str.isspace``'s verdict."""
+    import json
+
+    import orjson
+
+    expected = not text or text.isspace()
+    assert is_blank(text) is expected
+    for encoded in (orjson.dumps(text), json.dumps(text).encode(), json.dumps(text, ensure_ascii=False).encode()):
+        assert is_blank_escaped(encoded[1:-1]) is expected, encoded
 
 
 def test_assess_names_empty_single_token_and_tool_calls():
     assert assess(array("q"), False, "stop", 0).empty
     assert not assess(array("q"), False, "tool_calls", 5).empty
+    assert not assess(array("q"), False, "stop", 5, tool_called=True).empty  # a named function's call
     assert assess(units("Yes"), True, "stop", 1).single_token
     assert not assess(units("Yes"), True, "length", 1).single_token
 

@@ -17,7 +17,11 @@ SEEN = web.AppKey("seen", list)
 HEADERS = web.AppKey("headers", list)
 SERVER = web.AppKey("server", str)
 MODELS = ("ok", "stall_headers", "stall_stream", "garbage", "cut", "error_event", "bad_request_event", "http500",
-          "long_stream", *(QUALITY := {"looping": [" the"] * 40, "blank": ["\n", " ", "\t"]}))
+          "long_stream", "named_tool",
+          *(QUALITY := {"looping": [" the"] * 40, "blank": ["\n", " ", "\t"], "unicode_blank": ["\u3000", "\n", "\u00a0"]}))
+# vLLM's answer to a function named in tool_choice: the call's arguments, finish_reason "stop"
+# (vLLM says "tool_calls" only for tool_choice auto or required), content "" when read whole
+TOOL_ARGUMENTS = ['{"city": ', '"Paris"', "}"]
 LONG_STREAM_CHUNKS = 6000  # of ~1 KB each: more than loopback sockets buffer
 
 
@@ -44,6 +48,36 @@ async def _answer(request: web.Request, body: dict, rid: str, model: str, tokens
     return resp
 
 
+def _tool_delta(rid: str, model: str, i: int, arguments: str) -> bytes:
+    call = {"index": 0, "function": {"arguments": arguments}}
+    if i == 0:
+        call = {**call, "id": "chatcmpl-tool-1", "type": "function", "function": {"name": "weather", **call["function"]}}
+    return b"data: " + orjson.dumps({"id": rid, "object": "chat.completion.chunk", "model": model, "choices": [
+        {"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": None}]}) + b"\n\n"
+
+
+async def _named_tool(request: web.Request, body: dict, rid: str, model: str) -> web.StreamResponse:
+    usage = {"prompt_tokens": 3, "completion_tokens": len(TOOL_ARGUMENTS), "total_tokens": 3 + len(TOOL_ARGUMENTS)}
+    if not body.get("stream"):
+        call = {"id": "chatcmpl-tool-1", "type": "function",
+                "function": {"name": "weather", "arguments": "".join(TOOL_ARGUMENTS)}}
+        return web.json_response({"id": rid, "object": "chat.completion", "model": model, "usage": usage,
+                                  "choices": [{"index": 0, "message": {"role": "assistant", "content": "",
+                                                                       "tool_calls": [call]},
+                                               "finish_reason": "stop"}]})
+    resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+    await resp.prepare(request)
+    await resp.write(b"data: " + orjson.dumps({"id": rid, "model": model, "choices": [
+        {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}) + b"\n\n")
+    for i, arguments in enumerate(TOOL_ARGUMENTS):
+        await resp.write(_tool_delta(rid, model, i, arguments))
+    await resp.write(b"data: " + orjson.dumps({"id": rid, "model": model, "choices": [
+        {"index": 0, "delta": {"content": ""}, "finish_reason": "stop"}]}) + b"\n\n")
+    await resp.write(b"data: " + orjson.dumps({"id": rid, "choices": [], "usage": usage}) + b"\n\n")
+    await resp.write(b"data: [DONE]\n\n")
+    return resp
+
+
 async def _models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": [{"id": m, "object": "model", "max_model_len": 4096}
                                                           for m in MODELS]})
@@ -65,6 +99,8 @@ async def _chat(request: web.Request) -> web.StreamResponse:
         return web.json_response({"error": {"message": "engine dead", "code": 500}}, status=500)
     if model == "garbage":
         return web.Response(text="<html>proxy error</html>", content_type="application/json")
+    if model == "named_tool":
+        return await _named_tool(request, body, rid, model)
     if model in QUALITY:  # answers with something wrong in them, that end (a finish reason)
         return await _answer(request, body, rid, model, QUALITY[model])
     if not body.get("stream"):
