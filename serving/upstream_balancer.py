@@ -239,7 +239,13 @@ class Balancer:
         return list(self.endpoints.values())
 
     # --- rotation -------------------------------------------------------------------------
-    def _eject(self, endpoint: Endpoint, why: str) -> None:
+    def _eject(self, endpoint: Endpoint, why: str, *, probe_failed: bool = False) -> None:
+        """Out of rotation until a probe after the backoff. A replica already out is not
+        ejected again by the requests that still reach it (several refused at once, or every
+        replica out): only its failed probe, the backoff's own test, doubles the wait, so a
+        replica back by its first probe is back at that probe."""
+        if endpoint.ejected_until and not probe_failed:
+            return
         now = time.monotonic()
         endpoint.ejections += 1
         backoff = min(EJECT_BASE_S * 2 ** min(endpoint.ejections - 1, MAX_DOUBLINGS),
@@ -349,15 +355,15 @@ class Balancer:
             if healthy is None and (endpoint.answered or endpoint.in_flight) and not endpoint.ejected_until:
                 healthy = True  # too busy to answer its probe in time, yet working on requests
             endpoint.answered = False
-            if healthy and endpoint.ejections != sent[id(endpoint)]:
-                continue  # ejected again while the probe was out: that newer failure stands
+            if endpoint.ejections != sent[id(endpoint)]:
+                continue  # ejected while the probe was out: that newer ejection and its backoff stand
             if healthy:
                 if endpoint.ejected_until:
                     self._restore(endpoint)
                 endpoint.next_probe = after + self._settings.upstream_health_interval_s
             else:
                 endpoint.error("probe")
-                self._eject(endpoint, "its /health probe did not answer 200")
+                self._eject(endpoint, "its /health probe did not answer 200", probe_failed=True)
 
     async def _watch(self) -> None:
         """Resolve names again and probe replicas when due: those in rotation every

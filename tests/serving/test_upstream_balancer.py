@@ -457,6 +457,38 @@ def requests_ok(url: str) -> bool:
         return False
 
 
+def test_a_replica_refused_by_many_requests_at_once_is_back_at_its_first_probe():
+    """Eight requests at once, half of them refused by a replica that is down: one ejection,
+    a backoff of 1 s, and a replica listening again by then is back at that first probe (it
+    was 2^(refusals - 1) s, capped, and the log said 1 s)."""
+    async def scenario():
+        live = await Replica().start()
+        dead_port = free_ports(1)[0]
+        balancer, registry = await balancer_for(f"{live.url},http://127.0.0.1:{dead_port}",
+                                                upstream_balance="round_robin", upstream_eject_max_s=10.0)
+        dead_key = f"127.0.0.1:{dead_port}"
+        upstream = balancer.spec
+        try:
+            answers = await asyncio.gather(*(call(balancer) for _ in range(8)))
+            assert [status for status, _ in answers] == [200] * 8
+            assert value(registry, "upstream_endpoint_errors_total", upstream=upstream, endpoint=dead_key,
+                         reason="connect") >= 2, "several requests were refused at once"
+            assert value(registry, "upstream_endpoint_ejections_total", upstream=upstream, endpoint=dead_key) == 1
+            endpoint = balancer.endpoints[dead_key]
+            assert endpoint.ejections == 1 and endpoint.ejected_until - time.monotonic() <= 1.0
+            revived = await Replica(port=dead_port).start()
+            started = time.monotonic()
+            while value(registry, "upstream_endpoint_up", upstream=upstream, endpoint=dead_key) != 1:
+                assert time.monotonic() - started < 3.0, "not back at its first probe after 1 s"
+                await asyncio.sleep(0.02)
+            await revived.stop()
+        finally:
+            await closing(balancer)
+            await live.stop()
+
+    run(scenario())
+
+
 def test_the_backoff_stops_doubling_and_the_watch_survives_a_probe_that_raises():
     async def scenario():
         only = await Replica().start()
