@@ -297,6 +297,11 @@ class DriftState:
             self.alpha = float(saved.get("alpha", self.alpha))
             fixed = saved.get("fixed", {k: v for k, v in saved.items() if k in METHODS})  # older format: flat
             self.fixed.update({k: float(v) for k, v in fixed.items() if k in METHODS})
+        for segment, points in self.store.history().items():
+            if segment in self.baselines:
+                self._history[segment] = deque(
+                    (HistoryPoint(t, p["status"], {k: tuple(v) for k, v in p["features"].items()}) for t, p in points),
+                    maxlen=self.config.history)
         for segment in list(self.baselines):
             self.verdict(segment)  # queues the calibrations the current windows need
         return replayed
@@ -395,6 +400,7 @@ class DriftState:
             self.baselines[segment] = baseline
             self._results.pop(segment, None)
             self._history.pop(segment, None)
+            self.store.forget_history(*segment)
             self._publish(self.clock())
         self.verdict(segment)  # queues the calibrations the current window needs, computes nothing here
 
@@ -444,24 +450,39 @@ class DriftState:
         return result
 
     def _remember(self, segment: Segment, now: float, result: SegmentVerdict) -> None:
+        """The segment's verdict in the current time bucket: one point per bucket, at the
+        bucket's start (the same instants on both replicas of a pair), the bucket's latest
+        verdict, stored so that a restart goes on from it."""
         history = self._history.setdefault(segment, deque(maxlen=self.config.history))
-        if history and now - history[-1].t < self.config.window_s / self.config.buckets:
-            return
+        width = self.config.window_s / self.config.buckets
+        t = math.floor(now / width) * width
         points = {}
         for name, f in result.features.items():
             r = f.methods[headline(name)]
             points[name] = (r.score, r.threshold, f.drifted)
-        history.append(HistoryPoint(now, result.status, points))
+        point = HistoryPoint(t, result.status, points)
+        if history and history[-1].t == t:
+            if history[-1] == point:
+                return
+            history.pop()
+        history.append(point)
+        self.store.put_history(*segment, t, {"status": point.status, "features": point.features})
 
     def history(self, segment: Segment) -> list[HistoryPoint]:
         with self._lock:
             return list(self._history.get(segment, ()))
 
     def drifting_since(self, segment: Segment) -> float | None:
-        """When the segment's current run of drift verdicts began (None if it is not drifting)."""
+        """When the segment's current run of drift verdicts began (None if it is not drifting):
+        the start of the first bucket of the run. A bucket whose window was too thin to judge
+        (``insufficient_data``: a replica just restarted, before the records it missed reach
+        it) neither begins nor ends a run."""
         since = None
         for point in self.history(segment):
-            since = (since or point.t) if point.status == "drift" else None
+            if point.status == "drift":
+                since = since or point.t
+            elif point.status != "insufficient_data":
+                since = None
         return since
 
     def results(self, segment: Segment) -> dict[str, dict[str, DriftResult]]:

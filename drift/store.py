@@ -56,6 +56,15 @@ CREATE TABLE IF NOT EXISTS ledgers (
     blob BLOB NOT NULL,
     PRIMARY KEY (model, experiment)
 );
+-- the segment's verdict per time bucket (the report's history and drifting_since): a
+-- restarted replica goes on from its own past instead of forgetting when a drift began
+CREATE TABLE IF NOT EXISTS history (
+    model TEXT NOT NULL,
+    variant TEXT NOT NULL,
+    t REAL NOT NULL,
+    point BLOB NOT NULL,
+    PRIMARY KEY (model, variant, t)
+);
 CREATE TABLE IF NOT EXISTS baselines (
     model TEXT NOT NULL,
     variant TEXT NOT NULL,
@@ -135,6 +144,7 @@ class Store:
         with self._lock:
             self._db.execute("DELETE FROM ratings WHERE received_at < ?", (before,))
             self._db.execute("DELETE FROM rated WHERE received_at < ?", (before,))
+            self._db.execute("DELETE FROM history WHERE t < ?", (before,))
             pruned = self._db.execute("DELETE FROM batches WHERE max_t < ?", (before,)).rowcount
             self._db.execute("DELETE FROM batch_keys WHERE batch_id NOT IN (SELECT id FROM batches)")
             return pruned
@@ -190,6 +200,24 @@ class Store:
         with self._lock:
             rows = self._db.execute("SELECT model, variant, doc FROM baselines").fetchall()
         return {(m, v): orjson.loads(doc) for m, v, doc in rows}
+
+    def put_history(self, model: str, variant: str, t: float, point: dict) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO history (model, variant, t, point) VALUES (?, ?, ?, ?)",
+                             (model, variant, t, orjson.dumps(point)))
+
+    def forget_history(self, model: str, variant: str) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM history WHERE model = ? AND variant = ?", (model, variant))
+
+    def history(self) -> dict[tuple[str, str], list[tuple[float, dict]]]:
+        """Each segment's points, oldest first."""
+        with self._lock:
+            rows = self._db.execute("SELECT model, variant, t, point FROM history ORDER BY t").fetchall()
+        out: dict[tuple[str, str], list[tuple[float, dict]]] = {}
+        for model, variant, t, point in rows:
+            out.setdefault((model, variant), []).append((t, orjson.loads(point)))
+        return out
 
     def put_setting(self, key: str, value: object) -> None:
         with self._lock:
