@@ -144,6 +144,7 @@ class Settings:
     models: tuple[Model, ...]  # a tree under models/ each
     overlays: dict[str, Model]  # overlays/<name>, each the gateways in front of one model
     routing: config.Routing
+    drift_client_namespaces: tuple[str, ...] = ()  # rollout controllers that ask the drift pair for verdicts
     autoscaling: Autoscaling = Autoscaling()
     jobs: dict[str, str] = field(default_factory=lambda: {
         "gateway": spec.JOB_GATEWAY, "drift": spec.JOB_DRIFT, "exporter": spec.JOB_EXPORTER, "vllm": spec.JOB_VLLM})
@@ -184,7 +185,7 @@ def from_config(declared: config.Settings = config.Settings()) -> Settings:
         gateway_resources={"requests": dict(d.gateway_resources.requests),
                            **({"limits": dict(d.gateway_resources.limits)} if d.gateway_resources.limits else {})},
         models=tuple(models.values()), overlays={name: models[served] for name, served in declared.overlays().items()},
-        routing=declared.routing)
+        routing=declared.routing, drift_client_namespaces=tuple(d.drift_client_namespaces))
 
 
 DEFAULT = from_config()  # the repository's: what deploy/kubernetes is made of

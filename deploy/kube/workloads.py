@@ -194,6 +194,9 @@ def pager(settings: Settings) -> list[dict]:
     return [o.service_account(name(PAGER), PAGER), deployment, o.service(name(PAGER), PAGER, {"http": PAGER_PORT})]
 
 
+LIVENESS_S = 180  # how long vLLM may fail /health before it is restarted (readiness acts in 10 s)
+
+
 def vllm(model: Model, settings: Settings) -> list[dict]:
     """A model's Deployment and the headless Service the gateways resolve. Replicas are
     KEDA's (autoscaling.py); the startup probe allows for the model's download and load."""
@@ -211,8 +214,12 @@ def vllm(model: Model, settings: Settings) -> list[dict]:
         mounts.append(o.secret_mount(HF_SECRET))
     container = o.container(
         "vllm", model.image, list(model.args), {"http": VLLM_PORT}, env=env, resources=model.resources,
+        # Readiness takes a replica that does not answer /health within 5 s out of the Service at
+        # once; liveness restarts it only after LIVENESS_S of no answer at all: a vLLM busy with a
+        # large batch answers /health late, and restarting it would lose every request it holds
+        # (an engine that died answers 500 at once, and is restarted after the same time).
         probes={"startup": o.http_probe("/health", "http", period_s=10, failures=model.startup_s // 10),
-                "liveness": o.http_probe("/health", "http", period_s=10, failures=3, timeout_s=5),
+                "liveness": o.http_probe("/health", "http", period_s=30, failures=LIVENESS_S // 30, timeout_s=20),
                 "readiness": o.http_probe("/health", "http", period_s=5, failures=2, timeout_s=5)},
         mounts=mounts, read_only=False)
     container["lifecycle"] = _drain(VLLM_DRAIN_S)

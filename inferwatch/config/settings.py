@@ -279,6 +279,9 @@ class Deployment(Section):
     drift_replicas: int = Field(2, ge=1, le=2, description="1, or the pair (every record goes to both)")
     drift_storage: Quantity = "5Gi"
     redis_storage: Quantity = "1Gi"
+    drift_client_namespaces: list[Name] = Field(
+        default_factory=list, description="Namespaces whose pods may ask the drift pair for A/B verdicts (Argo "
+                                          "Rollouts' analysis runs, Flagger's webhooks): the NetworkPolicy lets them in")
     overlays: dict[Name, ModelName] = Field(default_factory=lambda: {"cpu-demo": "tiny-llama", "gpu": "llama-3.1-8b"},
                                        description="Overlay name -> the model it serves")
 

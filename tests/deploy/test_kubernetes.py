@@ -59,7 +59,7 @@ def with_everything(overlay: str, tmp_path: Path) -> list[dict]:
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
         "resources": [os.path.relpath(K8S_DIR / "overlays" / overlay, tmp_path)],
         "components": [os.path.relpath(K8S_DIR / "components" / c, tmp_path) for c in COMPONENTS]
-        + [os.path.relpath(K8S_DIR / "models" / model.name / "tracing", tmp_path)]}))
+        + [os.path.relpath(K8S_DIR / "models" / model.folder / "tracing", tmp_path)]}))
     return kustomize(tmp_path)
 
 
@@ -444,3 +444,41 @@ def test_autoscaling_queries_parse_and_read_the_gauge_vllm_exports(tmp_path):
             {"record": "keda:query", "expr": trigger["metadata"]["query"]}]}]}))
         result = subprocess.run(["promtool", "check", "rules", str(rules)], capture_output=True, text=True)
         assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _probe_window_s(probe: dict) -> int:
+    """How long a probe must fail in a row before Kubernetes acts: failures x period."""
+    return probe["failureThreshold"] * probe["periodSeconds"]
+
+
+def test_a_busy_vllm_is_taken_out_by_readiness_long_before_liveness_restarts_it():
+    """A vLLM that answers /health late under load leaves the Service within ~10 s and is
+    restarted only after minutes without an answer: a restart loses every request it holds."""
+    for overlay, model in OVERLAYS.items():
+        [deployment] = [o for o in built(overlay) if o["kind"] == "Deployment" and o["metadata"]["name"] == model.service]
+        [c] = deployment["spec"]["template"]["spec"]["containers"]
+        ready, live = c["readinessProbe"], c["livenessProbe"]
+        assert _probe_window_s(ready) <= 15 and ready["timeoutSeconds"] <= 5
+        assert _probe_window_s(live) >= 120 and live["timeoutSeconds"] >= 10
+        assert _probe_window_s(live) >= 10 * _probe_window_s(ready)
+
+
+def test_rollout_controllers_named_in_the_settings_reach_the_drift_pair_and_no_one_else():
+    from inferwatch.config.settings import Deployment, Settings
+    from inferwatch.deploy.kube import network
+    from inferwatch.deploy.kube.settings import from_config
+
+    def drift_peers(settings) -> list[dict]:
+        [drift] = [p for p in network.policies(settings) if p["metadata"]["name"] == "inferwatch-drift"]
+        return drift["spec"]["ingress"][0]["from"]
+
+    default = drift_peers(from_config())
+    assert not [p for p in default if "podSelector" not in p]  # the gateways and Prometheus only
+    opened = drift_peers(from_config(Settings(deployment=Deployment(drift_client_namespaces=["argo-rollouts",
+                                                                                            "flagger-system"]))))
+    added = [p for p in opened if p not in default]
+    assert added == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}}
+                     for ns in ("argo-rollouts", "flagger-system")]
+    others = [p for p in network.policies(from_config(Settings(deployment=Deployment(
+        drift_client_namespaces=["argo-rollouts"])))) if p["metadata"]["name"] != "inferwatch-drift"]
+    assert others == [p for p in network.policies(from_config()) if p["metadata"]["name"] != "inferwatch-drift"]
