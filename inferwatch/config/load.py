@@ -11,7 +11,9 @@ import json
 from pathlib import Path
 
 import yaml
-from pydantic import ValidationError
+from typing import get_args
+
+from pydantic import BaseModel, ValidationError
 
 from inferwatch.config.errors import ConfigError, Problem, SettingsInvalid
 from inferwatch.config.settings import PATTERN_HELP, Settings
@@ -72,6 +74,26 @@ def _duplicates(node: yaml.Node | None, path: tuple[str | int, ...] = ()) -> lis
     return out
 
 
+def _field_paths(model: type[BaseModel] = Settings, prefix: str = "") -> dict[str, list[str]]:
+    """Every field name of the declaration -> the dotted paths it is at (for "did you mean")."""
+    out: dict[str, list[str]] = {}
+    for name, info in model.model_fields.items():
+        key = info.alias or name
+        out.setdefault(key, []).append(prefix + key)
+        for sub in get_args(info.annotation) or (info.annotation,):
+            for inner in get_args(sub) or (sub,):
+                if isinstance(inner, type) and issubclass(inner, BaseModel):
+                    for k, paths in _field_paths(inner, f"{prefix}{key}.").items():
+                        out.setdefault(k, []).extend(paths)
+    return out
+
+
+def _unknown(path: tuple[str | int, ...]) -> str:
+    """An unknown field's message, naming where a field of that name does belong."""
+    elsewhere = [p for p in _field_paths().get(str(path[-1]), []) if p != ".".join(map(str, path))]
+    return f"unknown field (it belongs at {' or '.join(sorted(set(elsewhere)))})" if elsewhere else "unknown field"
+
+
 def _problem(root: yaml.Node | None, path: tuple[str | int, ...], message: str, unknown_key: bool = False) -> Problem:
     node = _key_node(root, path) if unknown_key else _find(root, path)
     line, column = _mark(node) if node is not None else (None, None)
@@ -103,7 +125,9 @@ def parse(text: str, source: str = "inferwatch.yaml") -> Settings:
             path = tuple(error["loc"])
             message = error["msg"].removeprefix("Value error, ")
             if error["type"] == "extra_forbidden":
-                message = "unknown field"
+                message = _unknown(path)
+            elif path[-1:] == ("objective",) and error["type"] in ("less_than", "greater_than"):
+                message = f"{message}: a share, e.g. 0.999 for 99.9 %, got {error['input']!r}"
             elif error["type"] == "missing":
                 message = "required field missing"
             elif error["type"] == "literal_error" and "input" in error:

@@ -160,3 +160,14 @@ def test_the_example_in_the_docs_is_valid_and_generates():
     assert [s.name for s in settings.slos] == ["availability", "ttft"]
     assert build(settings).slo_of("availability").objective == 0.995
     assert artifacts(settings)
+
+
+def test_a_field_in_the_wrong_section_says_where_it_belongs_and_a_percentage_is_named(tmp_path):
+    config = tmp_path / "inferwatch.yaml"
+    config.write_text("namespace: llm\ndeployment:\n  grafana_url: http://g\n"
+                      "slos:\n  - {name: a, sli: availability, objective: 99.9}\n")
+    result = RUNNER.invoke(app, ["validate", str(config)])
+    assert result.exit_code == 2
+    assert f"{config}:1:1: namespace: unknown field (it belongs at deployment.namespace)" in result.output
+    assert f"{config}:3:3: deployment.grafana_url: unknown field (it belongs at links.grafana_url)" in result.output
+    assert "slos.0.objective: Input should be less than 1: a share, e.g. 0.999 for 99.9 %, got 99.9" in result.output
