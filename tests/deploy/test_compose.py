@@ -209,8 +209,10 @@ def test_grafana_provisioning_has_the_fields_grafana_documents():
     assert providers["apiVersion"] == 1
     for p in providers["providers"]:
         assert p["type"] == "file" and p["options"]["path"], p
-    mounted = {v.split(":")[1]: v.split(":")[0] for v in DOC["services"]["grafana"]["volumes"] if v.startswith("./")}
-    assert mounted[providers["providers"][0]["options"]["path"]] == "./dashboards/json"
+    # source:target[:ro], the source perhaps `${VAR:-default}`: the target is the last absolute path
+    mounted = {m[2]: m[1] for v in DOC["services"]["grafana"]["volumes"]
+               if (m := re.match(r"^(.*):(/[^:]+)(?::ro|:rw)?$", v))}
+    assert mounted[providers["providers"][0]["options"]["path"]] == "${INFERWATCH_GENERATED:-.}/dashboards/json"
 
 
 @pytest.mark.parametrize("dockerfile", ["Dockerfile", "deploy/compose/standins/Dockerfile"])
