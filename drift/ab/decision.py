@@ -11,7 +11,11 @@ of randomization (the user the gateway assigned, or the request assigned on its 
 - latencies and answer lengths by each unit's mean, compared by rank across units: under
   the null, with users randomized, these per-unit summaries are exchangeable between arms,
   so the test is valid however unequal the users, and the rank keeps it robust to the
-  heavy tails a mean-based delta method would carry into its variance.
+  heavy tails a mean-based delta method would carry into its variance;
+- the latencies again as means per request (a ratio of sums over units, its variance by the
+  delta method, compared on the log scale): the rank test speaks for the typical user, and
+  a regression that only the heaviest users meet (a tenth of the users, near half the
+  requests) moves few unit means but many requests.
 
 - Health first. A sample-ratio mismatch (units per arm against the epoch's weights,
   always-valid p < 0.001), an arm without traffic or an epoch with two weights means the
@@ -78,7 +82,8 @@ class Experiment:
     treatment: str
     shared_tokenizer: bool = False  # logprobs are comparable only under one tokenizer
     alpha: float = 0.05  # false-rollback rate over all looks at this epoch (spent from the experiment's)
-    srm_alpha: float = 0.001  # false sample-ratio alarms over all looks at this epoch
+    srm_alpha: float = 0.001  # false sample-ratio alarms: over all looks (always-valid), at each look (fixed)
+    srm_promote_p: float = 0.1  # a promote needs the split to look right: the fixed-horizon p at least this
     min_units: int = 30
     promote_units: int = 300
     tune_n: float = 500.0  # effective units where the sequential tests are sharpest
@@ -110,13 +115,27 @@ class MetricResult:
 
 @dataclass(frozen=True)
 class SampleRatioCheck:
-    """Units per arm against the epoch's weights: an always-valid test on the treatment's
-    share (the binomial z under the normal mixture), so a check at every look keeps its
-    false-alarm rate; Pearson's chi-square is given for reference."""
+    """Units per arm against the epoch's weights, two ways.
 
-    result: stats.SampleRatio
+    The always-valid test on the treatment's share (the binomial z under the normal mixture)
+    keeps its false-alarm rate however often it is looked at, but its boundary never falls
+    below about 4.2 standard errors at alpha = 0.001, and only near the size it is tuned at:
+    blind to a split that lost half of one arm's 150 users. Pearson's chi-square on the units
+    seen has the power there (3.29 standard errors) at the price of up to ``srm_alpha`` false
+    alarms per look, not per experiment. A false hold costs a wait; a broken split judged
+    costs a wrong decision, so either test holds. A promote asks more than no alarm: the
+    chi-square must find the split unremarkable (p >= ``srm_promote_p``), so a split that
+    lost a tenth of an arm is not promoted for lack of an alarm."""
+
+    result: stats.SampleRatio  # Pearson's chi-square on the units seen (fixed horizon)
     p_value_sequential: float
-    alarm: bool
+    alarm_sequential: bool
+    alarm_fixed: bool
+    looks_right: bool  # fixed-horizon p >= srm_promote_p: what a promote needs
+
+    @property
+    def alarm(self) -> bool:
+        return self.alarm_sequential or self.alarm_fixed
 
 
 @dataclass(frozen=True)
@@ -191,6 +210,37 @@ def _rank(spec: MetricSpec, control: Arm, treatment: Arm, exp: Experiment) -> Me
                         seq.confidence_sequence(theta, se, v, exp.alpha), p95,
                         note=f"per-unit means of {nc:,} / {nt:,} units, all in the test; the shift from a uniform "
                              f"sample of at most {SHIFT_SAMPLE:,} per arm, its interval including that sampling")
+
+
+def _request_mean(spec: MetricSpec, control: Arm, treatment: Arm, exp: Experiment) -> MetricResult:
+    """A latency's mean per request: sum over units / requests over units in each arm, the
+    log of their ratio by the delta method over units (Deng, Knoblich & Lu 2018)."""
+    feature = spec.feature or spec.name
+    n_col, sum_col = COL[f"{feature}:n"], COL[f"{feature}:sum"]
+    cols = [arm.units[arm.units[:, n_col] > 0] for arm in (control, treatment)]
+    kc, kt = (c.shape[0] for c in cols)
+    if min(kc, kt) < exp.min_units:
+        return MetricResult(spec, "insufficient_data", "delta_method_log_ratio", kc, kt,
+                            note=f"fewer than {exp.min_units} units per arm with values")
+    (rc, vc), (rt, vt) = (stats.ratio_and_variance(c[:, sum_col], c[:, n_col]) for c in cols)
+    if rc <= 0 or rt <= 0:
+        return MetricResult(spec, "insufficient_data", "delta_method_log_ratio", kc, kt,
+                            note="a mean of zero has no log ratio")
+    log_ratio = math.log(rt / rc)
+    se = math.sqrt(vc / rc**2 + vt / rt**2)
+    z = log_ratio / se if se > 0 else 0.0
+    half = stats.z_quantile(exp.alpha) * se
+    diff_half = stats.z_quantile(exp.alpha) * math.sqrt(vc + vt)
+    v = seq.rho2(exp.alpha, exp.tune_n) * seq.effective_n(kc, kt)
+    requests = [int(c[:, n_col].sum()) for c in cols]
+    return MetricResult(spec, "ok", "delta_method_log_ratio", kc, kt, rc, rt, rt - rc, math.expm1(log_ratio),
+                        (rt - rc - diff_half, rt - rc + diff_half),
+                        (math.expm1(log_ratio - half), math.expm1(log_ratio + half)),
+                        stats.two_sided_normal_p(z) if se > 0 else 1.0, float(seq.always_valid_p(z, v)),
+                        "log(treatment mean / control mean), per request", log_ratio,
+                        seq.confidence_sequence(log_ratio, se, v, exp.alpha),
+                        note=f"mean over {requests[0]:,} / {requests[1]:,} requests from {kc:,} / {kt:,} units: "
+                             "heavy users weigh by their requests; variance by the delta method over units")
 
 
 def _sample(values: np.ndarray) -> np.ndarray:
@@ -272,6 +322,8 @@ def evaluate_metric(spec: MetricSpec, control: Arm, treatment: Arm, exp: Experim
         return _cost(spec, control, treatment, exp)
     if spec.kind == "rank":
         return _rank(spec, control, treatment, exp)
+    if spec.kind == "request_mean":
+        return _request_mean(spec, control, treatment, exp)
     return _mean(spec, control, treatment, exp)
 
 
@@ -287,15 +339,17 @@ def sample_ratio_check(exp: Experiment, control: Arm, treatment: Arm) -> SampleR
     starved = [n for n, w in zip(observed, weights) if w == 0]
     if starved:
         share = tuple(w / sum(weights) for w in weights)
-        fixed = stats.SampleRatio(observed, share, math.inf if any(starved) else 0.0, 0.0 if any(starved) else 1.0)
-        return SampleRatioCheck(fixed, fixed.p_value, bool(any(starved)))
+        broken = bool(any(starved))
+        fixed = stats.SampleRatio(observed, share, math.inf if broken else 0.0, 0.0 if broken else 1.0)
+        return SampleRatioCheck(fixed, fixed.p_value, broken, broken, not broken)
     fixed = stats.sample_ratio(observed, weights)
     total, share = sum(observed), fixed.expected_share[1]
     if total == 0:
-        return SampleRatioCheck(fixed, 1.0, False)
+        return SampleRatioCheck(fixed, 1.0, False, False, True)
     z = (observed[1] - total * share) / math.sqrt(total * share * (1 - share))
     p = float(seq.always_valid_p(z, seq.rho2(exp.srm_alpha, exp.srm_tune_n) * total))
-    return SampleRatioCheck(fixed, p, p < exp.srm_alpha)
+    return SampleRatioCheck(fixed, p, p < exp.srm_alpha, fixed.p_value < exp.srm_alpha,
+                            fixed.p_value >= exp.srm_promote_p)
 
 
 def _judge(results: dict[str, MetricResult], alpha: float) -> dict[str, MetricResult]:
@@ -344,9 +398,11 @@ def _health(exp: Experiment, control: Arm, treatment: Arm, srm: SampleRatioCheck
                        "or logging is broken, no metric can be trusted")
     elif srm is not None and srm.alarm:
         share = srm.result.observed[1] / sum(srm.result.observed)
+        which = (f"always-valid p = {srm.p_value_sequential:.2g}" if srm.alarm_sequential
+                 else f"chi-square on the units seen p = {srm.result.p_value:.2g}")
         reasons.append(f"sample ratio mismatch: treatment has {share:.2%} of the units against a weight share of "
-                       f"{srm.result.expected_share[1]:.2%} (always-valid p = {srm.p_value_sequential:.2g} < "
-                       f"{exp.srm_alpha:g}): assignment or logging is broken, no metric can be trusted")
+                       f"{srm.result.expected_share[1]:.2%} ({which} < {exp.srm_alpha:g}): assignment or "
+                       "logging is broken, no metric can be trusted")
     return reasons
 
 
@@ -370,7 +426,9 @@ def analyse(exp: Experiment, control: Arm, treatment: Arm) -> AbResult:
         judged = [m for m in metrics.values() if m.status == "ok"]
         open_ = [m.spec.name for m in judged if m.verdict != "non_inferior"]
         unjudged = [m.spec.name for m in metrics.values() if m.status == "insufficient_data"]
-        if min(units) >= exp.promote_units and not open_ and metrics["error_rate"].status == "ok":
+        split_doubtful = srm is not None and not srm.looks_right
+        if min(units) >= exp.promote_units and not open_ and metrics["error_rate"].status == "ok" \
+                and not split_doubtful:
             decision = "promote"
             reasons = [f"no guardrail worse and {', '.join(m.spec.name for m in judged)} within their margins "
                        f"after {min(units):,}+ units per arm"]
@@ -381,6 +439,9 @@ def analyse(exp: Experiment, control: Arm, treatment: Arm) -> AbResult:
                 reasons.append(f"not yet shown within margin: {', '.join(open_)}")
             if min(units) < exp.promote_units:
                 reasons.append(f"promotion needs {exp.promote_units:,} units per arm")
+            if split_doubtful:
+                reasons.append(f"promotion needs the split to look right: the chi-square of units per arm has p = "
+                               f"{srm.result.p_value:.2g}, under {exp.srm_promote_p:g}")  # type: ignore[union-attr]
         if unjudged:
             reasons.append(f"not judged (too few values): {', '.join(unjudged)}")
     return AbResult(exp, decision, tuple(reasons), requests, units, srm, empty, metrics)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Kind = Literal["proportion", "rank", "mean", "throughput"]
+Kind = Literal["proportion", "rank", "request_mean", "mean", "throughput"]
 Direction = Literal["higher_is_worse", "lower_is_worse"]
 
 
@@ -16,11 +16,13 @@ Direction = Literal["higher_is_worse", "lower_is_worse"]
 class MetricSpec:
     name: str
     title: str
-    kind: Kind  # proportion: delta method; rank: Mann-Whitney; mean: Welch; throughput: paired log ratio
+    # proportion: delta method; rank: Mann-Whitney on unit means; request_mean: delta method on
+    # the log ratio of means per request; mean: Welch; throughput: paired log ratio
+    kind: Kind
     direction: Direction
     # Non-inferiority margin on the scale the sequential test runs on: a rate difference for
-    # proportions, P(treatment > control) - 1/2 for ranks, a difference of means for means, a
-    # mean log ratio for throughput.
+    # proportions, P(treatment > control) - 1/2 for ranks, a log ratio for request means and
+    # throughput, a difference of means for means.
     margin: float
     unit: str = ""
     feature: str | None = None  # drift feature its values come from (rank and mean kinds)
@@ -39,6 +41,15 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("ttft", "time to first token", "rank", "higher_is_worse", 0.05, "s", "ttft_s", pages=True),
     MetricSpec("tpot", "time per output token", "rank", "higher_is_worse", 0.05, "s", "tpot_s"),
     MetricSpec("e2e_latency", "end-to-end latency", "rank", "higher_is_worse", 0.05, "s", "e2e_s"),
+    # The same latencies per request: the rank test on unit means speaks for the typical user
+    # and cannot see a regression that hits only the heaviest users; these weigh each user by
+    # their requests.
+    MetricSpec("ttft_per_request", "time to first token, mean per request", "request_mean", "higher_is_worse", 0.05,
+               "s", "ttft_s", pages=True),
+    MetricSpec("tpot_per_request", "time per output token, mean per request", "request_mean", "higher_is_worse",
+               0.05, "s", "tpot_s"),
+    MetricSpec("e2e_latency_per_request", "end-to-end latency, mean per request", "request_mean", "higher_is_worse",
+               0.05, "s", "e2e_s"),
     MetricSpec("completion_tokens", "answer length", "rank", "higher_is_worse", 0.05, "tokens", "completion_tokens"),
     MetricSpec("mean_logprob", "mean token logprob (model confidence)", "mean", "lower_is_worse", 0.1, "nats/token",
                "mean_logprob"),

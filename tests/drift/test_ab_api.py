@@ -41,7 +41,7 @@ def test_get_judges_the_latest_epoch_from_records_alone_for_argo(client):
     doc = r.json()
     assert doc["experiment"] == sim.EXPERIMENT and doc["epoch"] == 5
     assert doc["weights"] == {"control": 0.5, "treatment": 0.5}
-    assert doc["decision"] == "rollback" and doc["worse"] == ["ttft"], doc["reasons"]
+    assert doc["decision"] == "rollback" and doc["worse"] == ["ttft", "ttft_per_request"], doc["reasons"]
     assert doc["srm"]["unit"] == "units" and not doc["srm"]["alarm"]
     assert doc["units"]["control"] < doc["requests"]["control"]  # users send several requests each
     ttft = doc["metrics"]["ttft"]
@@ -57,7 +57,7 @@ def test_an_earlier_epoch_by_number_and_the_whole_experiment(client):
     assert first["alpha"] == pytest.approx(0.05 / 2)
     whole = client.get(f"/v1/ab/{M}", params={**ARMS, "scope": "experiment"}).json()
     assert [e["epoch"] for e in whole["epochs"]] == [4, 5] and whole["epoch"] == 5
-    assert whole["decision"] == "rollback" and whole["worse"] == ["ttft"]
+    assert whole["decision"] == "rollback" and whole["worse"] == ["ttft", "ttft_per_request"]
     assert [e["decision"] for e in whole["epochs"]] == [first["decision"], "rollback"]
 
 

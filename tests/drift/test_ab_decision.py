@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import pytest
+from scipy import stats as sps
 
 from inferwatch.drift.ab.decision import Arm, Experiment, analyse, sample_ratio_check
 from inferwatch.drift.ab.units import COL, COLUMNS
@@ -52,6 +54,30 @@ def test_srm_quiet_on_fair_splits():
     assert alarms <= 2  # expected at most 0.3 at p < 0.001
 
 
+def test_a_small_experiment_that_lost_half_an_arm_is_held_by_the_fixed_horizon_check():
+    """150 / 75 units: the always-valid test cannot see it (its boundary stays above about 4.2
+    standard errors), Pearson's chi-square on the units seen can (scipy's is the truth)."""
+    result = analyse(EXP, units_only("v1", 150, 0.5), units_only("v2", 75, 0.5))
+    truth = sps.chisquare([150, 75])
+    assert result.srm.p_value_sequential > EXP.srm_alpha and not result.srm.alarm_sequential
+    assert result.srm.result.p_value == pytest.approx(truth.pvalue, rel=1e-9) and truth.pvalue < EXP.srm_alpha
+    assert result.srm.alarm_fixed and result.decision == "hold"
+    assert "chi-square on the units seen" in result.reasons[0]
+
+
+def test_a_promote_needs_the_split_to_look_right_not_merely_no_alarm():
+    """30,000 / 29,500 units: no alarm at p < 0.001, but a chi-square p of 0.04 is not a split
+    to promote on; the same arms with the split as weighed promote."""
+    control, treatment = arms(30_000, 30_000, seed=3)
+    exp = replace(EXP, promote_units=20_000)
+    assert analyse(exp, control, treatment).decision == "promote"
+    short = replace(treatment, units=treatment.units[:29_500], requests=29_500)
+    result = analyse(exp, control, short)
+    assert not result.srm.alarm and EXP.srm_alpha < result.srm.result.p_value < EXP.srm_promote_p
+    assert result.decision == "continue"
+    assert any("promotion needs the split to look right" in r for r in result.reasons), result.reasons
+
+
 def test_no_traffic_on_an_arm_holds():
     control, _ = arms(500, 500)
     result = analyse(EXP, control, arm_at("v2", stream(0, Effects(), np.random.default_rng(1)), 0, 0.5))
@@ -74,7 +100,9 @@ def test_too_few_units_holds():
 def test_slower_first_token_rolls_back_naming_ttft_and_nothing_else():
     result = analyse(EXP, *arms(3000, 3000, Effects(ttft_factor=1.3)))
     assert result.decision == "rollback"
-    assert result.worse == ["ttft"]
+    assert set(result.worse) == {"ttft", "ttft_per_request"}
+    per_request = result.metrics["ttft_per_request"]
+    assert per_request.test == "delta_method_log_ratio" and per_request.relative == pytest.approx(0.3, abs=0.06)
     ttft = result.metrics["ttft"]
     assert ttft.effect > 0 and ttft.relative > 0.15 and ttft.interval[0] > 0
     assert ttft.p95 is not None and ttft.p95.interval[0] > 0

@@ -16,6 +16,7 @@ import pytest
 from inferwatch.drift.ab.decision import Arm, Experiment, analyse, sample_ratio_check
 from inferwatch.drift.ab.ledger import Ledgers, restore_ledger, snapshot
 from inferwatch.drift.ab.source import read_arm
+from inferwatch.drift.ab.units import COL
 from inferwatch.drift.schema import parse_batch
 from tests.support import ab_simulation as sim
 
@@ -71,8 +72,45 @@ def test_a_slower_first_token_for_everyone_is_found_on_units():
     users = sim.users(3000, 6, 1.0, rng)
     r = sim.requests(users, sim.split((0.5, 0.5), 0), 0, 3600, rng, effect=0.3)
     result = analyse(Experiment("control", "treatment"), *_arms(r))
-    assert result.decision == "rollback" and result.worse == ["ttft"], result.reasons
+    assert result.decision == "rollback" and set(result.worse) == {"ttft", "ttft_per_request"}, result.reasons
     assert result.metrics["ttft"].relative == pytest.approx(0.3, abs=0.12)
+    assert result.metrics["ttft_per_request"].relative == pytest.approx(0.3, abs=0.12)
+
+
+def test_a_regression_only_the_heaviest_users_meet_is_rolled_back_by_the_request_mean():
+    """The tenth most active users (near half the requests) get a 50 % slower first token:
+    few unit means move, so the rank test on them stays quiet, and the mean per request
+    catches it."""
+    rng = np.random.default_rng(8)
+    users = sim.users(10_000, 5.6, 1.0, rng)
+    heavy = sim.heaviest(users, 0.1)
+    r = sim.requests(users, sim.split((0.5, 0.5), 0), 0, 3600, rng, effect=0.5, affected=heavy)
+    assert 0.35 < heavy[r.user].mean() < 0.55
+    result = analyse(Experiment("control", "treatment"), *_arms(r))
+    assert result.decision == "rollback" and "ttft_per_request" in result.worse, result.reasons
+    assert result.metrics["ttft"].verdict != "worse"
+
+
+def test_the_request_mean_s_delta_method_variance_matches_a_bootstrap_over_units():
+    """The log ratio's standard error, against resampling whole users (an independent truth
+    for clustered requests), within the bootstrap's own noise."""
+    rng = np.random.default_rng(9)
+    r = sim.requests(sim.users(2000, 6, 1.0, rng), sim.split((0.5, 0.5), 0), 0, 3600, rng)
+    control, treatment = _arms(r)
+    result = analyse(Experiment("control", "treatment"), control, treatment).metrics["ttft_per_request"]
+    lo, hi = result.relative_interval
+    se = (math.log1p(hi) - math.log1p(lo)) / (2 * 1.959964)
+    n, total = COL["ttft_s:n"], COL["ttft_s:sum"]
+    boot = rng.integers
+    draws = []
+    for _ in range(400):
+        means = []
+        for arm in (control, treatment):
+            u = arm.units[arm.units[:, n] > 0]
+            pick = u[boot(0, u.shape[0], u.shape[0])]
+            means.append(pick[:, total].sum() / pick[:, n].sum())
+        draws.append(math.log(means[1] / means[0]))
+    assert se == pytest.approx(float(np.std(draws, ddof=1)), rel=0.15)
 
 
 def _ledger_of(r: sim.Requests, max_rows: int = 100_000) -> Ledgers:

@@ -7,7 +7,9 @@ keyed BLAKE2b buckets, sticky while the weights stay put, ramping keeps the cana
 users), so the records carry exactly what the gateway's would: experiment, weight epoch,
 the variant's weight and the hashed unit.
 
-``effect`` multiplies the treatment's first-token time (0.05: 5 % slower).
+``effect`` multiplies the treatment's first-token time (0.05: 5 % slower), for every user or
+only the ``affected`` ones (the heaviest, say: ``heaviest``); ``lose`` drops what some of
+one arm's users sent, as a broken logging path would.
 """
 
 from __future__ import annotations
@@ -66,13 +68,20 @@ class Requests:
     epoch: int
 
 
-def requests(u: Users, s: Split, t0: float, t1: float, rng: np.random.Generator, effect: float = 0.0) -> Requests:
+def heaviest(u: Users, share: float) -> np.ndarray:
+    """The ``share`` most active users, as a mask over users."""
+    return u.rate >= np.quantile(u.rate, 1 - share)
+
+
+def requests(u: Users, s: Split, t0: float, t1: float, rng: np.random.Generator, effect: float = 0.0,
+             affected: np.ndarray | None = None) -> Requests:
     counts = rng.poisson(u.rate * (t1 - t0) / 3600)
     user = np.repeat(np.arange(len(u.ids)), counts)
     assigned = [s.assign(u.ids[i]) for i in range(len(u.ids))]
     arm = np.array([assigned[i][0] for i in user], dtype=int)
     n = user.size
-    ttft = u.ttft_base[user] * rng.lognormal(0, 0.5, n) * np.where(arm == 1, 1 + effect, 1.0)
+    hit = (arm == 1) if affected is None else (arm == 1) & affected[user]
+    ttft = u.ttft_base[user] * rng.lognormal(0, 0.5, n) * np.where(hit, 1 + effect, 1.0)
     answer = np.maximum(1, np.exp(u.log_answer[user] + rng.normal(0, 0.6, n))).round()
     tpot = rng.gamma(4.0, 0.005, n)
     status = np.where(rng.random(n) < u.error_p[user], 500, 200)
@@ -94,6 +103,19 @@ def concat(a: Requests, b: Requests) -> Requests:
                     np.concatenate([a.finished_at, b.finished_at]), np.concatenate([a.status, b.status]),
                     a.finish_reason + b.finish_reason, {f: np.concatenate([a.numeric[f], b.numeric[f]]) for f in a.numeric},
                     np.concatenate([a.weight, b.weight]), a.epoch)
+
+
+def lose(r: Requests, arm: int, lost: np.ndarray) -> Requests:
+    """``r`` without what the ``lost`` users (a mask over users) of ``arm`` sent."""
+    return subset(r, ~((r.arm == arm) & lost[r.user]))
+
+
+def subset(r: Requests, keep: np.ndarray) -> Requests:
+    """The requests where ``keep`` (a mask over requests) holds: a look at a time, say."""
+    idx = np.flatnonzero(keep).tolist()
+    return Requests(r.user[keep], r.arm[keep], [r.unit[i] for i in idx], r.finished_at[keep], r.status[keep],
+                    [r.finish_reason[i] for i in idx], {f: v[keep] for f, v in r.numeric.items()}, r.weight[keep],
+                    r.epoch)
 
 
 def unit_tables(r: Requests, per_request: bool = False) -> tuple[np.ndarray, np.ndarray]:
