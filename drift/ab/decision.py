@@ -40,8 +40,9 @@ from scipy import stats as sps
 
 from inferwatch.drift.ab import sequential as seq
 from inferwatch.drift.ab import stats
+from inferwatch.drift.ab.cuped import adjust
 from inferwatch.drift.ab.spec import METRICS, MetricSpec
-from inferwatch.drift.ab.units import COL, COLUMNS, unit_means
+from inferwatch.drift.ab.units import COL, COLUMNS, lead_in_means, unit_means
 from inferwatch.drift.calibration import holm
 
 Decision = Literal["rollback", "hold", "continue", "promote"]
@@ -69,6 +70,9 @@ class Arm:
     # arm's (drift/ab/cost.py); the note says why there are none
     throughput: np.ndarray | None = None
     throughput_note: str = "the drift service reads no Prometheus for the cost guardrail"
+    # each unit's sums in the experiment's lead-in (an epoch with every unit on the control),
+    # rows aligned with ``units``, zeros for a unit without: the CUPED covariate (drift/ab/cuped.py)
+    before: np.ndarray | None = None
 
     @property
     def unit_count(self) -> int:
@@ -186,30 +190,39 @@ def _ratio(spec: MetricSpec, x: str, n: str, control: Arm, treatment: Arm, exp: 
 
 
 def _rank(spec: MetricSpec, control: Arm, treatment: Arm, exp: Experiment) -> MetricResult:
-    """Latency and length: each unit's mean, compared across units by rank."""
+    """Latency and length: each unit's mean, compared across units by rank; adjusted by each
+    unit's lead-in (CUPED) when the experiment had one."""
     feature = spec.feature or spec.name
     mc, mt = unit_means(control.units, feature), unit_means(treatment.units, feature)
     nc, nt = mc.size, mt.size
     if min(nc, nt) < exp.min_units:
         return MetricResult(spec, "insufficient_data", "mann_whitney_units", nc, nt,
                             note=f"fewer than {exp.min_units} units per arm with values")
+    p95 = stats.quantile_difference(mc, mt, 0.95, exp.alpha) if min(nc, nt) >= MIN_P95_SAMPLE else None
+    raw_median_c, raw_median_t = float(np.median(mc)), float(np.median(mt))
+    cuped = ""
+    if control.before is not None and treatment.before is not None:
+        a = adjust(mc, lead_in_means(control.units, control.before, feature),
+                   mt, lead_in_means(treatment.units, treatment.before, feature))
+        if a.with_lead_in:
+            mc, mt = a.control, a.treatment
+            cuped = (f"; CUPED: adjusted by the lead-in means of {a.with_lead_in:,} units (theta {a.theta:.3g}, "
+                     f"R^2 {a.r2:.2f})")
     rank = stats.mann_whitney(mc, mt)
     v = seq.rho2(exp.alpha, exp.tune_n) * seq.effective_n(nc, nt)
     se = math.sqrt((nc + nt + 1) / (12 * nc * nt))  # of U / (mn) near 1/2
     theta = rank.superiority - 0.5
     shift = stats.hodges_lehmann(_sample(mc), _sample(mt), exp.alpha)
-    median_c, median_t = float(np.median(mc)), float(np.median(mt))
     rel = rel_interval = None
-    if median_c > 0:
-        rel = shift.estimate / median_c
-        rel_interval = (shift.interval[0] / median_c, shift.interval[1] / median_c)
-    p95 = stats.quantile_difference(mc, mt, 0.95, exp.alpha) if min(nc, nt) >= MIN_P95_SAMPLE else None
-    return MetricResult(spec, "ok", "mann_whitney_units", nc, nt, median_c, median_t, shift.estimate, rel,
+    if raw_median_c > 0:
+        rel = shift.estimate / raw_median_c
+        rel_interval = (shift.interval[0] / raw_median_c, shift.interval[1] / raw_median_c)
+    return MetricResult(spec, "ok", "mann_whitney_units", nc, nt, raw_median_c, raw_median_t, shift.estimate, rel,
                         shift.interval, rel_interval, rank.p_value, float(seq.always_valid_p(rank.z, v)),
                         "P(treatment unit > control unit) - 1/2", theta,
                         seq.confidence_sequence(theta, se, v, exp.alpha), p95,
                         note=f"per-unit means of {nc:,} / {nt:,} units, all in the test; the shift from a uniform "
-                             f"sample of at most {SHIFT_SAMPLE:,} per arm, its interval including that sampling")
+                             f"sample of at most {SHIFT_SAMPLE:,} per arm, its interval including that sampling{cuped}")
 
 
 def _request_mean(spec: MetricSpec, control: Arm, treatment: Arm, exp: Experiment) -> MetricResult:

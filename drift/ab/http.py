@@ -113,10 +113,14 @@ class SrmJson(BaseModel):
     observed: dict[str, int]
     expected_share: dict[str, float]
     chi2: float | None = Field(description="null when infinite: units at weight 0")
-    p_value: float = Field(description="Pearson's chi-square, fixed-sample, for reference")
-    p_value_sequential: float = Field(description="always-valid: what the alarm uses")
-    alarm: bool
+    p_value: float = Field(description="Pearson's chi-square on the units seen: holds below threshold; a "
+                                       "promote needs it at least promote_p")
+    p_value_sequential: float = Field(description="always-valid over every look: holds below threshold")
+    alarm: bool = Field(description="either test below threshold")
+    alarm_sequential: bool
+    alarm_fixed: bool
     threshold: float
+    promote_p: float
 
 
 class EpochJson(BaseModel):
@@ -144,6 +148,8 @@ class AbResponse(BaseModel):
     requests: dict[str, int]
     units: dict[str, int]
     units_sampled: float = Field(description="share of units kept in the ledger (1: all)")
+    lead_in_epoch: int | None = Field(description="the epoch (every unit on the control) whose per-unit means "
+                                                  "adjust the rank tests (CUPED); null: none")
     treatment_share: float
     no_traffic: list[str]
     srm: SrmJson | None

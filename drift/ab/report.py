@@ -146,8 +146,8 @@ def _srm(result: AbResult) -> str:
     if srm is None:
         return "weights unknown"
     return (f"treatment share {result.treatment_share:.1%} of the units against a weight share of "
-            f"{srm.result.expected_share[1]:.1%} (always-valid p = {srm.p_value_sequential:.3g}"
-            f"{', MISMATCH' if srm.alarm else ''})")
+            f"{srm.result.expected_share[1]:.1%} (always-valid p = {srm.p_value_sequential:.3g}, chi-square on "
+            f"the units seen p = {srm.result.p_value:.3g}{', MISMATCH' if srm.alarm else ''})")
 
 
 def _epochs(doc: dict) -> str:

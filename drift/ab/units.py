@@ -112,3 +112,12 @@ def unit_means(units: np.ndarray, feature: str) -> np.ndarray:
     n, total = units[:, COL[f"{feature}:n"]], units[:, COL[f"{feature}:sum"]]
     has = n > 0
     return total[has] / n[has]
+
+
+def lead_in_means(units: np.ndarray, before: np.ndarray, feature: str) -> np.ndarray:
+    """For the units ``unit_means`` keeps, in its order, their mean of ``feature`` in the
+    lead-in (``before``: rows aligned with ``units``); NaN where a unit had none."""
+    has = units[:, COL[f"{feature}:n"]] > 0
+    n, total = before[has, COL[f"{feature}:n"]], before[has, COL[f"{feature}:sum"]]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(n > 0, total / np.where(n > 0, n, 1), np.nan)

@@ -133,6 +133,15 @@ def unit_tables(r: Requests, per_request: bool = False) -> tuple[np.ndarray, np.
     return out[0], out[1]
 
 
+def lead_in_tables(lead_in: Requests, r: Requests, n_users: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each arm's lead-in sums (what its users sent in ``lead_in``), rows aligned with
+    ``unit_tables(r)``: the CUPED covariate as the ledger would join it."""
+    per_user = np.zeros((n_users, len(COLUMNS)))
+    np.add.at(per_user, lead_in.user, record_values(lead_in.status, lead_in.finish_reason, lead_in.numeric,
+                                                    answers(lead_in)))
+    return per_user[np.unique(r.user[r.arm == 0])], per_user[np.unique(r.user[r.arm == 1])]
+
+
 def answers(r: Requests) -> list[str | None]:
     """What each answer is, as the drift service reads it from a record: text, or none for a failure."""
     return ["text" if status < 500 else None for status in r.status.tolist()]
