@@ -200,3 +200,26 @@ def test_other_experiments_of_the_model_are_named_and_the_latest_is_judged():
         assert any(f"other experiments of model '{M}': {sim.EXPERIMENT}" in x for x in doc["reasons"])
         chosen = c.get(f"/v1/ab/{M}", params={**ARMS, "experiment": sim.EXPERIMENT}).json()
         assert chosen["experiment"] == sim.EXPERIMENT and not any("other experiments" in x for x in chosen["reasons"])
+
+
+def test_a_lead_in_epoch_adjusts_the_rank_tests_and_is_named():
+    """The canary at weight 0 first (every user on the control), then 50/50: the verdict names
+    the lead-in and its rank tests say they were adjusted; the earlier client's experiment,
+    without one, says none."""
+    now = time.time()
+    rng = np.random.default_rng(2)
+    users = sim.users(600, 4, 1.0, rng)
+    with TestClient(create_app(DriftSettings(db_path=":memory:"), CollectorRegistry())) as c:
+        for epoch, weights, t0 in ((0, (1.0, 0.0), now - 3000), (1, (0.5, 0.5), now - 1500)):
+            r = sim.requests(users, sim.split(weights, epoch), t0, t0 + 1400, rng)
+            for b in sim.bodies(sim.feature_records(r), 3000):
+                assert c.post("/v1/ingest", content=b).status_code == 200
+        doc = c.get(f"/v1/ab/{M}", params=ARMS).json()
+    assert doc["epoch"] == 1 and doc["lead_in_epoch"] == 0
+    assert "CUPED" in doc["metrics"]["ttft"]["note"] and "CUPED" not in doc["metrics"]["ttft_per_request"]["note"]
+    assert doc["srm"]["promote_p"] == 0.1 and {"alarm_fixed", "alarm_sequential"} <= doc["srm"].keys()
+
+
+def test_without_a_lead_in_nothing_is_adjusted(client):
+    doc = client.get(f"/v1/ab/{M}", params=ARMS).json()
+    assert doc["lead_in_epoch"] is None and "CUPED" not in doc["metrics"]["ttft"]["note"]
