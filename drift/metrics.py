@@ -90,13 +90,16 @@ AB_TREATMENT_SHARE = DriftMetric("inferwatch_ab_treatment_share_ratio", "gauge",
 AB_SRM_P_VALUE = DriftMetric("inferwatch_ab_srm_p_value", "gauge",
                              "Always-valid p-value of the units per arm against the epoch's weights (mismatch below "
                              "0.001).", AB_LABELS)
+AB_SRM_CHI2_P_VALUE = DriftMetric("inferwatch_ab_srm_chi2_p_value", "gauge",
+                                  "Pearson's chi-square p-value of the units per arm seen at this look against the "
+                                  "epoch's weights (a hold below 0.001; a promote needs at least 0.1).", AB_LABELS)
 AB_NOT_KEPT = DriftMetric("inferwatch_ab_records_not_kept", "counter",
                           "Records (and ratings) of an experiment no ledger took: 'experiments' (beyond "
                           "INFERWATCH_DRIFT_AB_EXPERIMENTS), 'no_epoch' (a gateway that does not stamp the weight epoch), "
                           "'too_old' (finished before the retention), 'rating_unknown_experiment'.", ("reason",))
 AB_LEDGER_BYTES = DriftMetric("inferwatch_ab_ledger_bytes", "gauge", "Bytes held by the experiment ledgers.", ())
 AB_METRICS = (AB_DECISION, AB_WORSE, AB_P_VALUE, AB_EFFECT_RELATIVE, AB_EFFECT_BOUND, AB_REQUESTS, AB_UNITS, AB_EPOCH,
-              AB_TREATMENT_SHARE, AB_SRM_P_VALUE)
+              AB_TREATMENT_SHARE, AB_SRM_P_VALUE, AB_SRM_CHI2_P_VALUE)
 
 DRIFT_METRICS = (SCORE, DETECTED, THRESHOLD, FEATURE_DETECTED, FEATURE_P_VALUE, SEGMENT_DETECTED, SEGMENT_STATUS,
                  FEATURE_STATUS, ALPHA, SEGMENTS, WINDOW_BYTES, WINDOW_RECORDS, BASELINE_RECORDS, INGESTED, REJECTED,

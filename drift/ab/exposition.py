@@ -82,6 +82,7 @@ class AbCollector(Collector):
             families[m.AB_TREATMENT_SHARE].add_metric(key, result.treatment_share)
             if result.srm is not None:
                 families[m.AB_SRM_P_VALUE].add_metric(key, result.srm.p_value_sequential)
+                families[m.AB_SRM_CHI2_P_VALUE].add_metric(key, result.srm.result.p_value)
             for name, r in result.metrics.items():
                 if r.status != "ok":
                     continue
