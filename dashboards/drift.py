@@ -99,6 +99,7 @@ def verdicts() -> list:
     """The A/B verdict per experiment (model, control, treatment): what ABCanaryWorse and
     ABCanaryHurtingUsers read, and the weights that decide how many users it reaches."""
     ab_sel = 'model=~"$model"'
+    worse = f'{m("inferwatch_ab_guardrail_worse")}{{{ab_sel}}}'
     guardrail = f'{ab_sel},metric=~"$guardrail"'
     arms = "{{treatment}} vs {{control}}"
     return [
@@ -107,12 +108,15 @@ def verdicts() -> list:
                      f"{{{{model}}}} {arms}: {{{{decision}}}}", instant=True),
                    width=8, height=6, names_only=True,
                    description="rollback, hold, continue or promote, for the latest weight epoch."),
-        timeseries_panel("Guardrails worse (1 = worse)", "short",
-                         q(f'max by (treatment, metric) ({m("inferwatch_ab_guardrail_worse")}{{{ab_sel}}})',
+        # 14 guardrails are too many lines to read: the worse ones by name, else one line at 0
+        timeseries_panel("Guardrails worse (1 = worse, 0 = none)", "short",
+                         q(f'(max by (treatment, metric) ({worse}) == 1) '
+                           f'or on (treatment) (max by (treatment) ({worse}) == 0)',
                            "{{treatment}} {{metric}}"),
                          thresholds=RED_FROM_ONE, width=8, height=6,
-                         description="Always-valid test per guardrail, Holm across guardrails: ABCanaryWorse opens "
-                                     "a ticket; ABCanaryHurtingUsers pages once the treatment has a real share."),
+                         description="Always-valid test per guardrail, Holm across guardrails; each worse guardrail "
+                                     "by name, one line at 0 while none is: ABCanaryWorse opens a ticket; "
+                                     "ABCanaryHurtingUsers pages once the treatment has a real share."),
         timeseries_panel("Sample ratio p-value", "short",
                          q(f'max by (treatment) ({m("inferwatch_ab_srm_p_value")}{{{ab_sel}}})', "{{treatment}}"),
                          thresholds=[(None, "red"), (0.001, "green")], width=8, height=6, log_scale=True,

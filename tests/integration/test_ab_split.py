@@ -172,10 +172,11 @@ experiments:
             assert result["requests"] == {"control": counts["v1"], "treatment": counts["v2"]}
             assert sum(result["units"].values()) == 100 and not result["srm"]["alarm"]
             assert result["decision"] == "rollback", result["reasons"]
-            # the canary differs in answer length; end-to-end time follows it, and may or may not
-            # reach significance with 50 requests an arm on a busy CPU; nothing else may be named
+            # the canary differs in answer length; end-to-end time follows it (per unit and per
+            # request), and may or may not reach significance with 50 requests an arm on a busy
+            # CPU; nothing else may be named
             assert "completion_tokens" in result["worse"] and set(result["worse"]) <= {
-                "completion_tokens", "e2e_latency"}, {
+                "completion_tokens", "e2e_latency", "e2e_latency_per_request"}, {
                 k: (m["verdict"], m["p_value_sequential"]) for k, m in result["metrics"].items()}
             assert result["metrics"]["completion_tokens"]["effect"] > 0  # the canary answers longer
             feedback = result["metrics"]["feedback"]
