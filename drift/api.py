@@ -33,8 +33,9 @@ def _record_field(rule: FieldRule) -> tuple[Any, Any]:
     constraints: dict[str, Any] = {"min_length": 1, "max_length": TEXT_MAX} if rule.kind is str else {}
     if rule.bounds is not None:
         constraints.update(ge=rule.bounds[0], le=rule.bounds[1])
-    kind = json_int(**constraints) if rule.kind is int else Annotated[rule.kind, Field(**constraints)]
-    return kind | None if rule.nullable else kind, Field(None if rule.nullable else ..., description=rule.description)
+    kind = Annotated[rule.kind, Field(**constraints)]  # strict: an int field takes no 200.0 (FieldRule.accepts)
+    description = rule.description + (" (an integer written without a fraction)" if rule.kind is int else "")
+    return kind | None if rule.nullable else kind, Field(None if rule.nullable else ..., description=description)
 
 
 FeatureRecord = create_model(

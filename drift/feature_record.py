@@ -105,10 +105,11 @@ class FieldRule:
 
     @property
     def accepts(self) -> tuple[type, ...]:
-        """Python types of the parsed JSON taken: JSON has one kind of number, so a number
-        field takes both (an int field a float only if it is integral, 200.0); a bool is
-        never a number."""
-        return (int, float) if self.kind in (int, float) else (self.kind,)
+        """Python types of the parsed JSON taken. A float field takes an integer too; an int
+        field takes no float, not even 200.0: a producer that writes one has a column turned
+        float (pandas does that to an int column with one missing value), and its other
+        values may be rounded already. A bool is never a number."""
+        return (int, float) if self.kind is float else (self.kind,)
 
 
 def _rules() -> dict[str, FieldRule]:

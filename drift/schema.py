@@ -130,7 +130,7 @@ def parse_batch(body: bytes, now: float, max_future_s: float = MAX_FUTURE_S) -> 
 
 _FIELD_SET = frozenset(FIELDS)
 _NONE = type(None)
-_KIND = {str: "a string", bool: "true or false", int: "an integer", float: "a number"}
+_KIND = {str: "a string", bool: "true or false", int: "an integer, written without a fraction (200, not 200.0)", float: "a number"}
 _ALLOWED = {name: set(rule.accepts) | ({_NONE} if rule.nullable else set()) for name, rule in FIELDS.items()}
 
 
@@ -142,9 +142,6 @@ def _columns(records: list, now: float, max_future_s: float) -> Batch | None:
     for name, allowed in _ALLOWED.items():
         types = set(map(type, cols[name]))
         if not types <= allowed:
-            return None
-        if float in types and FIELDS[name].kind is int and not all(
-                v.is_integer() for v in cols[name] if type(v) is float):
             return None
     for name in TEXT_FIELDS:
         lengths = [len(v) for v in cols[name] if v is not None]
@@ -212,8 +209,6 @@ def _check(i: int, rec: object, now: float, max_future_s: float) -> None:
             raise BatchError(f"record {i}: field '{name}' must be {_KIND[rule.kind]}", i, name)
         if isinstance(value, float) and not math.isfinite(value):
             raise BatchError(f"record {i}: field '{name}' must be finite", i, name)
-        if isinstance(value, float) and rule.kind is int and not value.is_integer():
-            raise BatchError(f"record {i}: field '{name}' must be an integer", i, name)
         if isinstance(value, str) and not 0 < len(value) <= TEXT_MAX:
             raise BatchError(f"record {i}: field '{name}' must be 1..{TEXT_MAX} characters", i, name)
         if rule.bounds is not None and not rule.bounds[0] <= value <= rule.bounds[1]:

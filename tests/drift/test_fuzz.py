@@ -28,7 +28,7 @@ from schemathesis.specs.openapi.checks import (content_type_conformance, negativ
                                                status_code_conformance)
 
 from inferwatch.drift.api import bins
-from inferwatch.drift.feature_record import TEXT_MAX
+from inferwatch.drift.feature_record import FIELDS, TEXT_MAX
 from inferwatch.drift.service import DriftSettings, create_app
 from tests.support.feature_records import body, records
 from tests.support.errors import error_names_what_was_wrong
@@ -110,6 +110,9 @@ def _experiment(fields: dict) -> dict:
 
 
 def _record(rec: dict) -> dict:
+    for name, value in rec.items():  # an integer is written without a fraction, as the field says
+        if isinstance(value, float) and FIELDS[name].kind is int:
+            rec[name] = int(value)
     rec["finished_at"] = min(rec["finished_at"], NOW)
     rec["started_at"] = min(rec["started_at"], rec["finished_at"])
     if rec.get("ttft_s") is not None:

@@ -252,12 +252,15 @@ def test_the_published_request_schemas_say_what_is_taken(service):
     assert r.status_code == 201 and r.json()["records"] == 5, r.text
     now = time.time()
     batch = records(3, now - 60, now, seed=7)
-    batch[0]["status"], batch[1]["prompt_tokens"] = 200.0, 12.0
+    batch[0]["e2e_s"] = 2  # a float field takes an integer
     assert post(service, "/v1/ingest", body(batch)).json() == {"accepted": 3, "in_window": 3}
-    batch[2]["completion_tokens"] = 12.5
-    r = post(service, "/v1/ingest", body(batch))
-    error = r.json()["error"]
-    assert r.status_code == 422 and (error["record"], error["field"]) == (2, "completion_tokens")
+    for i, name, value in ((0, "status", 200.0), (1, "prompt_tokens", 12.0), (2, "completion_tokens", 12.5)):
+        wrong = [dict(r) for r in batch]
+        wrong[i][name] = value  # an int field takes no float, integral or not: the column turned float
+        r = post(service, "/v1/ingest", body(wrong))
+        error = r.json()["error"]
+        assert r.status_code == 422 and (error["record"], error["field"]) == (i, name), r.text
+        assert "without a fraction" in error["message"]
 
 
 def test_uploaded_baseline(service):
