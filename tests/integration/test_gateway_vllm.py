@@ -207,6 +207,34 @@ def test_feature_records_match_responses(gateway, sink):
     assert streamed.finished_at - streamed.started_at == pytest.approx(streamed.e2e_s, abs=1e-5)
 
 
+WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 6}}, "required": ["city"]}}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_named_tool_call_is_not_an_empty_answer(gateway, sink, stream):
+    """vLLM's own answer to tool_choice naming a function: the call, finish_reason "stop" (not
+    "tool_calls") and no text. The gateway must judge it an answer, not an empty one."""
+    t0 = time.time()
+    empties = lambda: metric_sum(gateway.metrics_text(), "inferwatch_gateway_abnormal_outputs_total",  # noqa: E731
+                                 model=TINY_MODEL_NAME, kind="empty")
+    before = empties()
+    kwargs = dict(model=TINY_MODEL_NAME, messages=MSG, max_tokens=40, tools=[WEATHER],
+                  tool_choice={"type": "function", "function": {"name": "weather"}}, **GREEDY)
+    if stream:
+        chunks = list(client(gateway.url).chat.completions.create(stream=True, **kwargs))
+        calls = [t for ch in chunks for c in ch.choices for t in (c.delta.tool_calls or ())]
+        text = "".join(c.delta.content or "" for ch in chunks for c in ch.choices)
+        finish = [c.finish_reason for ch in chunks for c in ch.choices if c.finish_reason][-1]
+    else:
+        (choice,) = client(gateway.url).chat.completions.create(**kwargs).choices
+        calls, text, finish = choice.message.tool_calls or [], choice.message.content or "", choice.finish_reason
+    assert calls and calls[0].function.name == "weather" and text.strip() == "" and finish != "tool_calls"
+    record = eventually(lambda: [r for r in sink.records if r.started_at >= t0 and r.stream is stream])[-1]
+    assert record.empty is False and record.finish_reason == finish
+    assert empties() == before
+
+
 def joined(chunks: list[list[dict]]) -> dict:
     """Per choice index: the whole text (chat: content) and the last finish reason seen."""
     out: dict[int, dict] = {}
