@@ -15,12 +15,18 @@ With ``--baseline DIR`` (a checkout of an earlier commit, e.g. ``git worktree ad
 <commit>``), that tree's gateway runs beside this one, in the same run, and the gateway rows
 get a ratio against it: a change to the request path shows its cost against what it changed.
 
-    python bench/gateway_overhead.py [--runs 3] [--seconds 4] [--baseline DIR] [--latency-only | --stream-only]
+At a constant rate (bench/open_loop.py, open loop: no coordinated omission) the same
+mock's requests go through nginx, the gateway and its production configuration; the
+added percentiles are each proxy's minus nginx's.
+
+    python bench/gateway_overhead.py [--runs 3] [--seconds 4] [--baseline DIR]
+        [--latency-only | --open-loop-only [--rate 1000] | --stream-only]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -288,6 +294,56 @@ def latency_table(runs: int, seconds: float) -> list[str]:
     return rows
 
 
+def open_loop(url: str, body: str, rate: float, seconds: float, auth: bool = False) -> dict:
+    """bench/open_loop.py on the load's core: a constant rate, so a stall delays every request
+    due during it (wrk, closed-loop, would wait it out and count one slow request)."""
+    argv = ["taskset", "-c", LOAD_CPU, sys.executable, str(ROOT / "bench" / "open_loop.py"), "--url", url,
+            "--body", body, "--rate", str(rate), "--seconds", str(seconds)]
+    if auth:
+        argv += ["--header", f"Authorization: Bearer {API_KEY}"]
+    result = json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
+    if result["errors"]:
+        raise RuntimeError(f"open-loop load saw {result['errors']} failed requests at {url}")
+    return result
+
+
+def open_loop_table(runs: int, seconds: float, rate: float = 1000.0) -> list[str]:
+    """Latency at a constant 1,000 requests/s: nginx, the gateway and its production
+    configuration in front of the same mock, interleaved; added = the proxy's minus nginx's."""
+    ports = {name: free_port() for name in ("mock", "nginx", "gateway", "production", "baseline")}
+    sink = OTLPSink()
+    rows = [f"| path | p50 | p99 | p99.9 | max | added p50 | added p99 | added p99.9 | generator lag p99 |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    with ExitStack() as stack:
+        stack.enter_context(mock(ports["mock"], 100, 2.0))
+        stack.enter_context(nginx(ports["nginx"], ports["mock"]))
+        stack.enter_context(gateway(ports["gateway"], ports["mock"]))
+        stack.enter_context(gateway(ports["production"], ports["mock"], otlp=sink.endpoint, sample_ratio=0.1,
+                                    production_sink=sink.base))
+        targets = [("nginx", "nginx", False), ("gateway", "gateway", False),
+                   ("gateway (production)", "production", True)]
+        if BASELINE is not None:
+            stack.enter_context(baseline_gateway(ports["baseline"], ports["mock"], otlp=sink.endpoint,
+                                                 sample_ratio=0.1, production_sink=sink.base))
+            targets.append(("gateway (production, baseline)", "baseline", True))
+        for _, port, auth in targets:  # warm up
+            wrk(f"http://127.0.0.1:{ports[port]}/v1/chat/completions", CHAT_BODY, 4, 1, auth)
+        results: dict[str, list[dict]] = {name: [] for name, *_ in targets}
+        for _ in range(runs):
+            for name, port, auth in targets:
+                results[name].append(open_loop(f"http://127.0.0.1:{ports[port]}/v1/chat/completions", CHAT_BODY,
+                                               rate, seconds, auth))
+        floor = {key: med(results["nginx"], key) for key in ("p50", "p99", "p999")}
+        for name, *_ in targets:
+            r = results[name]
+            cells = [f"{med(r, key) * 1e3:.3f} ms" for key in ("p50", "p99", "p999", "max")]
+            added = ["—"] * 3 if name == "nginx" else [f"{(med(r, key) - floor[key]) * 1e3:.3f} ms"
+                                                        for key in ("p50", "p99", "p999")]
+            rows.append(f"| {name} | {' | '.join(cells)} | {' | '.join(added)} | "
+                        f"{med(r, 'send_lag_p99') * 1e3:.3f} ms |")
+    return rows
+
+
 def stream_table(runs: int, seconds: float, tokens: int = 200) -> list[str]:
     """Proxy CPU per relayed chunk (one token per chunk, flushed one by one): streams of
     ``tokens`` tokens minus 1-token streams (same request count basis), so per-request costs
@@ -375,6 +431,8 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path, help="a checkout of an earlier commit whose gateway runs beside")
     parser.add_argument("--latency-only", action="store_true", help="only the non-streaming table")
     parser.add_argument("--stream-only", action="store_true", help="only the streaming table")
+    parser.add_argument("--open-loop-only", action="store_true", help="only the constant-rate table")
+    parser.add_argument("--rate", type=float, default=1000.0, help="the constant-rate table's requests/s")
     args = parser.parse_args()
     global BASELINE
     if args.baseline is not None:
@@ -384,10 +442,14 @@ def main() -> None:
     if os.cpu_count() < 2:
         sys.exit("needs 2 cores: one for the gateway, one for wrk and the mock upstream")
     os.sched_setaffinity(0, {int(LOAD_CPU)})  # this driver (and its OTLP sink) stays off the gateway's core
-    if not args.stream_only:
+    if not (args.stream_only or args.open_loop_only):
         print(f"## Non-streaming chat completions (median of {args.runs} runs x {args.seconds:g}s)\n")
         print("\n".join(latency_table(args.runs, args.seconds)))
-    if args.latency_only:
+    if not (args.stream_only or args.latency_only):
+        print(f"\n## Non-streaming at a constant {args.rate:,.0f} requests/s, open loop "
+              f"(median of {args.runs} runs x {args.seconds:g}s)\n")
+        print("\n".join(open_loop_table(args.runs, args.seconds, args.rate)))
+    if args.latency_only or args.open_loop_only:
         return
     print(f"\n## Streaming: CPU per relayed chunk (median of {args.runs} runs)\n")
     print("\n".join(stream_table(args.runs, args.seconds)))

@@ -22,6 +22,10 @@ def reached(deadline: float) -> bool:
     return deadline - time.monotonic() <= SLACK_S
 
 
+def _closed() -> None:
+    return None
+
+
 class LazyTimer:
     """``check`` runs when the timer fires: it returns None when done (the deadline passed and
     was acted on, or nothing waits), or the deadline in force, ``time.monotonic()`` seconds."""
@@ -46,6 +50,13 @@ class LazyTimer:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
+
+    def close(self) -> None:
+        """Cancel for good. ``check`` is mostly a method of the timer's owner, so owner and
+        timer hold each other: a cycle only the garbage collector would free, once per
+        request for a per-request owner (tests/serving/test_no_cycles.py)."""
+        self.cancel()
+        self._check = _closed
 
     def _fire(self) -> None:
         self._handle = None

@@ -173,7 +173,7 @@ class StreamRelay:
     def _end(self, last: bytes) -> None:
         """Settle, then send the stream's last bytes (nothing to a client that left)."""
         self.settled = True
-        self._idle.cancel()
+        self._idle.close()
         if self.account.done:
             self.resp.release()
         else:

@@ -82,7 +82,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
-        self.timer.cancel()
+        self.timer.close()
         response = self.response
         if response is not None and not response.complete:
             error = (UpstreamDisconnected if response.status else UpstreamConnectError)(

@@ -231,13 +231,17 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._end_head()
-        self._head_timer.cancel()
-        self._keep_alive_timer.cancel()
+        self._head_timer.close()
+        self._keep_alive_timer.close()
         active = self._active  # uvicorn tells only the newest request, which may be a pipelined one
         if active is not None and active is not self.cycle and not active.response_complete:
             active.disconnected = True
             active.message_event.set()
         super().connection_lost(exc)
+        # uvicorn drops its parser here, which holds the protocol; the requests (each holds
+        # its protocol) go too, or each closed connection would be a cycle for the collector
+        self.cycle = self._active = None  # type: ignore[assignment]
+        self.pipeline.clear()
 
     def _end_head(self) -> None:
         self._in_head = False
