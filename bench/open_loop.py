@@ -31,6 +31,7 @@ import uvloop
 class Connection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader, self.writer = reader, writer
+        self.reusable = True  # false once the server said "connection: close" (nginx does every 1,000)
 
     async def exchange(self, request: bytes) -> int:
         """One request on this keep-alive connection; the answer's status (read whole)."""
@@ -39,8 +40,12 @@ class Connection:
         status = int(head[9:12])
         length = 0
         for line in head.split(b"\r\n")[1:]:
-            if line[:15].lower() == b"content-length:":
-                length = int(line[15:])
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"connection" and value.strip().lower() == b"close":
+                self.reusable = False
         if length:
             await self.reader.readexactly(length)
         return status
@@ -59,6 +64,7 @@ async def load(url: str, body: bytes, headers: list[str], rate: float, seconds: 
 
     async def one(due: float) -> None:
         nonlocal errors
+        reused = bool(idle)
         conn = idle.pop() if idle else Connection(*await asyncio.open_connection(host, port))
         sent = time.perf_counter()
         lags.append(sent - due)
@@ -66,12 +72,24 @@ async def load(url: str, body: bytes, headers: list[str], rate: float, seconds: 
             status = await conn.exchange(request)
         except (OSError, asyncio.IncompleteReadError, ValueError):
             conn.writer.close()
-            errors += 1
-            return
+            if not reused:
+                errors += 1
+                return
+            # a kept-alive connection the server closed as it went idle: once more on a new one
+            conn = Connection(*await asyncio.open_connection(host, port))
+            try:
+                status = await conn.exchange(request)
+            except (OSError, asyncio.IncompleteReadError, ValueError):
+                conn.writer.close()
+                errors += 1
+                return
         latencies.append(time.perf_counter() - sent)
         if status >= 400:
             errors += 1
-        idle.append(conn)
+        if conn.reusable:
+            idle.append(conn)
+        else:
+            conn.writer.close()
 
     total = int(rate * seconds)
     start = time.perf_counter() + 0.05

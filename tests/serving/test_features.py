@@ -212,3 +212,15 @@ def test_a_steady_trickle_is_sent_in_batches_not_record_by_record():
 
     batches = asyncio.run(scenario())
     assert sum(batches) == 400 and len(batches) <= 8, batches
+
+
+def test_a_batch_encoded_in_slices_is_the_body_encoded_whole():
+    """The HTTP sink encodes a slice at a time, letting the event loop run between slices;
+    the body is byte for byte the one ``ingest_body`` writes, at and around the slice size."""
+    from inferwatch.drift.feature_record import ingest_body
+    from inferwatch.serving.features import ENCODE_SLICE, encoded
+
+    for n in (1, ENCODE_SLICE - 1, ENCODE_SLICE, ENCODE_SLICE + 1, 3 * ENCODE_SLICE, 500):
+        batch = [dataclasses.replace(record(i), status=200 + i % 300, prompt_tokens=i) for i in range(n)]
+        body = asyncio.run(encoded(batch))
+        assert body == ingest_body(batch) and len(orjson.loads(body)["records"]) == n
