@@ -8,8 +8,8 @@ same mock: nginx as a plain reverse proxy (the floor for one proxy hop: Debian's
 one process, keep-alive upstream, no buffering), LiteLLM's proxy (when
 bench/.venv-litellm exists: `make bench` makes it) and, for streams, bench/byte_relay.py
 (bytes copied in Python on uvloop, no HTTP: the floor for any Python proxy). "gateway
-(production)" has API-key auth, feature records to a drift sink and tracing sampled at
-10 % on; ratios are CPU per request against nginx's.
+(production)" is the gateway as a fleet runs it (``production`` below: API keys, feature
+records, 10 % of traces, two replicas, Redis); ratios are CPU per request against nginx's.
 
 With ``--baseline DIR`` (a checkout of an earlier commit, e.g. ``git worktree add DIR
 <commit>``), that tree's gateway runs beside this one, in the same run, and the gateway rows
@@ -124,6 +124,15 @@ def redis_server():
         server.stop()
 
 
+def production(port: int, upstream_ports: tuple[int, int], sink: "OTLPSink", redis_url: str | None,
+               tree: Path | None = None):
+    """The gateway as a fleet runs it: API keys, feature records to a drift sink, 10 % of
+    traces, the balancer over two replicas, state shared in Redis (when redis-server is
+    installed), output-quality judging (always on)."""
+    return gateway(port, upstream_ports[0], otlp=sink.endpoint, sample_ratio=0.1, production_sink=sink.base,
+                   tree=tree, redis_url=redis_url, more_replicas=upstream_ports[1:])
+
+
 def baseline_gateway(port: int, upstream_port: int, **kwargs):
     return gateway(port, upstream_port, tree=BASELINE, **kwargs)
 
@@ -223,6 +232,9 @@ def latency_table(runs: int, seconds: float) -> list[str]:
     with ExitStack() as stack:
         for name in ("mock", "mock-2", "mock-3"):
             stack.enter_context(mock(ports[name], 100, 2.0))
+        redis = stack.enter_context(redis_server()) if shutil.which("redis-server") else None
+        redis_url = redis.url if redis else None
+        two = (ports["mock"], ports["mock-2"])
         targets = [("direct", ports["mock"], None, False),
                    ("nginx", ports["nginx"], stack.enter_context(nginx(ports["nginx"], ports["mock"])).pid, False),
                    ("gateway", ports["gateway"],
@@ -233,26 +245,23 @@ def latency_table(runs: int, seconds: float) -> list[str]:
                     stack.enter_context(gateway(ports["replicas"], ports["mock"],
                                                 more_replicas=(ports["mock-2"], ports["mock-3"]))).pid, False),
                    ("gateway (production)", ports["production"],
-                    stack.enter_context(gateway(ports["production"], ports["mock"], otlp=sink.endpoint,
-                                                sample_ratio=0.1, production_sink=sink.base)).pid, True),
+                    stack.enter_context(production(ports["production"], two, sink, redis_url)).pid, True),
                    ("gateway + tracing (all)", ports["traced"],
                     stack.enter_context(gateway(ports["traced"], ports["mock"], otlp=sink.endpoint)).pid, False)]
-        if shutil.which("redis-server"):
+        if redis is not None:
             limits = Path(tempfile.mkdtemp(prefix="inferwatch-bench-limits-")) / "limits.yaml"
             limits.write_text(SHARED_LIMITS)
-            redis = stack.enter_context(redis_server())
             targets += [("gateway + limits, in process", ports["limits"],
                          stack.enter_context(gateway(ports["limits"], ports["mock"], limits=limits)).pid, False),
                         ("gateway + limits, shared in Redis", ports["shared"],
                          stack.enter_context(gateway(ports["shared"], ports["mock"], limits=limits,
-                                                     redis_url=redis.url)).pid, False)]
+                                                     redis_url=redis_url)).pid, False)]
         if BASELINE is not None:
             targets += [("gateway (baseline)", ports["baseline"],
                          stack.enter_context(baseline_gateway(ports["baseline"], ports["mock"])).pid, False),
                         ("gateway (production, baseline)", ports["baseline-production"],
-                         stack.enter_context(baseline_gateway(ports["baseline-production"], ports["mock"],
-                                                              otlp=sink.endpoint, sample_ratio=0.1,
-                                                              production_sink=sink.base)).pid, True)]
+                         stack.enter_context(production(ports["baseline-production"], two, sink, redis_url,
+                                                        tree=BASELINE)).pid, True)]
         if (LITELLM_VENV / "bin" / "litellm").exists():
             targets.append(("LiteLLM proxy", ports["litellm"],
                             stack.enter_context(litellm(ports["litellm"], ports["mock"])).pid, False))
@@ -310,21 +319,22 @@ def open_loop(url: str, body: str, rate: float, seconds: float, auth: bool = Fal
 def open_loop_table(runs: int, seconds: float, rate: float = 1000.0) -> list[str]:
     """Latency at a constant 1,000 requests/s: nginx, the gateway and its production
     configuration in front of the same mock, interleaved; added = the proxy's minus nginx's."""
-    ports = {name: free_port() for name in ("mock", "nginx", "gateway", "production", "baseline")}
+    ports = {name: free_port() for name in ("mock", "mock-2", "nginx", "gateway", "production", "baseline")}
     sink = OTLPSink()
-    rows = [f"| path | p50 | p99 | p99.9 | max | added p50 | added p99 | added p99.9 | generator lag p99 |",
+    rows = ["| path | p50 | p99 | p99.9 | max | added p50 | added p99 | added p99.9 | generator lag p99 |",
             "|---|---|---|---|---|---|---|---|---|"]
     with ExitStack() as stack:
-        stack.enter_context(mock(ports["mock"], 100, 2.0))
+        for name in ("mock", "mock-2"):
+            stack.enter_context(mock(ports[name], 100, 2.0))
+        redis_url = stack.enter_context(redis_server()).url if shutil.which("redis-server") else None
+        two = (ports["mock"], ports["mock-2"])
         stack.enter_context(nginx(ports["nginx"], ports["mock"]))
         stack.enter_context(gateway(ports["gateway"], ports["mock"]))
-        stack.enter_context(gateway(ports["production"], ports["mock"], otlp=sink.endpoint, sample_ratio=0.1,
-                                    production_sink=sink.base))
+        stack.enter_context(production(ports["production"], two, sink, redis_url))
         targets = [("nginx", "nginx", False), ("gateway", "gateway", False),
                    ("gateway (production)", "production", True)]
         if BASELINE is not None:
-            stack.enter_context(baseline_gateway(ports["baseline"], ports["mock"], otlp=sink.endpoint,
-                                                 sample_ratio=0.1, production_sink=sink.base))
+            stack.enter_context(production(ports["baseline"], two, sink, redis_url, tree=BASELINE))
             targets.append(("gateway (production, baseline)", "baseline", True))
         for _, port, auth in targets:  # warm up
             wrk(f"http://127.0.0.1:{ports[port]}/v1/chat/completions", CHAT_BODY, 4, 1, auth)

@@ -21,6 +21,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from inferwatch import __version__
 from inferwatch.serving.settings import GatewaySettings
+from inferwatch.serving.span_export import LoopEncodingSpanProcessor, loop_encoding
 from inferwatch.serving.sse import StreamAccount
 from inferwatch.serving.validation import ParsedRequest
 
@@ -66,9 +67,13 @@ def build_tracer_provider(settings: GatewaySettings, exporter: SpanExporter | No
         resource=Resource.create({"service.name": settings.service_name, "service.version": __version__}),
         sampler=ParentBased(ALWAYS_ON),
     )
-    # Small, frequent batches: the exporter thread encodes a batch while holding the GIL, and
-    # a 512-span batch (the SDK default) stalls the event loop for ~30 ms (bench/).
-    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=200, max_export_batch_size=64))
+    if loop_encoding(exporter):  # OTLP/HTTP: encoded on the loop in small slices (serving/span_export.py)
+        provider.add_span_processor(LoopEncodingSpanProcessor(exporter))
+    else:
+        # Small, frequent batches: the exporter thread encodes a batch while holding the GIL,
+        # and a 512-span batch (the SDK default) stalls the event loop for ~30 ms (bench/).
+        provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=200,
+                                                       max_export_batch_size=64))
     return provider
 
 
