@@ -11,10 +11,10 @@ import inspect
 
 import pytest
 import requests
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from inferwatch.serving.features import MemorySink
 from inferwatch.serving.settings import GatewaySettings
+from tests.support.otlp import OTLPReceiver
 from tests.support.servers import GatewayServer
 from tests.support.stub_upstream import StubUpstream
 
@@ -30,11 +30,15 @@ def ours(obj: object) -> bool:
 
 @pytest.fixture
 def gw():
-    settings = GatewaySettings(api_keys=[KEY], trace_sample_ratio=1.0, feature_flush_s=0.05)
-    with StubUpstream() as stub, GatewayServer(settings.model_copy(update={"upstream_url": stub.url}),
-                                               feature_sink=MemorySink(),
-                                               span_exporter=InMemorySpanExporter()) as g:
-        yield g
+    receiver = OTLPReceiver()  # spans encoded on the loop and posted, as in production
+    settings = GatewaySettings(api_keys=[KEY], trace_sample_ratio=1.0, feature_flush_s=0.05,
+                               otlp_endpoint=receiver.endpoint)
+    try:
+        with StubUpstream() as stub, GatewayServer(settings.model_copy(update={"upstream_url": stub.url}),
+                                                   feature_sink=MemorySink()) as g:
+            yield g
+    finally:
+        receiver.close()
 
 
 def test_requests_leave_no_cycles(gw):
