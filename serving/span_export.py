@@ -73,7 +73,11 @@ class LoopEncodingSpanProcessor(SpanProcessor):
                 log.warning("spans are dropped: the trace collector takes them slower than they come")
             self.dropped += len(spans)
             return
-        self._slices.append(encode_spans(spans).SerializePartialToString())
+        try:
+            self._slices.append(encode_spans(spans).SerializePartialToString())
+        except Exception:  # a span the encoder refuses: lost, and the request that ended it is not
+            log.exception("%d spans could not be encoded", len(spans))
+            return
         if len(self._slices) >= BATCH_SLICES:
             self._wake.set()
 
