@@ -223,7 +223,8 @@ def med(runs: list[dict], key: str) -> float:
 
 
 def latency_table(runs: int, seconds: float) -> list[str]:
-    ports = {name: free_port() for name in ("mock", "mock-2", "mock-3", "nginx", "gateway", "replicas", "production",
+    ports = {name: free_port() for name in ("mock", "mock-2", "mock-3", "nginx", "relay", "gateway", "replicas",
+                                            "production",
                                             "traced", "litellm", "baseline", "baseline-production", "limits",
                                             "shared")}
     sink = OTLPSink()
@@ -237,6 +238,9 @@ def latency_table(runs: int, seconds: float) -> list[str]:
         two = (ports["mock"], ports["mock-2"])
         targets = [("direct", ports["mock"], None, False),
                    ("nginx", ports["nginx"], stack.enter_context(nginx(ports["nginx"], ports["mock"])).pid, False),
+                   # bytes relayed in Python on uvloop, no HTTP: any Python proxy's floor
+                   ("python byte relay", ports["relay"],
+                    stack.enter_context(byte_relay(ports["relay"], ports["mock"])).pid, False),
                    ("gateway", ports["gateway"],
                     stack.enter_context(gateway(ports["gateway"], ports["mock"])).pid, False),
                    # the same upstream as three replicas: what least outstanding and its
