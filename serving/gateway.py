@@ -56,7 +56,8 @@ class Gateway:
         self.upstream = Upstream(settings, self.metrics)
         self.experiments = (Experiments(settings.experiment_file, settings, self.metrics, self.upstream, self.shared)
                             if settings.experiment_file is not None else None)
-        self.tracer_provider: TracerProvider | None = build_tracer_provider(settings, span_exporter)
+        self.tracer_provider: TracerProvider | None = build_tracer_provider(settings, self.metrics.spans_dropped,
+                                                                            span_exporter)
         tracer = get_tracer(self.tracer_provider)
         drift_token = settings.drift_token.get_secret_value() if settings.drift_token else None
         queue_options = {"maxsize": settings.feature_queue_size, "batch_size": settings.feature_batch_size,

@@ -92,6 +92,7 @@ class GatewayMetrics:
     rating_deliveries: Counter
     rating_queue_depth: Gauge
     delivery_failures: Counter
+    spans_dropped: Counter
     admission_rejected: Counter
     limits_reload_errors: Counter
     assignments: Counter
@@ -230,6 +231,10 @@ def create_metrics(registry: CollectorRegistry, shared_state: bool = True) -> Ga
             "delivery_failures", "Sends of a batch of feature records or ratings to a drift service that failed "
             "and will be retried, by kind and destination.", ("kind", "destination"), namespace=NAMESPACE,
             registry=registry,
+        ),
+        spans_dropped=Counter(
+            "spans_dropped", "Sampled spans the gateway did not export: more than 2,048 waited for a slow trace "
+            "collector, or the OTLP encoder refused them.", namespace=NAMESPACE, registry=registry,
         ),
         admission_rejected=Counter(
             "admission_rejected", "Requests answered 429 by admission control, by the limit that refused them: "

@@ -26,6 +26,7 @@ from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter
+from prometheus_client import Counter
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ def loop_encoding(exporter: SpanExporter) -> bool:
 
 
 class LoopEncodingSpanProcessor(SpanProcessor):
-    def __init__(self, exporter: SpanExporter) -> None:
+    def __init__(self, exporter: SpanExporter, dropped: Counter) -> None:
         self._exporter = exporter
         self._client: Any = exporter._client  # type: ignore[attr-defined]  # see loop_encoding
         self._ended: list[ReadableSpan] = []  # sampled spans not encoded yet
@@ -50,7 +51,8 @@ class LoopEncodingSpanProcessor(SpanProcessor):
         self._slices: deque[bytes] = deque()
         self._wake = threading.Event()
         self._stopping = False
-        self.dropped = 0  # spans, when the collector is slower than the gateway for long
+        self._warned = False
+        self.dropped = dropped  # spans, when the collector is slower than the gateway for long
         self._thread = threading.Thread(target=self._run, name="inferwatch-span-export", daemon=True)
         self._thread.start()
 
@@ -69,14 +71,17 @@ class LoopEncodingSpanProcessor(SpanProcessor):
 
     def _queue(self, spans: list[ReadableSpan]) -> None:
         if len(self._slices) >= MAX_QUEUED_SLICES:
-            if not self.dropped:
-                log.warning("spans are dropped: the trace collector takes them slower than they come")
-            self.dropped += len(spans)
+            if not self._warned:
+                self._warned = True
+                log.warning("spans are dropped (inferwatch_gateway_spans_dropped_total): the trace collector "
+                            "takes them slower than they come")
+            self.dropped.inc(len(spans))
             return
         try:
             self._slices.append(encode_spans(spans).SerializePartialToString())
         except Exception:  # a span the encoder refuses: lost, and the request that ended it is not
             log.exception("%d spans could not be encoded", len(spans))
+            self.dropped.inc(len(spans))
             return
         if len(self._slices) >= BATCH_SLICES:
             self._wake.set()

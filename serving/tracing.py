@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from prometheus_client import Counter
 
 from inferwatch import __version__
 from inferwatch.serving.settings import GatewaySettings
@@ -58,7 +59,9 @@ def _export_session(endpoint: str) -> requests.Session:
     return session
 
 
-def build_tracer_provider(settings: GatewaySettings, exporter: SpanExporter | None = None) -> TracerProvider | None:
+def build_tracer_provider(settings: GatewaySettings, dropped: Counter,
+                          exporter: SpanExporter | None = None) -> TracerProvider | None:
+    """``dropped`` counts sampled spans lost before export (serving/span_export.py)."""
     if exporter is None:
         if not settings.otlp_endpoint:
             return None
@@ -68,7 +71,7 @@ def build_tracer_provider(settings: GatewaySettings, exporter: SpanExporter | No
         sampler=ParentBased(ALWAYS_ON),
     )
     if loop_encoding(exporter):  # OTLP/HTTP: encoded on the loop in small slices (serving/span_export.py)
-        provider.add_span_processor(LoopEncodingSpanProcessor(exporter))
+        provider.add_span_processor(LoopEncodingSpanProcessor(exporter, dropped))
     else:
         # Small, frequent batches: the exporter thread encodes a batch while holding the GIL,
         # and a 512-span batch (the SDK default) stalls the event loop for ~30 ms (bench/).

@@ -8,15 +8,20 @@ batch processor)."""
 
 from __future__ import annotations
 
+import socket
 import time
 
 import pytest
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import CollectorRegistry, Counter
 
 from inferwatch.serving import span_export
+from inferwatch.serving.metrics import create_metrics
 from inferwatch.serving.settings import GatewaySettings
 from inferwatch.serving.span_export import LoopEncodingSpanProcessor, loop_encoding
 from inferwatch.serving.tracing import build_tracer_provider, otlp_exporter
@@ -30,24 +35,33 @@ def receiver():
     r.close()
 
 
-def provider(receiver: OTLPReceiver) -> tuple[TracerProvider, LoopEncodingSpanProcessor]:
-    processor = LoopEncodingSpanProcessor(otlp_exporter(receiver.endpoint, "http/protobuf"))
+def dropped_counter() -> tuple[CollectorRegistry, Counter]:
+    registry = CollectorRegistry()
+    return registry, create_metrics(registry).spans_dropped
+
+
+def provider(exporter: SpanExporter) -> tuple[TracerProvider, CollectorRegistry]:
+    registry, dropped = dropped_counter()
     tp = TracerProvider(resource=Resource.create({"service.name": "inferwatch-test"}))
-    tp.add_span_processor(processor)
-    return tp, processor
+    tp.add_span_processor(LoopEncodingSpanProcessor(exporter, dropped))
+    return tp, registry
+
+
+def dropped(registry: CollectorRegistry) -> float:
+    return registry.get_sample_value("inferwatch_gateway_spans_dropped_total")
 
 
 def test_the_gateway_encodes_on_the_loop_only_with_an_exporter_that_takes_bytes(receiver):
     assert loop_encoding(otlp_exporter(receiver.endpoint, "http/protobuf"))
     assert not loop_encoding(InMemorySpanExporter())
     assert not loop_encoding(otlp_exporter("http://127.0.0.1:4317", "grpc"))
-    (chosen,) = build_tracer_provider(GatewaySettings(otlp_endpoint=receiver.endpoint))._active_span_processor \
-        ._span_processors
+    (chosen,) = build_tracer_provider(GatewaySettings(otlp_endpoint=receiver.endpoint), dropped_counter()[1]) \
+        ._active_span_processor._span_processors
     assert isinstance(chosen, LoopEncodingSpanProcessor)
 
 
 def test_every_span_arrives_and_each_export_is_one_request(receiver):
-    tp, processor = provider(receiver)
+    tp, registry = provider(otlp_exporter(receiver.endpoint, "http/protobuf"))
     tracer = tp.get_tracer("t")
     count = 3 * span_export.SLICE * span_export.BATCH_SLICES + 3  # several full exports and stragglers
     for i in range(count):
@@ -63,12 +77,12 @@ def test_every_span_arrives_and_each_export_is_one_request(receiver):
         assert 0 < n <= span_export.SLICE * span_export.BATCH_SLICES
         assert {kv.value.string_value for rs in req.resource_spans for kv in rs.resource.attributes
                 if kv.key == "service.name"} == {"inferwatch-test"}
-    assert processor.dropped == 0
+    assert dropped(registry) == 0
     tp.shutdown()
 
 
 def test_a_few_spans_arrive_by_the_timer_and_shutdown_sends_the_rest(receiver):
-    tp, _ = provider(receiver)
+    tp, _ = provider(otlp_exporter(receiver.endpoint, "http/protobuf"))
     tracer = tp.get_tracer("t")
     with tracer.start_as_current_span("alone"):
         pass
@@ -82,3 +96,21 @@ def test_a_few_spans_arrive_by_the_timer_and_shutdown_sends_the_rest(receiver):
     with tracer.start_as_current_span("after"):
         pass
     assert not [s for s in receiver.spans if s.name == "after"]
+
+
+def test_spans_past_the_queue_of_a_stalled_collector_are_dropped_and_counted(monkeypatch):
+    """A collector that takes the connection and never answers: the export thread waits in
+    its post, slices pile up to the bound, and what comes after is counted, not queued."""
+    monkeypatch.setattr(span_export, "MAX_QUEUED_SLICES", 3)
+    monkeypatch.setattr(span_export, "BATCH_SLICES", 1)
+    with socket.create_server(("127.0.0.1", 0)) as stalled:  # listens, never accepts: connects, no answer
+        endpoint = f"http://127.0.0.1:{stalled.getsockname()[1]}/v1/traces"
+        tp, registry = provider(OTLPSpanExporter(endpoint=endpoint, timeout=1))
+        tracer = tp.get_tracer("t")
+        for i in range(span_export.SLICE):  # one slice: the thread takes it and hangs in the post
+            tracer.start_span(f"first {i}").end()
+        time.sleep(0.2)
+        for i in range(5 * span_export.SLICE):  # three slices wait, two are dropped
+            tracer.start_span(f"later {i}").end()
+        assert dropped(registry) == 2 * span_export.SLICE
+        tp.shutdown()

@@ -1,6 +1,7 @@
 """The gateway's own trace-context writer against OpenTelemetry's W3C propagator."""
 
 import pytest
+from prometheus_client import CollectorRegistry
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
@@ -8,6 +9,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, Trace
 
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from inferwatch.serving.metrics import create_metrics
 from inferwatch.serving.settings import GatewaySettings
 from inferwatch.serving.tracing import PROPAGATOR, ServerSpans, build_tracer_provider, get_tracer, inject_context
 
@@ -38,7 +40,7 @@ def test_inject_context_writes_what_the_propagator_writes(name, span):
 
 def _server_spans(ratio: float) -> ServerSpans:
     provider = build_tracer_provider(GatewaySettings(otlp_endpoint="http://127.0.0.1:9", trace_sample_ratio=ratio),
-                                     InMemorySpanExporter())
+                                     create_metrics(CollectorRegistry()).spans_dropped, InMemorySpanExporter())
     return ServerSpans(get_tracer(provider), ratio, sdk=True)
 
 
