@@ -16,6 +16,7 @@ import numpy as np
 
 from inferwatch.drift.ab.decision import Arm
 from inferwatch.drift.ab.ledger import ExperimentLedger
+from inferwatch.drift.ab.units import UnitTable
 
 
 @dataclass(frozen=True)
@@ -43,11 +44,21 @@ def spent_alpha(alpha: float, ordinal: int | None) -> float:
 
 
 def read_arm(ledger: ExperimentLedger, epoch: int, variant: str) -> Arm:
-    """The arm as of now: a copy of its unit rows (the ledger keeps changing after)."""
+    """The arm as of now: a copy of its unit rows (the ledger keeps changing after), in
+    ``canonical_order``."""
     a = ledger.epochs.get(epoch, {}).get(variant)
     if a is None:
         return Arm(variant)
-    return Arm(variant, a.table.view().copy(), a.requests, a.weight, a.conflicts, a.feedback, ledger.threshold)
+    return Arm(variant, a.table.view()[canonical_order(a.table)], a.requests, a.weight, a.conflicts, a.feedback,
+               ledger.threshold)
+
+
+def canonical_order(table: UnitTable) -> np.ndarray:
+    """The table's rows by their units' sample keys, not by arrival. Two drift replicas get
+    the gateways' batches in different orders, so their rows come in different orders, and
+    floating-point sums over units in a different order differ in the last bits: the twins'
+    verdicts would differ now and then (tests/integration/test_fleet.py saw it)."""
+    return np.argsort(table.keys[:table.size], kind="stable")
 
 
 def lead_in_epoch(ledger: ExperimentLedger, control: str, treatment: str) -> int | None:
@@ -71,8 +82,9 @@ def with_lead_in(ledger: ExperimentLedger, arm: Arm, epoch: int, lead_in: int, c
     if own is not None:
         for unit, row in own.table.ids.items():
             found = lead.ids.get(unit)
-            if found is not None and row < before.shape[0]:
+            if found is not None:
                 before[row] = lead.data[found]
+        before = before[canonical_order(own.table)]  # in the order read_arm gave the rows
     return replace(arm, before=before)
 
 

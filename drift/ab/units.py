@@ -25,6 +25,11 @@ UNIT_FEATURES = ("ttft_s", "tpot_s", "e2e_s", "completion_tokens", "mean_logprob
 COLUMNS = ("requests", "errors", "finished", "truncated", "feedback_total", "feedback_positive", "judged", "empty",
            *(f"{f}:{part}" for f in UNIT_FEATURES for part in ("n", "sum")))
 COL = {name: i for i, name in enumerate(COLUMNS)}
+# Values are summed on a grid of 2^-20 (about a microsecond of latency): multiples of one
+# power of two add up exactly, in any order, below 2^33 per unit. A unit's records reach two
+# drift replicas in different orders (through different gateways' batches), and float sums
+# in another order differ in the last bits; on the grid both replicas hold the same sums.
+GRID = 2.0**20
 _SAMPLE_PERSON = b"ab-unit-sample"  # a hash apart from the gateway's assignment hash
 
 
@@ -96,7 +101,7 @@ def record_values(status: np.ndarray, finish_reason: list[str | None], numeric: 
         x = numeric[f]
         present = ~np.isnan(x)
         values[:, COL[f"{f}:n"]] = present
-        values[:, COL[f"{f}:sum"]] = np.where(present, x, 0.0)
+        values[:, COL[f"{f}:sum"]] = np.where(present, np.round(x * GRID) / GRID, 0.0)
     return values
 
 

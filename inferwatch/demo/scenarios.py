@@ -259,8 +259,11 @@ def canary(demo: Demo) -> list[Seen]:
         after = s.set_weights({control: 1.0, treatment: 0.0})
     demo.say(f"  rolled back: {s.ab_model} sends all traffic to {control}")
     weight = next(v["weight"] for v in after["variants"] if v["name"] == treatment)
-    return [Seen("the A/B verdict says rollback, naming time to first token", bool(rolled) and "ttft" in verdict["worse"],
-                 f"{verdict.get('decision', 'no verdict')}: {'; '.join(verdict.get('reasons', []))[:300]}"),
+    # per user or per request: each request comes from a new user, so either may be the one Holm names first
+    named = {"ttft", "ttft_per_request"} & set(verdict.get("worse", ()))
+    return [Seen("the A/B verdict says rollback, naming time to first token", bool(rolled) and bool(named),
+                 f"{verdict.get('decision', 'no verdict')}, worse: {', '.join(verdict.get('worse', [])) or 'none'}: "
+                 f"{'; '.join(verdict.get('reasons', []))[:300]}"),
             Seen("the canary's weight is back to 0 at the gateway", weight == 0, f"{treatment} weight {weight}")]
 
 

@@ -18,6 +18,8 @@ moment it dies fails, while a new connection to a dead gateway is refused and
 
 from __future__ import annotations
 
+import difflib
+import json
 import os
 import re
 import subprocess
@@ -222,13 +224,20 @@ def test_a_rating_through_any_replica_is_counted_once_and_both_drift_replicas_ag
     eventually(lambda: queues_empty(fleet, fleet.gateways) and ingested(fleet.drifts[0]) == ingested(fleet.drifts[1]),
                timeout_s=30)
 
+    differences: list[str] = []
+
     def agreed() -> dict | None:
         """Both replicas' verdicts, once equal: a queue depth of 0 means the last batch left the
         gateway, not that each replica has stored it yet."""
-        a, b = (verdict(d) for d in fleet.drifts)
-        return a if without_clock(a) == without_clock(b) else None
+        a, b = (without_clock(verdict(d)) for d in fleet.drifts)
+        differences[:] = difflib.unified_diff(*(json.dumps(v, indent=1, sort_keys=True).splitlines() for v in (a, b)),
+                                              "drift 0", "drift 1", lineterm="", n=1)
+        return a if a == b else None
 
-    a = eventually(agreed, timeout_s=30, interval_s=0.5)
+    try:
+        a = eventually(agreed, timeout_s=30, interval_s=0.5)
+    except AssertionError as exc:
+        raise AssertionError("the drift replicas' verdicts still differ:\n" + "\n".join(differences[:80])) from exc
     feedback = a["metrics"]["feedback"]
     counted = re.match(r"([\d,]+) / ([\d,]+) ratings from ([\d,]+) / ([\d,]+) units", feedback["note"])
     assert counted, feedback
