@@ -52,7 +52,7 @@ class LoopEncodingSpanProcessor(SpanProcessor):
         self._wake = threading.Event()
         self._stopping = False
         self._warned = False
-        self.dropped = dropped  # spans, when the collector is slower than the gateway for long
+        self._dropped = dropped  # spans, when the collector is slower than the gateway for long
         self._thread = threading.Thread(target=self._run, name="inferwatch-span-export", daemon=True)
         self._thread.start()
 
@@ -75,13 +75,13 @@ class LoopEncodingSpanProcessor(SpanProcessor):
                 self._warned = True
                 log.warning("spans are dropped (inferwatch_gateway_spans_dropped_total): the trace collector "
                             "takes them slower than they come")
-            self.dropped.inc(len(spans))
+            self._dropped.inc(len(spans))
             return
         try:
             self._slices.append(encode_spans(spans).SerializePartialToString())
         except Exception:  # a span the encoder refuses: lost, and the request that ended it is not
             log.exception("%d spans could not be encoded", len(spans))
-            self.dropped.inc(len(spans))
+            self._dropped.inc(len(spans))
             return
         if len(self._slices) >= BATCH_SLICES:
             self._wake.set()
@@ -110,6 +110,8 @@ class LoopEncodingSpanProcessor(SpanProcessor):
         return True
 
     def shutdown(self) -> None:
+        if self._stopping:  # the gateway's stop, then the SDK's at exit
+            return
         self._stopping = True
         self._wake.set()
         self._thread.join(timeout=5)
