@@ -194,31 +194,63 @@ def gateway(
     redis_url: Annotated[Optional[str], typer.Option(
         help="Redis shared by the gateway's replicas: weights, feedback memory, limits "
              "[INFERWATCH_GATEWAY_REDIS_URL]; none keeps them in this process.")] = None,
+    workers: Annotated[Optional[int], typer.Option(
+        help="Processes serving the port, one core each, one /metrics for all; above 1 needs --redis-url "
+             "[INFERWATCH_GATEWAY_WORKERS].")] = None,
     log_level: str = "warning",
 ) -> None:
     """Run the instrumented OpenAI-compatible gateway. Every setting also reads INFERWATCH_GATEWAY_*."""
+    from inferwatch.serving.settings import GatewaySettings
+    from inferwatch.serving import workers as worker_processes
+
+    settings = _settings(GatewaySettings, "gateway", host=host, port=port, upstream_url=upstream_url,
+                         variant=variant, otlp_endpoint=otlp_endpoint, otlp_protocol=otlp_protocol,
+                         trace_sample_ratio=trace_sample_ratio, drift_urls=drift_url or None, limits_file=limits_file,
+                         experiment_file=experiment_file, redis_url=redis_url, workers=workers)
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if settings.workers == 1:
+        raise typer.Exit(_serve_gateway(settings, log_level))
+    try:
+        worker_processes.check_port(settings.host, settings.port)
+    except OSError as exc:
+        _fail(f"gateway: cannot listen on {settings.host}:{settings.port}: {exc}")
+
+    def serve_worker(slot) -> int:
+        try:
+            return _serve_gateway(settings, log_level, slot)
+        except typer.Exit as exc:  # _fail in a worker: its message is printed, its code is the worker's
+            return exc.exit_code
+
+    raise typer.Exit(worker_processes.run(settings.workers, serve_worker))
+
+
+def _serve_gateway(settings, log_level: str, worker=None) -> int:
+    """One gateway process to its end: the only one, or ``worker`` of several."""
+    import socket
+
     import uvicorn
 
     from inferwatch.serving.admission import PolicyError
     from inferwatch.serving.split import ExperimentError
     from inferwatch.serving.gateway import create_app
     from inferwatch.serving.server import uvicorn_options
-    from inferwatch.serving.settings import GatewaySettings
+    from inferwatch.serving.workers import reuse_port_socket
 
-    settings = _settings(GatewaySettings, "gateway", host=host, port=port, upstream_url=upstream_url,
-                         variant=variant, otlp_endpoint=otlp_endpoint, otlp_protocol=otlp_protocol,
-                         trace_sample_ratio=trace_sample_ratio, drift_urls=drift_url or None, limits_file=limits_file,
-                         experiment_file=experiment_file, redis_url=redis_url)
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        app = create_app(settings)
+        app = create_app(settings, worker=worker)
     except (OSError, PolicyError) as exc:
         _fail(f"gateway: cannot use the limits or experiment file: {exc}")
     except ExperimentError as exc:
         _fail(f"gateway: cannot use the experiment file: {exc}")
     _tune_gc()
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level,
-                **uvicorn_options(app.state.gateway.proxy, settings.limit_concurrency))
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
+                            **uvicorn_options(app.state.gateway.proxy, settings.limit_concurrency))
+    sockets: list[socket.socket] | None = None
+    if worker is not None:
+        sockets = [reuse_port_socket(settings.host, settings.port)]
+    server = uvicorn.Server(config)
+    server.run(sockets=sockets)
+    return 0 if server.started else 3  # as uvicorn.run: 3 when it never listened
 
 
 GatewayOption = Annotated[str, typer.Option(envvar="INFERWATCH_GATEWAY_URL", help="The gateway's base URL.")]

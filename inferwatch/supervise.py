@@ -57,7 +57,7 @@ class ManagedProcess:
         try:
             self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT if log else None,
                                          stdin=subprocess.DEVNULL, env=self.env, start_new_session=True,
-                                         preexec_fn=_die_with_parent)
+                                         preexec_fn=die_with_parent)
         except OSError as exc:
             raise StartupError(f"cannot run {self.name}: {exc}. Is {self.argv[0]} installed? "
                                "`make install` installs what the stack needs.") from None
@@ -136,8 +136,8 @@ class ManagedProcess:
             self.proc.wait(timeout=10)
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM me if the supervisor dies, even by SIGKILL, so a
+def die_with_parent() -> None:
+    """In a child (before exec, or a forked gateway worker): SIGTERM me if the supervisor dies, even by SIGKILL, so a
     crashed `inferwatch up` never leaves vLLM holding its port and memory (Linux only)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)

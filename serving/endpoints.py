@@ -34,6 +34,7 @@ from inferwatch.serving.shared_state import SharedStateUnavailable
 from inferwatch.serving.shared_weights import ExperimentConflict
 from inferwatch.serving.split import ExperimentError
 from inferwatch.serving.upstream import Upstream
+from inferwatch.serving.worker_metrics import WorkerView
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ class Endpoints:
         self.registry, self.metrics, self.max_body_bytes = registry, metrics, max_body_bytes
         self.upstream, self.experiments, self.access = upstream, experiments, access
         self.answers, self.feedback_sink = answers, feedback_sink
+        self.workers: WorkerView | None = None  # with --workers: the pod's view, every worker's series
 
     @answers_errors()
     async def list_models(self, request: Request) -> Response:
@@ -187,7 +189,10 @@ class Endpoints:
                                               "'application/openmetrics-text; version=1.0.0' or text/plain.",
                                               errors.INVALID_REQUEST, "invalid_accept"),
                             400, media_type="application/json")
-        body, content_type = await asyncio.to_thread(render, self.registry, accept)
+        if self.workers is not None:
+            body, content_type = await self.workers.scrape(accept)
+        else:
+            body, content_type = await asyncio.to_thread(render, self.registry, accept)
         return Response(body, headers={"content-type": content_type})
 
     async def health(self, request: Request) -> Response:

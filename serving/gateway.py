@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 
 from fastapi import FastAPI
 from opentelemetry.sdk.trace import TracerProvider
@@ -26,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from inferwatch import __version__
 from inferwatch.serving.access import Access
 from inferwatch.serving.endpoints import Endpoints
+from inferwatch.serving.exposition import render
 from inferwatch.serving.features import FeatureFanout, FeatureQueue, FeatureSink, HttpSink
 from inferwatch.serving.feedback import AnswerMemory, FeedbackFanout, FeedbackSink
 from inferwatch.serving.metrics import GatewayMetrics, create_metrics
@@ -39,12 +41,14 @@ from inferwatch.serving.shared_state import SharedState, every
 from inferwatch.serving.tracing import ServerSpans, build_tracer_provider, get_tracer
 from inferwatch.serving.upstream import Upstream
 from inferwatch.serving.validation import ROUTE_PATHS
+from inferwatch.serving.worker_metrics import WorkerView, serve_own
+from inferwatch.serving.workers import WorkerSlot
 
 
 class Gateway:
     def __init__(self, settings: GatewaySettings, registry: CollectorRegistry, *,
                  feature_sink: FeatureSink | None = None, span_exporter: SpanExporter | None = None,
-                 feedback_sink: FeedbackSink | None = None) -> None:
+                 feedback_sink: FeedbackSink | None = None, worker: WorkerSlot | None = None) -> None:
         self.settings = settings
         self.registry = registry
         self.metrics: GatewayMetrics = create_metrics(registry, shared_state=settings.redis_url is not None)
@@ -87,8 +91,14 @@ class Gateway:
                            ServerSpans(tracer, settings.trace_sample_ratio, self.tracer_provider is not None))
         self.endpoints = Endpoints(registry, self.metrics, settings.max_body_bytes, self.upstream, self.experiments,
                                    self.access, answers, feedback_sink)
+        self.worker = worker
+        self._own_metrics: asyncio.Server | None = None
+        if worker is not None:
+            self.endpoints.workers = WorkerView(worker.index, worker.ports, partial(render, registry))
 
     async def start(self) -> None:
+        if self.worker is not None:
+            self._own_metrics = await serve_own(self.worker.sock, partial(render, self.registry))
         if self.shared is not None:
             await self.shared.start()
             if isinstance(self.access.admission, SharedAdmission):
@@ -118,15 +128,18 @@ class Gateway:
             self.tracer_provider.shutdown()
         if self.shared is not None:
             await self.shared.close()
+        if self._own_metrics is not None:
+            self._own_metrics.close()
 
 
 def create_app(settings: GatewaySettings, registry: CollectorRegistry | None = None, *,
                feature_sink: FeatureSink | None = None, span_exporter: SpanExporter | None = None,
-               feedback_sink: FeedbackSink | None = None) -> FastAPI:
+               feedback_sink: FeedbackSink | None = None, worker: WorkerSlot | None = None) -> FastAPI:
     """Build the ASGI app; ``registry`` defaults to a fresh one (never the global). Serve it
-    with ``serving.server.uvicorn_options(app.state.gateway.proxy)``."""
+    with ``serving.server.uvicorn_options(app.state.gateway.proxy)``; ``worker``: one of
+    several processes (serving/workers.py)."""
     gateway = Gateway(settings, registry or CollectorRegistry(), feature_sink=feature_sink,
-                      span_exporter=span_exporter, feedback_sink=feedback_sink)
+                      span_exporter=span_exporter, feedback_sink=feedback_sink, worker=worker)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from typing import Annotated, ClassVar, Literal
 
 from pydantic_settings import NoDecode, SettingsConfigDict
@@ -36,6 +36,10 @@ class GatewaySettings(SecretFileSettings):
 
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=1, le=65535)
+    # Processes serving the port (serving/workers.py): one core each; above 1 each is a replica
+    # in the Redis sense, so redis_url is required.
+    workers: int = Field(1, ge=1, le=64, description="gateway processes sharing the port (SO_REUSEPORT); above 1 "
+                         "needs redis_url")
     upstream_url: str = Field("http://127.0.0.1:8000", description="vLLM OpenAI server base URL; several replicas "
                               "comma-separated, and a name resolving to several addresses is each of them")
     variant: str = Field("default", min_length=1, max_length=64, description="model version label")
@@ -159,6 +163,15 @@ class GatewaySettings(SecretFileSettings):
                 raise ValueError("a drift URL is listed twice: each replica would get every record twice")
             return [u.rstrip("/") for u in value]
         return value
+
+    @model_validator(mode="after")
+    def _workers_share_state(self) -> "GatewaySettings":
+        if self.workers > 1 and self.redis_url is None:
+            raise ValueError(f"workers={self.workers} needs redis_url: each worker is a replica, and without shared "
+                             "state each would allow every limit in full, keep its own experiment weights and know "
+                             "only the answers it gave for feedback. Start a Redis and set "
+                             "INFERWATCH_GATEWAY_REDIS_URL (or --redis-url), or run one worker.")
+        return self
 
     @property
     def drift_destinations(self) -> list[str]:
