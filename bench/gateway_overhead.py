@@ -36,6 +36,7 @@ import sys
 import tempfile
 import threading
 import time
+import tomllib
 import urllib.request
 from contextlib import ExitStack, contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -98,10 +99,29 @@ def gateway(port: int, upstream_port: int, otlp: str | None = None, sample_ratio
     if tree is None:
         argv = [sys.executable, "-m", "inferwatch", "gateway", "--port", str(port)]
     else:
+        root = importable(tree)
         argv = [sys.executable, "-c", f"import os, runpy, sys; os.chdir({str(tree)!r}); sys.path.insert(0, "
-                f"{str(tree)!r}); runpy.run_module('inferwatch', run_name='__main__', alter_sys=True)",
+                f"{str(root)!r}); runpy.run_module('inferwatch', run_name='__main__', alter_sys=True)",
                 "gateway", "--port", str(port)]
     return running("gateway", argv, f"http://127.0.0.1:{port}/health", cpus=GATEWAY_CPU, env=env)
+
+
+def importable(tree: Path) -> Path:
+    """A folder from which ``import inferwatch`` loads ``tree``'s code and nothing else: the
+    package laid out as the tree's pyproject package-dir maps it, in symlinks. With the tree
+    itself first on sys.path, the subpackages that live in top-level folders (serving/,
+    drift/, ...) were not in its inferwatch/ and came from this checkout's editable install:
+    a baseline gateway ran this checkout's request path."""
+    mapping = tomllib.loads((tree / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    root = Path(tempfile.mkdtemp(prefix="inferwatch-bench-tree-"))
+    package = root / "inferwatch"
+    package.mkdir()
+    for entry in (tree / mapping["inferwatch"]).iterdir():
+        (package / entry.name).symlink_to(entry)
+    for name, folder in mapping.items():
+        if name != "inferwatch":
+            root.joinpath(*name.split(".")).symlink_to(tree / folder)
+    return root
 
 
 # Limits a busy gateway would have, each enforced on every request: per key and per model,
@@ -189,13 +209,16 @@ class OTLPSink:
 UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
 
 
-def wrk(url: str, body: str, connections: int, seconds: float, auth: bool = False) -> dict:
+def wrk(url: str, body: str, connections: int, seconds: float, auth: bool = False, cpus: str | None = LOAD_CPU,
+        threads: int = 1) -> dict:
+    """wrk's percentiles, rate and request count; pinned to ``cpus`` (None: any core)."""
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
         f.write(f'wrk.method = "POST"\nwrk.body = \'{body}\'\nwrk.headers["Content-Type"] = "application/json"\n')
         if auth:
             f.write(f'wrk.headers["Authorization"] = "Bearer {API_KEY}"\n')
         script = f.name
-    out = subprocess.run(["taskset", "-c", LOAD_CPU, "wrk", "-t1", f"-c{connections}", f"-d{int(seconds)}s", "--latency",
+    pin = ["taskset", "-c", cpus] if cpus else []
+    out = subprocess.run([*pin, "wrk", f"-t{threads}", f"-c{connections}", f"-d{int(seconds)}s", "--latency",
                           "-s", script, url], capture_output=True, text=True, check=True).stdout
     os.unlink(script)
     pct = {m[0]: float(m[1]) * UNITS[m[2]] for m in re.findall(r"^\s+(\d+)%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)}
