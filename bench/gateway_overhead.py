@@ -6,8 +6,10 @@ Set-up (2-core box): the proxy under test runs pinned to core 0; the mock upstre
 is its own. "direct" is wrk against the mock. Yardsticks in the same run, in front of the
 same mock: nginx as a plain reverse proxy (the floor for one proxy hop: Debian's nginx,
 one process, keep-alive upstream, no buffering), LiteLLM's proxy (when
-bench/.venv-litellm exists: `make bench` makes it) and, for streams, bench/byte_relay.py
-(bytes copied in Python on uvloop, no HTTP: the floor for any Python proxy). "gateway
+bench/.venv-litellm exists: `make bench` makes it), bench/byte_relay.py (bytes copied in
+Python on uvloop, no HTTP: the floor for any Python proxy) and bench/http_relay.py
+(requests and answers parsed with httptools and relayed as they came: the floor for an
+HTTP-aware one, below which no feature of the gateway's can take it). "gateway
 (production)" is the gateway as a fleet runs it (``production`` below: API keys, feature
 records, 10 % of traces, two replicas, Redis); ratios are CPU per request against nginx's.
 
@@ -171,6 +173,13 @@ def byte_relay(port: int, upstream_port: int):
                    f"http://127.0.0.1:{port}/health", cpus=GATEWAY_CPU)
 
 
+def http_relay(port: int, upstream_port: int):
+    """bench/http_relay.py: an HTTP-aware Python proxy with no features, the gateway's floor."""
+    return running("http-relay", [sys.executable, str(ROOT / "bench" / "http_relay.py"), "--port", str(port),
+                                  "--upstream-port", str(upstream_port)],
+                   f"http://127.0.0.1:{port}/health", cpus=GATEWAY_CPU)
+
+
 def litellm(port: int, upstream_port: int):
     workdir = Path(tempfile.mkdtemp(prefix="inferwatch-bench-litellm-"))
     conf = workdir / "config.yaml"
@@ -246,7 +255,8 @@ def med(runs: list[dict], key: str) -> float:
 
 
 def latency_table(runs: int, seconds: float) -> list[str]:
-    ports = {name: free_port() for name in ("mock", "mock-2", "mock-3", "nginx", "relay", "gateway", "replicas",
+    ports = {name: free_port() for name in ("mock", "mock-2", "mock-3", "nginx", "relay", "http-relay", "gateway",
+                                            "replicas",
                                             "production",
                                             "traced", "litellm", "baseline", "baseline-production", "limits",
                                             "shared")}
@@ -264,6 +274,9 @@ def latency_table(runs: int, seconds: float) -> list[str]:
                    # bytes relayed in Python on uvloop, no HTTP: any Python proxy's floor
                    ("python byte relay", ports["relay"],
                     stack.enter_context(byte_relay(ports["relay"], ports["mock"])).pid, False),
+                   # requests and answers parsed with httptools, nothing else: any Python HTTP proxy's floor
+                   ("python HTTP relay", ports["http-relay"],
+                    stack.enter_context(http_relay(ports["http-relay"], ports["mock"])).pid, False),
                    ("gateway", ports["gateway"],
                     stack.enter_context(gateway(ports["gateway"], ports["mock"])).pid, False),
                    # the same upstream as three replicas: what least outstanding and its
