@@ -5,9 +5,10 @@ Python in the OTLP encoder, and the event loop, sharing the GIL and on a small p
 waited for it in turns. That was most of the gateway's p99 with 10 % of traces at one
 request at a time (3.5–4.5 ms, bench/gateway_overhead.py). Here every ``SLICE`` spans are
 encoded at once (by span_wire, straight to protobuf's wire format) when the last of them
-ends (after its request's answer was written), which holds the loop ~0.1 ms at a time, and a thread only joins the encoded slices and posts
-them, which is I/O: protobuf messages concatenated are one message with the repeated
-fields of both, so the joined slices are one ``ExportTraceServiceRequest``.
+ends (after its request's answer was written), which holds the loop ~0.1 ms at a time, and
+a thread only joins the encoded slices and posts them, which is I/O: protobuf messages
+concatenated are one message with the repeated fields of both, so the joined slices are
+one ``ExportTraceServiceRequest``.
 
 The post goes through the SDK exporter's own HTTP client (its headers, compression,
 timeout and retries from the ``OTEL_EXPORTER_OTLP_*`` settings): ``OTLPSpanExporter._client``
