@@ -196,7 +196,9 @@ def test_a_drift_replica_whose_answers_are_lost_or_late_stores_each_thing_once_a
             assert metric_sum(text, "inferwatch_gateway_rating_queue_depth", destination=to_a.url) == 0
             assert ingested(a) == ingested(b) == USERS
             assert metric_sum(a.metrics_text(), "inferwatch_drift_rejected_batches_total", reason="duplicate") == 2
-            first, second = views(a), views(b)
+            # B's copies of the ratings are not awaited above (only A's queue): the two views
+            # agree once both have what was sent, and then hold 5 ratings each, not 6
+            first, second = eventually(lambda: (v := (views(a), views(b)))[0] == v[1] and v, timeout_s=15)
             assert sum(first["ab"]["metrics"]["feedback"]["n"].values()) == 5
             assert first == second
 

@@ -151,6 +151,7 @@ def test_trace_joins_gateway_and_vllm_spans(gateway, otlp_receiver, stream):
     trace_id, parent = secrets.token_hex(16), secrets.token_hex(8)
     resp = client(gateway.url).chat.completions.create(
         model=TINY_MODEL_NAME, messages=MSG, max_tokens=6, stream=stream,
+        extra_body={"ignore_eos": True},  # 6 tokens, "length": sampled, the tiny model can end sooner
         extra_headers={"traceparent": f"00-{trace_id}-{parent}-01"})
     chunks = list(resp) if stream else [resp]
     names = {"POST /v1/chat/completions", f"chat {TINY_MODEL_NAME}", "llm_request"}
