@@ -29,7 +29,7 @@ GRAFANA_TYPES_STAMP := $(GRAFANA_TYPES)/node_modules/.installed
 GRAFANA_PROMETHEUS := 12.3.0
 GRAFANA_PROMETHEUS_SHA512 := 85YKiaGgIf7ZV8wlchbuBzL8grDUlGmPBqKFL0J/wWOiVw8cpj+NmmK7V1rPk4wdp5NKogCXWeYdmdXWX0oYNw==
 
-.PHONY: up test test-compose secrets install model bench bench-drift bench-alerts clean generate lock
+.PHONY: up test lint test-compose secrets install model bench bench-drift bench-alerts clean generate lock
 
 up: install
 	$(VENV)/bin/inferwatch up
@@ -42,6 +42,10 @@ TIMING_TESTS := tests/integration/test_gateway_limits.py tests/integration/test_
 test: install $(GRAFANA_TYPES_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS) $(TIMING_TESTS)
 	$(PY) -m pytest $(PYTEST_ARGS) $(addprefix --ignore=,$(TIMING_TESTS) tests/compose)
+
+# ruff and mypy alone, as make test runs them (pyproject.toml's [tool.ruff] and [tool.mypy])
+lint: install
+	$(PY) -m pytest $(PYTEST_ARGS) tests/inferwatch/test_lint.py
 
 # The compose stack built and run on this machine's Docker engine (tests/compose/test_stack.py
 # says what runs and what stands in): Debian's docker.io (its dockerd is started by the test

@@ -17,12 +17,12 @@ from dataclasses import dataclass, replace
 from prometheus_client.utils import floatToGoString
 
 from inferwatch.alerts.model import SLO, Alert, BurnTier, BurnWindow, Guard, Record, seconds
+from inferwatch.catalog import metric as m
 from inferwatch.config import settings as config
 from inferwatch.config.errors import ConfigError
 from inferwatch.config.settings import Settings, Thresholds
 from inferwatch.dashboards import uids
 from inferwatch.drift.ab.spec import PAGE_SHARE, PAGING
-from inferwatch.catalog import metric as m
 
 # Scrape jobs, shared with the Prometheus configuration (deploy/), so rules and targets agree.
 JOB_GATEWAY = "inferwatch-gateway"

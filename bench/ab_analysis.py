@@ -31,10 +31,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from dataclasses import replace  # noqa: E402
+
 import numpy as np  # noqa: E402
 from scipy import stats as sps  # noqa: E402
-
-from dataclasses import replace  # noqa: E402
 
 from inferwatch.drift.ab.decision import AbResult, Arm, Experiment, analyse, sample_ratio_check  # noqa: E402
 from inferwatch.drift.ab.source import spent_alpha  # noqa: E402

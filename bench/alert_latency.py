@@ -41,9 +41,9 @@ import psutil  # noqa: E402
 import requests  # noqa: E402
 
 from inferwatch.alerts import spec  # noqa: E402
-from inferwatch.alerts.spec import SERVED_MODEL  # noqa: E402
 from inferwatch.alerts.generate import cap_for, rule_files, write  # noqa: E402
 from inferwatch.alerts.model import seconds  # noqa: E402
+from inferwatch.alerts.spec import SERVED_MODEL  # noqa: E402
 from inferwatch.deploy.monitoring import FAST_INTERVALS, Intervals  # noqa: E402
 from inferwatch.serving.tiny_model import build_tiny_model  # noqa: E402
 from tests.support.feature_records import body, records  # noqa: E402
@@ -64,7 +64,7 @@ class Stack:
             rules = run_dir / "rules"
             write(cap_for(rule_files(), FOR_CAP), rules)
             argv += ["--rules-dir", str(rules), "--fast-alerting"]
-        self.log = open(run_dir / "up.out", "w")
+        self.log = open(run_dir / "up.out", "w")  # noqa: SIM115 - open while the stack runs, closed by stop()
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "INFERWATCH_GATEWAY_UPSTREAM_TIMEOUT_S": "2"}
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         eventually(lambda: "Ctrl-C stops everything" in (run_dir / "up.out").read_text(), 400, 1)
@@ -222,7 +222,7 @@ def main() -> None:
 
     label = (f"{intervals.scrape} scrape and evaluation, page group_wait {intervals.page.group_wait}"
              + (f", for ≤ {FOR_CAP}" if fast else ", the rules' own for"))
-    target, worst, resolve = computed("VLLMDown", intervals, "page", FOR_CAP if fast else None)
+    target, _worst, resolve = computed("VLLMDown", intervals, "page", FOR_CAP if fast else None)
     print(f"\n#### Fault to page, recovery to resolved: {args.intervals} intervals ({label}); "
           f"median of {args.runs} runs (min–max)\n")
     print("| fault | alert → receiver | fault → received | target | recovery → resolved | worst case computed |")

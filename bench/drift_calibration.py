@@ -27,8 +27,15 @@ import numpy as np  # noqa: E402
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 from scipy import stats  # noqa: E402
 
-from inferwatch.drift.binning import categorical_counts, histogram, log_edges, merge, merged_bins, merged_edges  # noqa: E402
-from inferwatch.drift.binning import quantile_starts  # noqa: E402
+from inferwatch.drift.binning import (  # noqa: E402
+    categorical_counts,
+    histogram,
+    log_edges,
+    merge,
+    merged_bins,
+    merged_edges,
+    quantile_starts,
+)
 from inferwatch.drift.calibration import STATISTICS, holm, null_distribution, size_band, statistics as stat_rows  # noqa: E402
 from inferwatch.drift.methods import METHODS, chi_square, evaluate  # noqa: E402
 from inferwatch.drift.schema import FEATURES  # noqa: E402

@@ -54,7 +54,7 @@ class HealthProbe:
                 self.worst = max(self.worst, took)
                 self._stop.wait(0.05)
 
-    def __enter__(self) -> "HealthProbe":
+    def __enter__(self) -> HealthProbe:
         self._thread.start()
         return self
 

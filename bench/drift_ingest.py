@@ -32,7 +32,6 @@ from inferwatch.drift.windows import segments_of  # noqa: E402
 from tests.support.feature_records import body, records  # noqa: E402
 from tests.support.sockets import free_port  # noqa: E402
 
-
 SERVICE_CPUS = ""  # taskset CPU list for the service, set by --service-cpus
 
 
@@ -87,7 +86,7 @@ def step_rows(repeats: int = 200) -> list[str]:
         return (time.perf_counter() - t0) / repeats
 
     parse = timed(lambda: parse_batch(raw, now))
-    count = timed(lambda: state._count(batch, now))  # noqa: SLF001 - the binning step alone
+    count = timed(lambda: state._count(batch, now))
     store = timed(lambda: state.store.append(raw, now - 60, now, now))
     group = timed(lambda: segments_of(batch))
     assigned = parse_batch(body([r | {"experiment": "canary", "epoch": 0, "weight": 0.5, "unit": f"{i % 300:016x}"}

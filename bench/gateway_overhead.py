@@ -38,7 +38,6 @@ import sys
 import tempfile
 import threading
 import time
-import tomllib
 import urllib.request
 from contextlib import ExitStack, contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -50,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 from bench.procs import running  # noqa: E402
 from tests.support import nginx as nginx_conf  # noqa: E402
 from tests.support.gateway_metrics import populated_registry  # noqa: E402
+from tests.support.package_tree import importable  # noqa: E402
 from tests.support.redis_server import RedisServer  # noqa: E402
 from tests.support.servers import metric_sum  # noqa: E402
 from tests.support.sockets import free_port  # noqa: E402
@@ -108,24 +108,6 @@ def gateway(port: int, upstream_port: int, otlp: str | None = None, sample_ratio
     return running("gateway", argv, f"http://127.0.0.1:{port}/health", cpus=GATEWAY_CPU, env=env)
 
 
-def importable(tree: Path) -> Path:
-    """A folder from which ``import inferwatch`` loads ``tree``'s code and nothing else: the
-    package laid out as the tree's pyproject package-dir maps it, in symlinks. With the tree
-    itself first on sys.path, the subpackages that live in top-level folders (serving/,
-    drift/, ...) were not in its inferwatch/ and came from this checkout's editable install:
-    a baseline gateway ran this checkout's request path."""
-    mapping = tomllib.loads((tree / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-    root = Path(tempfile.mkdtemp(prefix="inferwatch-bench-tree-"))
-    package = root / "inferwatch"
-    package.mkdir()
-    for entry in (tree / mapping["inferwatch"]).iterdir():
-        (package / entry.name).symlink_to(entry)
-    for name, folder in mapping.items():
-        if name != "inferwatch":
-            root.joinpath(*name.split(".")).symlink_to(tree / folder)
-    return root
-
-
 # Limits a busy gateway would have, each enforced on every request: per key and per model,
 # requests and tokens per minute and requests in flight, high enough that none refuses here.
 # With Redis, the request limit's leases come back a few times a second at this rate.
@@ -146,7 +128,7 @@ def redis_server():
         server.stop()
 
 
-def production(port: int, upstream_ports: tuple[int, int], sink: "OTLPSink", redis_url: str | None,
+def production(port: int, upstream_ports: tuple[int, int], sink: OTLPSink, redis_url: str | None,
                tree: Path | None = None):
     """The gateway as a fleet runs it: API keys, feature records to a drift sink, 10 % of
     traces, the balancer over two replicas, state shared in Redis (when redis-server is
@@ -200,7 +182,7 @@ class OTLPSink:
         class H(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def do_POST(self):  # noqa: N802
+            def do_POST(self):
                 self.rfile.read(int(self.headers.get("content-length", 0)))
                 self.send_response(200)
                 self.send_header("content-length", "0")

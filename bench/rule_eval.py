@@ -37,10 +37,17 @@ import requests  # noqa: E402
 import yaml  # noqa: E402
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest  # noqa: E402
 
+from bench.procs import running  # noqa: E402
 from inferwatch.alerts import spec  # noqa: E402
 from inferwatch.alerts.generate import (  # noqa: E402
-    ERRORS_1H_SAMPLED, ERRORS_5M, ERRORS_5M_SAMPLED, EVENTS_1H_SAMPLED, EVENTS_5M, EVENTS_5M_SAMPLED, RULES_DIR)
-from bench.procs import running  # noqa: E402
+    ERRORS_1H_SAMPLED,
+    ERRORS_5M,
+    ERRORS_5M_SAMPLED,
+    EVENTS_1H_SAMPLED,
+    EVENTS_5M,
+    EVENTS_5M_SAMPLED,
+    RULES_DIR,
+)
 from inferwatch.serving.metrics import create_metrics  # noqa: E402
 from tests.support.sockets import free_ports  # noqa: E402
 
@@ -134,7 +141,7 @@ class SyntheticStack:
         while not self._stop.wait(1.0):
             self._tick()
 
-    def __enter__(self) -> "SyntheticStack":
+    def __enter__(self) -> SyntheticStack:
         self._tick()
         self._thread.start()
         return self
@@ -147,7 +154,7 @@ class SyntheticStack:
         registries = {"/gateway": self.gateway, "/vllm": self.vllm, "/drift": self.drift, "/exporter": self.exporter}
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 body = generate_latest(registries[self.path])
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
@@ -275,8 +282,8 @@ def main() -> None:
     base = measure(1, 1, args.seconds)
     big = measure(args.models, args.variants, args.seconds)
     label = f"{args.models}x{args.variants}"
-    print(f"\n#### Rule evaluation, Prometheus {subprocess.run(['prometheus', '--version'], capture_output=True, text=True).stdout.split()[2]}"
-          f", 10s evaluation, 30d of SLO history backfilled\n")
+    version = subprocess.run(["prometheus", "--version"], capture_output=True, text=True).stdout.split()[2]
+    print(f"\n#### Rule evaluation, Prometheus {version}, 10s evaluation, 30d of SLO history backfilled\n")
     print(f"Series in the TSDB head: 1x1 {base['_series']['value']:,}, {label} {big['_series']['value']:,}\n")
     print(f"| group | rules | eval 1x1 (ms) | eval {label} (ms) | evals seen | rule queries 1x1 (ms) | "
           f"rule queries {label} (ms) | ratio |")

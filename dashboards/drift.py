@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
-from inferwatch.dashboards import uids
-from inferwatch.dashboards.health import RED_FROM_ONE, alerts_firing, targets_up
-from inferwatch.dashboards.panels import (RATE, dashboard, or_zero, q, quantiles, query_variable, server_error_ratio, stat_panel,
-                               timeseries_panel)
 from inferwatch.alerts.spec import JOB_DRIFT, Spec
 from inferwatch.catalog import metric as m
+from inferwatch.dashboards import uids
+from inferwatch.dashboards.health import RED_FROM_ONE, alerts_firing, targets_up
+from inferwatch.dashboards.panels import (
+    RATE,
+    dashboard,
+    or_zero,
+    q,
+    quantiles,
+    query_variable,
+    server_error_ratio,
+    stat_panel,
+    timeseries_panel,
+)
 from inferwatch.drift.schema import CATEGORICAL_FEATURES, NUMERIC_FEATURES, SAMPLING
 
 SEG = 'model=~"$model", variant=~"$variant", instance=~"$drift"'
@@ -51,10 +60,10 @@ def drift(spec: Spec) -> list:
         timeseries_panel("Drifted features per segment", "short",
                          q(f'sum by (model, variant) (max by (model, variant, feature) '
                            f'({m("inferwatch_drift_feature_detected")}{{{feature}}}))', "{{model}}/{{variant}}"),
-                         width=12, height=9, description=f"How many of the segment's features drifted: what "
-                                                         f"DriftDetected alerts on (for {spec.thresholds.drift_for}, with at least "
-                                                         f"{spec.thresholds.drift_min_window_records} records in the window); the "
-                                                         "p-value panels say which."),
+                         width=12, height=9, description=(
+                             "How many of the segment's features drifted: what DriftDetected alerts on (for "
+                             f"{spec.thresholds.drift_for}, with at least {spec.thresholds.drift_min_window_records} "
+                             "records in the window); the p-value panels say which.")),
         # one panel per feature: methods x variants x (score, threshold) of every feature
         # on one axis would be dozens of lines
         timeseries_panel("Drift score vs threshold ($feature)", "short",

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-from inferwatch.dashboards import uids
-from inferwatch.dashboards.health import RED_FROM_ONE, alerts_firing, targets_up
-from inferwatch.dashboards.panels import (
-    RATE, added_in_window, dashboard, or_zero, q, query_variable, stat_panel, timeseries_panel,
-)
 from inferwatch.alerts import cost
 from inferwatch.alerts.spec import JOB_EXPORTER, Spec
 from inferwatch.catalog import metric as m
+from inferwatch.dashboards import uids
+from inferwatch.dashboards.health import RED_FROM_ONE, alerts_firing, targets_up
+from inferwatch.dashboards.panels import (
+    RATE,
+    added_in_window,
+    dashboard,
+    or_zero,
+    q,
+    query_variable,
+    stat_panel,
+    timeseries_panel,
+)
 
 SEL = 'instance=~"$host", gpu=~"$gpu"'
 GPU = "{{instance}} gpu{{gpu}}"

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import warnings
 
-from grafana_foundation_sdk.builders import common as common_b
-from grafana_foundation_sdk.builders import dashboard as dash_b
-from grafana_foundation_sdk.builders import heatmap, prometheus, stat, timeseries
-from grafana_foundation_sdk.models import common
-from grafana_foundation_sdk.models import dashboard as dash
-from grafana_foundation_sdk.models import prometheus as prom_m
+from grafana_foundation_sdk.builders import (
+    common as common_b,
+    dashboard as dash_b,
+    heatmap,
+    prometheus,
+    stat,
+    timeseries,
+)
+from grafana_foundation_sdk.models import common, dashboard as dash, prometheus as prom_m
 
 warnings.filterwarnings("ignore", category=DeprecationWarning, module="grafana_foundation_sdk")
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
-from inferwatch.dashboards.queries import TimeRange, panel_results, resolve_variables  # noqa: E402
+from inferwatch.dashboards.queries import TimeRange, panel_results, resolve_variables
 
 UNIT_SCALE = {"percentunit": (100, "%"), "bytes": (1 / 2**30, "GiB"), "Bps": (1 / 2**20, "MiB/s"),
               "hertz": (1e-6, "MHz"), "watt": (1, "W"), "joule": (1e-3, "kJ"), "celsius": (1, "°C"),

@@ -6,13 +6,23 @@ cost panels read the cost rules' records (``inferwatch.alerts.cost``), never the
 
 from __future__ import annotations
 
-from inferwatch.dashboards import uids
-from inferwatch.dashboards.health import RED_BELOW_ONE, RED_FROM_ONE, alerts_firing, targets_up
-from inferwatch.dashboards.panels import (RATE, dashboard, heatmap_panel, or_zero, q, quantiles, query_variable,
-                               server_error_ratio, stat_panel, timeseries_panel)
 from inferwatch.alerts import cost
 from inferwatch.alerts.spec import JOB_GATEWAY, JOB_VLLM, Spec
 from inferwatch.catalog import metric as m
+from inferwatch.dashboards import uids
+from inferwatch.dashboards.health import RED_BELOW_ONE, RED_FROM_ONE, alerts_firing, targets_up
+from inferwatch.dashboards.panels import (
+    RATE,
+    dashboard,
+    heatmap_panel,
+    or_zero,
+    q,
+    quantiles,
+    query_variable,
+    server_error_ratio,
+    stat_panel,
+    timeseries_panel,
+)
 from inferwatch.drift.sampling_params import VALUES
 from inferwatch.serving.metrics import ABNORMAL_KINDS, UNKNOWN_MODEL
 
@@ -58,9 +68,9 @@ def users(spec: Spec) -> list:
                          description="Requests answered per second, by status class."),
         timeseries_panel("Error ratio (5xx)", "percentunit", q(server_error_ratio(REQ, SEL, "model"), "{{model}}"),
                          thresholds=[(None, "green"), *error_lines],
-                         description="Share of requests answered with a server error; the availability SLO allows "
-                                     f"{availability.budget:.1%}." if availability else "Share of requests answered with a server "
-                                     "error; no availability SLO is set."),
+                         description=("Share of requests answered with a server error; the availability SLO allows "
+                                      f"{availability.budget:.1%}." if availability else
+                                      "Share of requests answered with a server error; no availability SLO is set.")),
         stat_panel("Requests in flight", "short",
                    q(f'sum({m("inferwatch_gateway_requests_in_flight")}{{{SEL}}})', "in flight"), width=4, height=8),
         stat_panel("Tokens/s out", "short",

@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from inferwatch.drift.json_int import json_int
 from inferwatch.drift.feature_record import CROSS_FIELD_RULES, FIELDS, MAX_BATCH, TEXT_MAX, UNIX_S, FieldRule
+from inferwatch.drift.json_int import json_int
 from inferwatch.drift.methods import METHODS
 from inferwatch.drift.schema import FEATURES
 from inferwatch.drift.state import MAX_COUNT

@@ -94,7 +94,7 @@ class Histogram:
     def total(self) -> int:
         return int(self.counts.sum())
 
-    def __add__(self, other: "Histogram") -> "Histogram":
+    def __add__(self, other: Histogram) -> Histogram:
         if not np.array_equal(self.edges.values, other.edges.values):
             raise ValueError("cannot add histograms with different edges")
         return Histogram(self.edges, self.counts + other.counts, self.nan + other.nan, self.inf + other.inf)

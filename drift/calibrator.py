@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 from inferwatch.drift.calibration import NullDistribution, next_band, size_band
 from inferwatch.drift.verdicts import CacheKey, CalibrationCache, Reference, calibrate

@@ -14,8 +14,8 @@ import logging
 from prometheus_client import Counter
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.routing import Match
 from starlette.responses import JSONResponse, Response
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger(__name__)

@@ -36,7 +36,7 @@ class FeedbackRecord(BaseModel):
     at: float = Field(ge=UNIX_S[0], le=UNIX_S[1], allow_inf_nan=False, description="unix seconds")
 
     @model_validator(mode="after")
-    def _epoch_with_experiment(self) -> "FeedbackRecord":
+    def _epoch_with_experiment(self) -> FeedbackRecord:
         if self.epoch is not None and self.experiment is None:
             raise ValueError("'epoch' needs 'experiment': an epoch belongs to an experiment")
         return self

@@ -67,7 +67,8 @@ class PrometheusSource:
     def drift(self, metric: str, selector: str, reference_end: float, current_end: float, window_s: float,
               policy: Policy = Policy()) -> dict:
         if not METRIC_NAME.match(metric) or not metric:
-            raise SourceError(400, "'metric' must be a histogram's base name, e.g. inferwatch_gateway_request_prompt_tokens", field="metric")
+            raise SourceError(400, "'metric' must be a histogram's base name, e.g. inferwatch_gateway_request_prompt_tokens",
+                              field="metric")
         if not SELECTOR.match(selector):
             raise SourceError(400, "'selector' must be label matchers like model=\"x\",variant=\"y\"", field="selector")
         if not all(math.isfinite(v) for v in (reference_end, current_end, window_s)):

@@ -130,7 +130,8 @@ def parse_batch(body: bytes, now: float, max_future_s: float = MAX_FUTURE_S) -> 
 
 _FIELD_SET = frozenset(FIELDS)
 _NONE = type(None)
-_KIND = {str: "a string", bool: "true or false", int: "an integer, written without a fraction (200, not 200.0)", float: "a number"}
+_KIND = {str: "a string", bool: "true or false", int: "an integer, written without a fraction (200, not 200.0)",
+         float: "a number"}
 _ALLOWED = {name: set(rule.accepts) | ({_NONE} if rule.nullable else set()) for name, rule in FIELDS.items()}
 
 
@@ -205,7 +206,7 @@ def _check(i: int, rec: object, now: float, max_future_s: float) -> None:
             raise BatchError(f"record {i}: unknown field '{name}' (fields: {', '.join(FIELDS)})", i, name)
         if value is None:
             continue
-        if isinstance(value, bool) and rule.kind is not bool or not isinstance(value, rule.accepts):
+        if (isinstance(value, bool) and rule.kind is not bool) or not isinstance(value, rule.accepts):
             raise BatchError(f"record {i}: field '{name}' must be {_KIND[rule.kind]}", i, name)
         if isinstance(value, float) and not math.isfinite(value):
             raise BatchError(f"record {i}: field '{name}' must be finite", i, name)

@@ -8,8 +8,9 @@ import logging
 import math
 import threading
 import time
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from typing import Annotated, AsyncIterator, ClassVar, Iterator, Literal
+from typing import Annotated, ClassVar, Literal
 
 import orjson
 from fastapi import FastAPI, Query
@@ -24,24 +25,21 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
-from inferwatch.drift import api, report
-from inferwatch.drift.ab import http as ab_http
-from inferwatch.drift.ab import report as ab_report
+from inferwatch import __version__
+from inferwatch.drift import api, metrics as drift_metrics, report
+from inferwatch.drift.ab import http as ab_http, report as ab_report
+from inferwatch.drift.ab.cost import PrometheusCost
 from inferwatch.drift.ab.exposition import AbCollector, Watchlist
-from inferwatch.drift import metrics as drift_metrics
-from inferwatch.drift.errors import CatchAll, http_error
-from inferwatch.drift.errors import error_response as _error
+from inferwatch.drift.errors import CatchAll, error_response as _error, http_error
 from inferwatch.drift.feature_record import TEXT_MAX, UNIX_S
 from inferwatch.drift.feedback import FeedbackBatch
 from inferwatch.drift.methods import DriftResult
-from inferwatch.drift.ab.cost import PrometheusCost
 from inferwatch.drift.prometheus_source import METRIC_NAME, SELECTOR, PrometheusSource, SourceError
 from inferwatch.drift.schema import FEATURES, NUMERIC_FEATURES, UNITS, BatchError
 from inferwatch.drift.state import Baseline, DriftState, SegmentLimit, WindowConfig, headline, smallest_alpha
 from inferwatch.drift.store import Store
 from inferwatch.drift.verdicts import SegmentVerdict, analysis_edges, feature_status
 from inferwatch.drift.windows import Segment
-from inferwatch import __version__
 from inferwatch.secret_files import SecretFileSettings
 
 
@@ -86,7 +84,7 @@ class DriftSettings(SecretFileSettings):
                                                            "(a restart replays what came after)")
 
     @model_validator(mode="after")
-    def _alpha_resolvable(self) -> "DriftSettings":
+    def _alpha_resolvable(self) -> DriftSettings:
         if self.alpha < smallest_alpha(self.resamples):
             raise ValueError(f"alpha {self.alpha:g} is below what {self.resamples} resamples can resolve "
                              f"(1/{self.resamples + 1}): raise resamples or alpha")
@@ -183,7 +181,7 @@ def _checkpoint_loop(state: DriftState, every_s: float, stop: threading.Event) -
     while not stop.wait(every_s):
         try:
             state.checkpoint_ledgers()
-        except Exception:  # noqa: BLE001 - a full disk must not end the loop: the next try may work
+        except Exception:
             logging.getLogger(__name__).exception("experiment ledger checkpoint failed")
 
 

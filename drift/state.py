@@ -11,9 +11,10 @@ import math
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable, NamedTuple, TypeVar
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 
@@ -23,9 +24,25 @@ from inferwatch.drift.calibration import RESAMPLES
 from inferwatch.drift.calibrator import BackgroundCalibrator
 from inferwatch.drift.feedback import POSITIVE, FeedbackBatch
 from inferwatch.drift.methods import METHODS, DriftResult, ks_exact, wasserstein_exact
-from inferwatch.drift.schema import CATEGORICAL_FEATURES, FEATURES, NUMERIC_FEATURES, UNITS, Batch, BatchError, parse_batch
+from inferwatch.drift.schema import (
+    CATEGORICAL_FEATURES,
+    FEATURES,
+    NUMERIC_FEATURES,
+    UNITS,
+    Batch,
+    BatchError,
+    parse_batch,
+)
 from inferwatch.drift.store import Store
-from inferwatch.drift.verdicts import CalibrationCache, Policy, Reference, SegmentVerdict, analysis_edges, reference_of, score
+from inferwatch.drift.verdicts import (
+    CalibrationCache,
+    Policy,
+    Reference,
+    SegmentVerdict,
+    analysis_edges,
+    reference_of,
+    score,
+)
 from inferwatch.drift.windows import Segment, SegmentWindow, baseline_from, segments_of
 
 log = logging.getLogger(__name__)

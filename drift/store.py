@@ -4,7 +4,8 @@ the experiment ledgers.
 Batches are stored as received (one row per batch, written before the ingest is answered)
 in WAL mode with synchronous=NORMAL: a committed transaction survives the process being
 killed (-9) because it is in the OS page cache and the WAL; only a power loss before the
-next checkpoint could lose the last commits. Windows are rebuilt from these rows on start; experiment ledgers from their last checkpoint
+next checkpoint could lose the last commits. Windows are rebuilt from these rows on start; experiment ledgers from their
+last checkpoint
 and the batches and ratings stored after it.
 
 Checkpoints (which fsync) run on a background thread with its own connection instead of

@@ -16,7 +16,15 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from inferwatch.drift.binning import CategoricalCounts, Edges, Histogram, merge, merged_bins, merged_edges, quantile_starts
+from inferwatch.drift.binning import (
+    CategoricalCounts,
+    Edges,
+    Histogram,
+    merge,
+    merged_bins,
+    merged_edges,
+    quantile_starts,
+)
 from inferwatch.drift.calibration import RESAMPLES, NullDistribution, holm, null_distribution, size_band
 from inferwatch.drift.methods import METHODS, DriftResult, chi_square, evaluate, prepare
 from inferwatch.drift.schema import CATEGORICAL_FEATURES, NUMERIC_FEATURES

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from inferwatch.exporters.gpm import GpmReader, gpm_supported
 from inferwatch.exporters.metrics import COMPUTE_MODES, TEMPERATURE_THRESHOLDS, THROTTLE_REASONS

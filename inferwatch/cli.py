@@ -10,7 +10,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, NoReturn, Optional
+from typing import Annotated, NoReturn
 from urllib.parse import urlsplit
 
 import typer
@@ -63,12 +63,12 @@ def _fail(message: str) -> NoReturn:
     raise typer.Exit(2)
 
 
-ConfigOption = Annotated[Optional[Path], typer.Option(
+ConfigOption = Annotated[Path | None, typer.Option(
     "--config", envvar="INFERWATCH_CONFIG", help="A team's settings (inferwatch.yaml); default: the defaults, "
                                                   "which make the repository's committed files.")]
 
 
-def _checked_settings(config: Optional[Path]):
+def _checked_settings(config: Path | None):
     """The settings of ``config`` checked as a whole (each field, then what only the built spec
     can tell); every problem printed as FILE:LINE:COLUMN: field.path: message, then exit 2."""
     from inferwatch.alerts.spec import build
@@ -123,7 +123,8 @@ def schema() -> None:
 
 @model_app.command("build")
 def model_build(
-    cache_dir: Annotated[Optional[Path], typer.Option(help="Cache root (default $INFERWATCH_CACHE_DIR or ~/.cache/inferwatch).")] = None,
+    cache_dir: Annotated[Path | None, typer.Option(
+        help="Cache root (default $INFERWATCH_CACHE_DIR or ~/.cache/inferwatch).")] = None,
     force: Annotated[bool, typer.Option(help="Rebuild even if an identical build exists.")] = False,
 ) -> None:
     """Build the seeded tiny Llama (random weights, local tokenizer) and print its folder. No download."""
@@ -155,13 +156,13 @@ def vllm(
     port: int = 8000,
     max_model_len: int = 512,
     dtype: Annotated[str, typer.Option(help="vLLM --dtype (bfloat16 on the CPU build).")] = "auto",
-    otlp_endpoint: Annotated[Optional[str], typer.Option(help="OTLP traces endpoint for vLLM's llm_request spans.")] = None,
+    otlp_endpoint: Annotated[str | None, typer.Option(help="OTLP traces endpoint for vLLM's llm_request spans.")] = None,
     startup_timeout: Annotated[float, typer.Option(help="Seconds to wait for /health.")] = 300.0,
     vllm_args: Annotated[str, typer.Option(
         envvar="INFERWATCH_VLLM_ARGS", help="More arguments for vLLM, in one string (e.g. '--enforce-eager': "
                                             "no torch.compile, a start about twice as fast on the CPU).")] = "",
     run_dir: Annotated[Path, typer.Option(help="Folder for logs.")] = DEFAULT_RUN_DIR,
-    log_file: Annotated[Optional[str], typer.Option(
+    log_file: Annotated[str | None, typer.Option(
         help="vLLM's log; '-' passes its output through to this process's (a container's log). "
              "Default: <run-dir>/vllm.log.")] = None,
 ) -> None:
@@ -177,31 +178,32 @@ def vllm(
 
 @app.command()
 def gateway(
-    host: Annotated[Optional[str], typer.Option(help="Listen address [INFERWATCH_GATEWAY_HOST].")] = None,
-    port: Annotated[Optional[int], typer.Option(help="Listen port [INFERWATCH_GATEWAY_PORT].")] = None,
-    upstream_url: Annotated[Optional[str], typer.Option(help="vLLM base URL; several replicas comma-separated [INFERWATCH_GATEWAY_UPSTREAM_URL].")] = None,
-    variant: Annotated[Optional[str], typer.Option(help="Model version label [INFERWATCH_GATEWAY_VARIANT].")] = None,
-    otlp_endpoint: Annotated[Optional[str], typer.Option(help="OTLP endpoint; none disables tracing.")] = None,
-    otlp_protocol: Annotated[Optional[str], typer.Option(help="http/protobuf or grpc.")] = None,
-    trace_sample_ratio: Annotated[Optional[float], typer.Option(help="Share of new traces sampled, 0..1.")] = None,
-    drift_url: Annotated[Optional[list[str]], typer.Option(
+    host: Annotated[str | None, typer.Option(help="Listen address [INFERWATCH_GATEWAY_HOST].")] = None,
+    port: Annotated[int | None, typer.Option(help="Listen port [INFERWATCH_GATEWAY_PORT].")] = None,
+    upstream_url: Annotated[str | None, typer.Option(
+        help="vLLM base URL; several replicas comma-separated [INFERWATCH_GATEWAY_UPSTREAM_URL].")] = None,
+    variant: Annotated[str | None, typer.Option(help="Model version label [INFERWATCH_GATEWAY_VARIANT].")] = None,
+    otlp_endpoint: Annotated[str | None, typer.Option(help="OTLP endpoint; none disables tracing.")] = None,
+    otlp_protocol: Annotated[str | None, typer.Option(help="http/protobuf or grpc.")] = None,
+    trace_sample_ratio: Annotated[float | None, typer.Option(help="Share of new traces sampled, 0..1.")] = None,
+    drift_url: Annotated[list[str] | None, typer.Option(
         help="Drift service base URL for feature records and ratings; repeat it for a drift pair, each gets "
              "everything [INFERWATCH_GATEWAY_DRIFT_URL, INFERWATCH_GATEWAY_DRIFT_URLS].")] = None,
-    limits_file: Annotated[Optional[Path], typer.Option(
+    limits_file: Annotated[Path | None, typer.Option(
         help="YAML limits per API key and model, re-read when it changes [INFERWATCH_GATEWAY_LIMITS_FILE].")] = None,
-    experiment_file: Annotated[Optional[Path], typer.Option(
+    experiment_file: Annotated[Path | None, typer.Option(
         help="YAML experiments: variants and weights per public model [INFERWATCH_GATEWAY_EXPERIMENT_FILE].")] = None,
-    redis_url: Annotated[Optional[str], typer.Option(
+    redis_url: Annotated[str | None, typer.Option(
         help="Redis shared by the gateway's replicas: weights, feedback memory, limits "
              "[INFERWATCH_GATEWAY_REDIS_URL]; none keeps them in this process.")] = None,
-    workers: Annotated[Optional[int], typer.Option(
+    workers: Annotated[int | None, typer.Option(
         help="Processes serving the port, one core each, one /metrics for all; above 1 needs --redis-url "
              "[INFERWATCH_GATEWAY_WORKERS].")] = None,
     log_level: str = "warning",
 ) -> None:
     """Run the instrumented OpenAI-compatible gateway. Every setting also reads INFERWATCH_GATEWAY_*."""
-    from inferwatch.serving.settings import GatewaySettings
     from inferwatch.serving import workers as worker_processes
+    from inferwatch.serving.settings import GatewaySettings
 
     settings = _settings(GatewaySettings, "gateway", host=host, port=port, upstream_url=upstream_url,
                          variant=variant, otlp_endpoint=otlp_endpoint, otlp_protocol=otlp_protocol,
@@ -231,9 +233,9 @@ def _serve_gateway(settings, log_level: str, worker=None) -> int:
     import uvicorn
 
     from inferwatch.serving.admission import PolicyError
-    from inferwatch.serving.split import ExperimentError
     from inferwatch.serving.gateway import create_app
     from inferwatch.serving.server import uvicorn_options
+    from inferwatch.serving.split import ExperimentError
     from inferwatch.serving.workers import reuse_port_socket
 
     try:
@@ -329,7 +331,7 @@ def experiment_set_weights(
 @app.command("check-secrets")
 def check_secrets(
     required: Annotated[list[str], typer.Argument(help="VAR=PATH: a secret file that must hold a value.")],
-    optional: Annotated[Optional[list[str]], typer.Option(
+    optional: Annotated[list[str] | None, typer.Option(
         help="VAR=PATH: a secret file that may be empty (left unset).")] = None,
 ) -> None:
     """Check secret files before anything uses them: every one readable UTF-8 text, the
@@ -364,13 +366,13 @@ def key_id_command(key: Annotated[str, typer.Argument(help="An API key of the ga
 
 @app.command()
 def exporter(
-    host: Annotated[Optional[str], typer.Option(help="Listen address [INFERWATCH_EXPORTER_HOST].")] = None,
-    port: Annotated[Optional[int], typer.Option(help="Listen port [INFERWATCH_EXPORTER_PORT], default 9400.")] = None,
-    interval: Annotated[Optional[float], typer.Option(help="Seconds between NVML samples, default 1.")] = None,
-    slow_interval: Annotated[Optional[float], typer.Option(help="Seconds between process-list samples, default 10.")] = None,
-    processes: Annotated[Optional[bool], typer.Option("--processes/--no-processes",
+    host: Annotated[str | None, typer.Option(help="Listen address [INFERWATCH_EXPORTER_HOST].")] = None,
+    port: Annotated[int | None, typer.Option(help="Listen port [INFERWATCH_EXPORTER_PORT], default 9400.")] = None,
+    interval: Annotated[float | None, typer.Option(help="Seconds between NVML samples, default 1.")] = None,
+    slow_interval: Annotated[float | None, typer.Option(help="Seconds between process-list samples, default 10.")] = None,
+    processes: Annotated[bool | None, typer.Option("--processes/--no-processes",
                                                       help="Export GPU memory per process (pid label).")] = None,
-    gpm: Annotated[Optional[bool], typer.Option("--gpm/--no-gpm", help="GPM metrics on Hopper+, default on.")] = None,
+    gpm: Annotated[bool | None, typer.Option("--gpm/--no-gpm", help="GPM metrics on Hopper+, default on.")] = None,
     log_level: str = "info",
 ) -> None:
     """Run the NVML GPU exporter (USE metrics, XID errors). Without a GPU it serves inferwatch_nvml_up 0."""
@@ -389,11 +391,11 @@ def exporter(
 
 @drift_app.command("serve")
 def drift_serve(
-    host: Annotated[Optional[str], typer.Option(help="Listen address [INFERWATCH_DRIFT_HOST].")] = None,
-    port: Annotated[Optional[int], typer.Option(help="Listen port [INFERWATCH_DRIFT_PORT], default 8090.")] = None,
-    db_path: Annotated[Optional[str], typer.Option(help="SQLite file [INFERWATCH_DRIFT_DB_PATH].")] = None,
-    window: Annotated[Optional[float], typer.Option(help="Current window length, seconds (default 3600).")] = None,
-    prometheus_url: Annotated[Optional[str], typer.Option(help="Prometheus for fleet-wide drift.")] = None,
+    host: Annotated[str | None, typer.Option(help="Listen address [INFERWATCH_DRIFT_HOST].")] = None,
+    port: Annotated[int | None, typer.Option(help="Listen port [INFERWATCH_DRIFT_PORT], default 8090.")] = None,
+    db_path: Annotated[str | None, typer.Option(help="SQLite file [INFERWATCH_DRIFT_DB_PATH].")] = None,
+    window: Annotated[float | None, typer.Option(help="Current window length, seconds (default 3600).")] = None,
+    prometheus_url: Annotated[str | None, typer.Option(help="Prometheus for fleet-wide drift.")] = None,
     log_level: str = "warning",
 ) -> None:
     """Run the drift service: ingest feature records, serve drift as JSON, /metrics and /report."""
@@ -412,8 +414,8 @@ def drift_serve(
 def drift_report(
     url: Annotated[str, typer.Option(help="Drift service base URL.")] = "http://127.0.0.1:8090",
     out: Annotated[Path, typer.Option(help="Where to write the HTML report.")] = Path("drift-report.html"),
-    model: Annotated[Optional[str], typer.Option(help="Only this model.")] = None,
-    variant: Annotated[Optional[str], typer.Option(help="Only this variant.")] = None,
+    model: Annotated[str | None, typer.Option(help="Only this model.")] = None,
+    variant: Annotated[str | None, typer.Option(help="Only this variant.")] = None,
 ) -> None:
     """Fetch the drift report (reference vs current per feature, with scores) as an HTML file."""
     import urllib.error
@@ -496,7 +498,7 @@ def _local_url(port: int) -> str:
 
 @app.command()
 def demo(
-    scenario: Annotated[Optional[list[str]], typer.Option(
+    scenario: Annotated[list[str] | None, typer.Option(
         help="Run only these, in the demo's order (repeat it): steady, burst, outage, canary, drift.")] = None,
     pace: Annotated[float, typer.Option(min=0.05, max=10, help="Scales each scenario's traffic phase "
                                                                 "(0.5: half as long).")] = 1.0,
@@ -507,12 +509,12 @@ def demo(
     pager_url: str = _local_url(9097),
     drift_url: str = _local_url(8090),
     model: Annotated[str, typer.Option(help="The model steady traffic asks for.")] = "tiny-llama",
-    ab_model: Annotated[Optional[str], typer.Option(help="The public model of the canary's experiment "
+    ab_model: Annotated[str | None, typer.Option(help="The public model of the canary's experiment "
                                                           "(default: MODEL-ab, as `inferwatch up` sets it).")] = None,
-    admin_token: Annotated[Optional[str], typer.Option(
+    admin_token: Annotated[str | None, typer.Option(
         envvar="INFERWATCH_GATEWAY_ADMIN_TOKEN", show_default=False,
         help="The gateway's admin token (default: <run-dir>/gateway_admin_token, written by `inferwatch up`).")] = None,
-    api_key: Annotated[Optional[str], typer.Option(envvar="INFERWATCH_DEMO_API_KEY", show_default=False,
+    api_key: Annotated[str | None, typer.Option(envvar="INFERWATCH_DEMO_API_KEY", show_default=False,
                                                    help="An API key of the gateway, if it requires one.")] = None,
     run_dir: Annotated[Path, typer.Option(help="The run folder of `inferwatch up`.")] = DEFAULT_RUN_DIR,
     allow_remote: Annotated[bool, typer.Option(help="Allow URLs off this machine's loopback (the demo floods "
@@ -596,14 +598,15 @@ def up(
     vllm_args: Annotated[str, typer.Option(
         envvar="INFERWATCH_VLLM_ARGS", help="More arguments for vLLM, in one string (e.g. '--enforce-eager': "
                                             "no torch.compile, a start about twice as fast on the CPU).")] = "",
-    otlp_endpoint: Annotated[Optional[str], typer.Option(help="OTLP endpoint for gateway and vLLM spans.")] = None,
-    pagerduty_routing_key_file: Annotated[Optional[Path], typer.Option(
+    otlp_endpoint: Annotated[str | None, typer.Option(help="OTLP endpoint for gateway and vLLM spans.")] = None,
+    pagerduty_routing_key_file: Annotated[Path | None, typer.Option(
         envvar="INFERWATCH_PAGERDUTY_ROUTING_KEY_FILE", help="Also page PagerDuty (Events v2) with this key.")] = None,
-    heartbeat_url: Annotated[Optional[str], typer.Option(
+    heartbeat_url: Annotated[str | None, typer.Option(
         envvar="INFERWATCH_HEARTBEAT_URL",
         help="The dead man's switch: where the always-firing Watchdog goes every minute, on another host "
              "(a healthchecks.io ping URL, a PagerDuty or Opsgenie heartbeat); the local pager by default.")] = None,
-    rules_dir: Annotated[Optional[Path], typer.Option(help="Alert rule files (default: the packaged rules, written to <run-dir>/rules).")] = None,
+    rules_dir: Annotated[Path | None, typer.Option(
+        help="Alert rule files (default: the packaged rules, written to <run-dir>/rules).")] = None,
     fast_alerting: Annotated[bool, typer.Option(help="For tests and demos: 1s scrape and evaluation, "
                                                      "short Alertmanager waits.")] = False,
     startup_timeout: float = 300.0,
@@ -615,8 +618,8 @@ def up(
 ) -> None:
     """Run the local stack until Ctrl-C: vLLM, drift service, gateway, GPU exporter, then Prometheus,
     Alertmanager and the local pager. A child that crashes is restarted with backoff."""
-    from inferwatch.supervise import ManagedProcess
     from inferwatch.serving.vllm_launcher import VLLMConfig, vllm_process
+    from inferwatch.supervise import ManagedProcess
 
     if monitoring_only and not prometheus_port:
         _fail("--monitoring-only with --prometheus-port 0 leaves nothing to start.")
@@ -752,14 +755,20 @@ def _watched(run_dir: Path) -> list[str]:
     return [str(run_dir)] + [str(p) for p in (default_cache_dir(), hf) if p.is_dir()]
 
 
-def _monitoring_children(run_dir: Path, targets, pager, pagerduty_key: Optional[Path], heartbeat_url: Optional[str],
-                         rules_dir: Optional[Path], settings, fast: bool) -> list:
+def _monitoring_children(run_dir: Path, targets, pager, pagerduty_key: Path | None, heartbeat_url: str | None,
+                         rules_dir: Path | None, settings, fast: bool) -> list:
     """The local pager, Alertmanager and Prometheus, configured by the same functions as deploy/,
     from the settings (rules and routes regenerated into the run folder)."""
     from inferwatch.alerts.generate import rule_files, write
-    from inferwatch.alerts.spec import build
     from inferwatch.alerts.routing import Receivers
-    from inferwatch.deploy.monitoring import FAST_INTERVALS, Intervals, alertmanager_process, prometheus_process, write_local_configs
+    from inferwatch.alerts.spec import build
+    from inferwatch.deploy.monitoring import (
+        FAST_INTERVALS,
+        Intervals,
+        alertmanager_process,
+        prometheus_process,
+        write_local_configs,
+    )
 
     hooks = pager.health_url.removesuffix("/health") + "/hooks"
     heartbeat_url = heartbeat_url or settings.routing.heartbeat_url

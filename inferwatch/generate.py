@@ -17,8 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from inferwatch.alerts import dcgm
-from inferwatch.alerts import generate as rules
+from inferwatch.alerts import dcgm, generate as rules
 from inferwatch.alerts.spec import build
 from inferwatch.config.load import schema_text
 from inferwatch.config.settings import Settings

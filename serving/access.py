@@ -15,12 +15,12 @@ from collections.abc import Awaitable, Mapping
 from inferwatch.serving import errors
 from inferwatch.serving.admission import ANONYMOUS, Admission, PolicyFile, Rejection, Ticket, key_id
 from inferwatch.serving.errors import CLIENT_CLOSED, GatewayError
-from inferwatch.serving.split import FORCE_TOKEN_HEADER
 from inferwatch.serving.metrics import GatewayMetrics
 from inferwatch.serving.request import RequestState
 from inferwatch.serving.settings import GatewaySettings
 from inferwatch.serving.shared_limits import SharedAdmission
 from inferwatch.serving.shared_state import SharedState
+from inferwatch.serving.split import FORCE_TOKEN_HEADER
 from inferwatch.serving.sse import StreamAccount
 
 log = logging.getLogger(__name__)

@@ -57,7 +57,7 @@ class _HeadCache:
     """uvicorn's default headers (``date``, ``server``) as bytes, joined once per list: the
     server swaps in a new list when the date changes, once a second."""
 
-    __slots__ = ("source", "joined")
+    __slots__ = ("joined", "source")
 
     def __init__(self) -> None:
         self.source: list | None = None
@@ -75,9 +75,27 @@ _DEFAULT_HEAD = _HeadCache()
 class Exchange:
     """The request's head and body as they arrive, and its answer, whole or streamed."""
 
-    __slots__ = ("protocol", "handler", "transport", "route", "raw_headers", "_headers", "body", "more_body",
-                 "disconnected", "response_complete", "response_started", "keep_alive", "chunked",
-                 "_body_limit", "_body_waiter", "_continued", "_on_gone", "on_writable", "raw_length")
+    __slots__ = (
+        "_body_limit",
+        "_body_waiter",
+        "_continued",
+        "_headers",
+        "_on_gone",
+        "body",
+        "chunked",
+        "disconnected",
+        "handler",
+        "keep_alive",
+        "more_body",
+        "on_writable",
+        "protocol",
+        "raw_headers",
+        "raw_length",
+        "response_complete",
+        "response_started",
+        "route",
+        "transport",
+    )
 
     def __init__(self, protocol: Connection, handler: Callable[[Exchange], Awaitable[None]], route: Route,
                  raw_headers: list[tuple[bytes, bytes]], *, keep_alive: bool, chunked: bool) -> None:

@@ -17,11 +17,11 @@ prometheus_client's own encoder, one family at a time.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable, Iterable
 from functools import lru_cache, partial
-from typing import Callable, Iterable, NamedTuple
+from typing import NamedTuple
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client import metrics as _metrics
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, metrics as _metrics
 from prometheus_client.exposition import choose_encoder, generate_latest as _text_encoder
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.metrics_core import Metric

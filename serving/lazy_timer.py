@@ -30,7 +30,7 @@ class LazyTimer:
     """``check`` runs when the timer fires: it returns None when done (the deadline passed and
     was acted on, or nothing waits), or the deadline in force, ``time.monotonic()`` seconds."""
 
-    __slots__ = ("_check", "_handle", "_at")
+    __slots__ = ("_at", "_check", "_handle")
 
     def __init__(self, check: Callable[[], float | None]) -> None:
         self._check = check

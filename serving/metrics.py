@@ -300,10 +300,10 @@ def observe_many(child: Histogram, values: list[float]) -> None:
     not cumulative, counts; pinned in pyproject.toml, checked against ``observe`` in tests)."""
     if not values:
         return
-    bounds = child._upper_bounds  # noqa: SLF001
+    bounds = child._upper_bounds
     tally = Tally(bisect_left(bounds, v) for v in values if not math.isnan(v))  # observe: the first bound >= v
-    child._sum.inc(math.fsum(values))  # noqa: SLF001
-    buckets = child._buckets  # noqa: SLF001
+    child._sum.inc(math.fsum(values))
+    buckets = child._buckets
     for index, count in tally.items():
         buckets[index].inc(count)
 
@@ -319,8 +319,22 @@ class RouteSeries:
     leads to; the gateway records about ten series per request, so it looks them up once
     per label set (bounded: models are validated, variants configured, routes two)."""
 
-    __slots__ = ("_m", "_key", "_by_status", "in_flight", "ttft", "itl", "tpot", "input_tokens", "output_tokens",
-                 "prompt_tokens", "completion_tokens", "repetition", "_abnormal", "_sampling")
+    __slots__ = (
+        "_abnormal",
+        "_by_status",
+        "_key",
+        "_m",
+        "_sampling",
+        "completion_tokens",
+        "in_flight",
+        "input_tokens",
+        "itl",
+        "output_tokens",
+        "prompt_tokens",
+        "repetition",
+        "tpot",
+        "ttft",
+    )
 
     def __init__(self, m: GatewayMetrics, model: str, variant: str, route: str) -> None:
         self._m, self._key = m, (model, variant, route)

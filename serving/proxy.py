@@ -35,8 +35,7 @@ from inferwatch.serving.request import RequestState
 from inferwatch.serving.routing import Experiments
 from inferwatch.serving.settings import GatewaySettings
 from inferwatch.serving.sse import StreamAccount, chunk_logprobs, finish_reason_of, strip_logprobs
-from inferwatch.serving.tracing import (OPERATION, PROPAGATOR, ServerSpans, end_span, inject_context,
-                                        request_attributes)
+from inferwatch.serving.tracing import OPERATION, PROPAGATOR, ServerSpans, end_span, inject_context, request_attributes
 from inferwatch.serving.upstream import Upstream
 from inferwatch.serving.validation import ROUTE_PATHS, ParsedRequest, parse_request, upstream_payload
 

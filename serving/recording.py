@@ -12,10 +12,10 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
+from inferwatch.drift.sampling_params import sampling_bins
 from inferwatch.serving.errors import CLIENT_CLOSED, status_class
 from inferwatch.serving.features import FeatureFanout, FeatureQueue, FeatureRecord
 from inferwatch.serving.feedback import AnswerMemory
-from inferwatch.drift.sampling_params import sampling_bins
 from inferwatch.serving.metrics import ABNORMAL_KINDS, GatewayMetrics, RouteSeries, observe_many
 from inferwatch.serving.output_quality import assess
 from inferwatch.serving.request import RequestState

@@ -115,7 +115,7 @@ class UpstreamConnection(asyncio.Protocol):
         response = self.response
         if response is not None:
             response.status = self.parser.get_status_code()
-            response.status_late = time.monotonic() - response._deadline > SLACK_S  # noqa: SLF001
+            response.status_late = time.monotonic() - response._deadline > SLACK_S
             response.keep_alive = self.parser.should_keep_alive()
             response.wake()
 

@@ -19,15 +19,22 @@ from prometheus_client import Counter
 from inferwatch.serving import errors
 from inferwatch.serving.admission import ANONYMOUS
 from inferwatch.serving.errors import GatewayError
+from inferwatch.serving.metrics import GatewayMetrics
 from inferwatch.serving.request import RequestState
+from inferwatch.serving.settings import GatewaySettings
 from inferwatch.serving.shared_state import SharedState, SharedStateUnavailable, every
 from inferwatch.serving.shared_weights import POLL_S, SharedWeights
-from inferwatch.serving.split import FORCE_HEADER, FORCE_TOKEN_HEADER, Split, Variant, parse_experiments, resolve_weights
-from inferwatch.serving.weights_store import describe_change, load_splits, save_weights
-from inferwatch.serving.metrics import GatewayMetrics
-from inferwatch.serving.settings import GatewaySettings
+from inferwatch.serving.split import (
+    FORCE_HEADER,
+    FORCE_TOKEN_HEADER,
+    Split,
+    Variant,
+    parse_experiments,
+    resolve_weights,
+)
 from inferwatch.serving.upstream import Upstream
 from inferwatch.serving.validation import ModelInfo, ParsedRequest
+from inferwatch.serving.weights_store import describe_change, load_splits, save_weights
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +43,7 @@ class Catalog(Mapping[str, ModelInfo]):
     """The models clients may ask for: the default upstream's, and each experiment's public
     name, whose context is the smallest of its variants' (a request must fit every one)."""
 
-    def __init__(self, default: Upstream, experiments: "Experiments") -> None:
+    def __init__(self, default: Upstream, experiments: Experiments) -> None:
         self._default, self._experiments = default, experiments
 
     def __getitem__(self, name: str) -> ModelInfo:

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated, ClassVar, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
-from typing import Annotated, ClassVar, Literal
-
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from inferwatch.secret_files import SecretFileSettings
-
 from inferwatch.serving.shared_state import check_redis_url
 from inferwatch.serving.upstream_targets import normalize_upstream
 
@@ -165,7 +163,7 @@ class GatewaySettings(SecretFileSettings):
         return value
 
     @model_validator(mode="after")
-    def _workers_share_state(self) -> "GatewaySettings":
+    def _workers_share_state(self) -> GatewaySettings:
         if self.workers > 1 and self.redis_url is None:
             raise ValueError(f"workers={self.workers} needs redis_url: each worker is a replica, and without shared "
                              "state each would allow every limit in full, keep its own experiment weights and know "

@@ -37,7 +37,6 @@ import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
-
 from inferwatch.serving.admission import Admission, Limits, Policy, Rejection, Scope, Ticket
 from inferwatch.serving.shared_state import BACKGROUND_TIMEOUT_S, SharedState, SharedStateUnavailable
 
@@ -290,7 +289,7 @@ class SharedAdmission:
             if refusal is not None:
                 return refusal
             accounts.append((scope, name, acc))
-        for scope, name, acc in accounts:
+        for _scope, _name, acc in accounts:
             if acc.limits.requests_per_minute is not None and acc.lease < 1:
                 acc.owed += 1
                 acc.lease += 1  # spent at once by _take

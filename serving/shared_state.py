@@ -166,6 +166,6 @@ async def every(interval_s: float, step: Callable[[], Awaitable[None]], name: st
             await step()
         except SharedStateUnavailable:
             pass
-        except Exception:  # noqa: BLE001 - a background loop must outlive any one bug
+        except Exception:
             log.exception("%s failed", name)
         await asyncio.sleep(interval_s)

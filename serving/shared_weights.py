@@ -32,8 +32,7 @@ from redis.exceptions import WatchError
 
 from inferwatch.serving.shared_state import BACKGROUND_TIMEOUT_S, SharedState
 from inferwatch.serving.split import ExperimentFile, Split, resolve_weights
-from inferwatch.serving.weights_store import (describe_change, foreign, running_state, split_from_state,
-                                              state_entry)
+from inferwatch.serving.weights_store import describe_change, foreign, running_state, split_from_state, state_entry
 
 log = logging.getLogger(__name__)
 

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
 from hashlib import blake2b
 from types import MappingProxyType
-from typing import Any, Mapping, NamedTuple
+from typing import Any, NamedTuple
 
 import orjson
 import yaml
@@ -92,7 +93,7 @@ class ExperimentSpec(BaseModel):
     variants: tuple[VariantSpec, ...] = Field(min_length=2)
 
     @model_validator(mode="after")
-    def _consistent(self) -> "ExperimentSpec":
+    def _consistent(self) -> ExperimentSpec:
         names = [v.name for v in self.variants]
         if len(set(names)) != len(names):
             raise ValueError(f"variant names must be unique, got {', '.join(names)}")
@@ -179,7 +180,7 @@ class Split:
 
     @classmethod
     def of(cls, model: str, spec: ExperimentSpec, weights: tuple[float, ...] | None = None,
-           epoch: int = 0) -> "Split":
+           epoch: int = 0) -> Split:
         variants = tuple(Variant(v.name, v.upstream_url, v.model, _rename(v.model, model), MappingProxyType(v.params))
                          for v in spec.variants)
         weights = tuple(v.weight for v in spec.variants) if weights is None else weights
@@ -206,7 +207,7 @@ class Split:
                 break
         return index, Assignment(self.name, self.epoch, self.weights[index], uid)
 
-    def with_weights(self, weights: tuple[float, ...]) -> "Split":
+    def with_weights(self, weights: tuple[float, ...]) -> Split:
         """The next epoch: every change, even back to earlier weights, starts a new sample."""
         return Split(self.model, self.name, self.salt, self.variants, weights, bucket_bounds(weights), self.epoch + 1)
 

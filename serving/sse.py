@@ -68,9 +68,7 @@ def is_token_event(event: bytes) -> bool:
     """
     if _CHOICE not in event or _ROLE in event or _EMPTY_DELTA in event:
         return False
-    if _FINISH in event and _LOGPROBS not in event and (_EMPTY_TEXT[0] in event or _EMPTY_TEXT[1] in event):
-        return False
-    return True
+    return not (_FINISH in event and _LOGPROBS not in event and (_EMPTY_TEXT[0] in event or _EMPTY_TEXT[1] in event))
 
 
 @dataclass
@@ -185,7 +183,7 @@ class EventProcessor:
     gateway asked for them, so the client's bytes are otherwise forwarded untouched.
     """
 
-    __slots__ = ("account", "route", "strip_usage", "read_logprobs", "strip_lp", "_head", "_tail", "_text")
+    __slots__ = ("_head", "_tail", "_text", "account", "read_logprobs", "route", "strip_lp", "strip_usage")
 
     def __init__(self, account: StreamAccount, route: str, *, strip_usage: bool,
                  read_logprobs: bool, strip_logprobs: bool) -> None:

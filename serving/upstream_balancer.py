@@ -48,8 +48,20 @@ class Endpoint:
     """One replica: its connection pool, the requests in flight to it from this gateway,
     and whether it is in rotation."""
 
-    __slots__ = ("address", "pool", "in_flight", "ejected_until", "ejections", "failures_in_row", "next_probe",
-                 "removed", "answered", "requests", "_metrics", "_labels")
+    __slots__ = (
+        "_labels",
+        "_metrics",
+        "address",
+        "answered",
+        "ejected_until",
+        "ejections",
+        "failures_in_row",
+        "in_flight",
+        "next_probe",
+        "pool",
+        "removed",
+        "requests",
+    )
 
     def __init__(self, address: Address, settings: GatewaySettings, metrics: GatewayMetrics, upstream: str) -> None:
         self.address = address

@@ -9,7 +9,7 @@ import time
 from collections import deque
 from urllib.parse import urlsplit
 
-from inferwatch.serving.relay_client import UpstreamConnectError, UpstreamResponse, UpstreamConnection
+from inferwatch.serving.relay_client import UpstreamConnectError, UpstreamConnection, UpstreamResponse
 
 IDLE_KEEP_S = 4.0  # reuse a pooled connection only this long: uvicorn (vLLM's server) closes after 5 s
 

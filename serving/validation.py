@@ -7,8 +7,9 @@ else (sampling parameters, tools, ...) is vLLM's to validate and passes through 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 import orjson
 

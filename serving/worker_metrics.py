@@ -90,7 +90,7 @@ async def serve_own(sock: socket.socket, render: Render) -> asyncio.Server:
             writer.write(f"HTTP/1.1 200 OK\r\ncontent-type: {content_type}\r\ncontent-length: {len(body)}\r\n"
                          "connection: close\r\n\r\n".encode() + body)
             await writer.drain()
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ConnectionError):
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
             pass
         finally:
             writer.close()
@@ -102,7 +102,7 @@ async def fetch(port: int, accept: str) -> str | None:
     """A sibling's exposition from its loopback port, or None if it does not answer in time."""
     try:
         return await asyncio.wait_for(_get(port, accept), FETCH_TIMEOUT_S)
-    except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError):
+    except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError):
         return None
 
 

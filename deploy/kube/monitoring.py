@@ -24,7 +24,6 @@ the rules', the rules themselves, the paging route, and the dashboards.
 from __future__ import annotations
 
 import re
-
 from collections.abc import Mapping
 from pathlib import Path
 

@@ -11,7 +11,14 @@ from __future__ import annotations
 
 from inferwatch.deploy.kube import objects as o
 from inferwatch.deploy.kube.settings import (
-    DRIFT_PORT, EXPORTER_PORT, GATEWAY_PORT, OTLP_GRPC_PORT, OTLP_HTTP_PORT, PAGER_PORT, REDIS_PORT, VLLM_PORT,
+    DRIFT_PORT,
+    EXPORTER_PORT,
+    GATEWAY_PORT,
+    OTLP_GRPC_PORT,
+    OTLP_HTTP_PORT,
+    PAGER_PORT,
+    REDIS_PORT,
+    VLLM_PORT,
     Settings,
 )
 from inferwatch.deploy.kube.workloads import DRIFT, EXPORTER, GATEWAY, PAGER, REDIS, VLLM, name

@@ -7,7 +7,11 @@ from __future__ import annotations
 from inferwatch.deploy.kube import objects as o
 from inferwatch.deploy.kube.network import policy, tracing_policy
 from inferwatch.deploy.kube.settings import (
-    COLLECTOR_HEALTH_PORT, JAEGER_UI_PORT, OTLP_GRPC_PORT, OTLP_HTTP_PORT, Model,
+    COLLECTOR_HEALTH_PORT,
+    JAEGER_UI_PORT,
+    OTLP_GRPC_PORT,
+    OTLP_HTTP_PORT,
+    Model,
 )
 from inferwatch.deploy.kube.workloads import gateway_env_patch
 

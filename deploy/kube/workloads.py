@@ -6,11 +6,23 @@ development pager. Prometheus, Alertmanager and Grafana are kube-prometheus-stac
 from __future__ import annotations
 
 from inferwatch.deploy.kube import objects as o
-from inferwatch.serving.settings import GatewaySettings
 from inferwatch.deploy.kube.settings import (
-    DRIFT_PORT, DRIFT_SECRET, EXPORTER_PORT, GATEWAY_PORT, GATEWAY_SECRET, HF_SECRET, JOB_LABEL, PAGER_PORT,
-    REDIS_PORT, UID, UPSTREAM_SECRET, VLLM_PORT, Model, Settings,
+    DRIFT_PORT,
+    DRIFT_SECRET,
+    EXPORTER_PORT,
+    GATEWAY_PORT,
+    GATEWAY_SECRET,
+    HF_SECRET,
+    JOB_LABEL,
+    PAGER_PORT,
+    REDIS_PORT,
+    UID,
+    UPSTREAM_SECRET,
+    VLLM_PORT,
+    Model,
+    Settings,
 )
+from inferwatch.serving.settings import GatewaySettings
 
 GATEWAY, DRIFT, EXPORTER, REDIS, PAGER, VLLM = "gateway", "drift", "exporter", "redis", "pager", "vllm"
 REDIS_IMAGE = "redis:7.4.6"

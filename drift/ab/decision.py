@@ -38,8 +38,7 @@ from typing import Literal
 import numpy as np
 from scipy import stats as sps
 
-from inferwatch.drift.ab import sequential as seq
-from inferwatch.drift.ab import stats
+from inferwatch.drift.ab import sequential as seq, stats
 from inferwatch.drift.ab.cuped import adjust
 from inferwatch.drift.ab.spec import METRICS, MetricSpec
 from inferwatch.drift.ab.units import COL, COLUMNS, lead_in_means, unit_means

@@ -7,17 +7,16 @@ epoch is judged again from the ledgers, as the question asked it."""
 from __future__ import annotations
 
 import math
-
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from inferwatch.drift import metrics as m
-from inferwatch.drift.ab.decision import DECISIONS, AbResult
 from inferwatch.drift.ab.cost import CostSource, priced
+from inferwatch.drift.ab.decision import DECISIONS, AbResult
 from inferwatch.drift.ab.verdict import AbRequest, InputError, Reading, judge, read
 from inferwatch.drift.state import DriftState
 

@@ -36,12 +36,21 @@ from starlette.responses import JSONResponse, Response
 
 from inferwatch.drift.ab.cost import priced
 from inferwatch.drift.ab.exposition import Watchlist
-from inferwatch.drift.ab.verdict import (CROSS_FIELD_RULES, REQUIRED_FIELDS, AbRequest, Decision, InputError,
-                                         experiment_of, judge, read)
+from inferwatch.drift.ab.verdict import (
+    CROSS_FIELD_RULES,
+    REQUIRED_FIELDS,
+    AbRequest,
+    Decision,
+    InputError,
+    experiment_of,
+    judge,
+    read,
+)
 from inferwatch.drift.api import ErrorResponse, optional_not_null
 from inferwatch.drift.errors import error_response
 from inferwatch.drift.feature_record import TEXT_MAX
 from inferwatch.drift.state import DriftState
+
 
 def _omittable(f: FieldInfo) -> FieldInfo:
     """``f`` with its constraints, left out when not given."""

@@ -102,7 +102,7 @@ class ExperimentLedger:
         arm = self.arm(epoch, variant)
         arm.feedback = (arm.feedback[0] + positive, arm.feedback[1] + 1)
         key = sample_key(unit if unit is not None else f"{self.experiment}/rating/{at!r}")
-        if unit is not None and unit in arm.table.ids or key < self.threshold:
+        if (unit is not None and unit in arm.table.ids) or key < self.threshold:
             arm.table.add(np.array([arm.table.row(unit, key)]), feedback_values(positive))
             self._bound()
         self.dirty = True

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special
 
+
 def z_quantile(alpha: float) -> float:
     """The two-sided normal critical value for level alpha."""
     return float(special.ndtri(1 - alpha / 2))
@@ -158,8 +159,8 @@ def quantile_se(sorted_values: np.ndarray, q: float, alpha: float) -> float:
     n = sorted_values.size
     z = z_quantile(alpha)
     spread = z * math.sqrt(n * q * (1 - q))
-    low = min(max(int(round(n * q - spread)), 1), n)
-    high = min(max(int(round(n * q + spread)), 1), n)
+    low = min(max(round(n * q - spread), 1), n)
+    high = min(max(round(n * q + spread), 1), n)
     return float(sorted_values[high - 1] - sorted_values[low - 1]) / (2 * z)
 
 

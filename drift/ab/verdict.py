@@ -21,8 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from inferwatch.drift.ab.decision import DECISIONS, AbResult, Experiment, MetricResult, analyse
 from inferwatch.drift.ab.ledger import Ledgers
 from inferwatch.drift.ab.source import EpochArms, read_epoch
-from inferwatch.drift.json_int import json_int
 from inferwatch.drift.feature_record import EPOCH, TEXT_MAX
+from inferwatch.drift.json_int import json_int
 
 Decision = Literal["rollback", "hold", "continue", "promote"]
 # printable ASCII without spaces: "\S" is read differently by JSON Schema (ECMA), Python and the

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-
-import yaml
 from typing import get_args
 
+import yaml
 from pydantic import BaseModel, ValidationError
 
 from inferwatch.config.errors import ConfigError, Problem, SettingsInvalid

@@ -3,8 +3,9 @@ would, notifications read back from the local pager."""
 
 from __future__ import annotations
 
+import itertools
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import requests
@@ -40,7 +41,7 @@ def alertmanager(tmp_path):
 
 
 def post(am_url: str, *alerts: dict[str, str]) -> None:
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     body = [{"labels": {"cluster": "local", **labels}, "annotations": {"summary": labels["alertname"]},
              "startsAt": now.isoformat(), "endsAt": (now + timedelta(minutes=5)).isoformat()} for labels in alerts]
     assert requests.post(f"{am_url}/api/v2/alerts", json=body, timeout=5).status_code == 200
@@ -88,5 +89,5 @@ def test_the_watchdog_heartbeat_goes_out_at_every_group_interval(alertmanager):
     time.sleep(6.5)
     beats = [e["received_at"] for e in requests.get(f"{pager.url}/events", params={"receiver": "deadman"},
                                                      timeout=5).json()["events"]]
-    gaps = [b - a for a, b in zip(beats, beats[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(beats)]
     assert len(beats) >= 6 and max(gaps) < 1.6, gaps  # not every other interval

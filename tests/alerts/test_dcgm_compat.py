@@ -11,8 +11,8 @@ from pathlib import Path
 import yaml
 
 from inferwatch.alerts import cost, dcgm
-from inferwatch.exporters.metrics import SPECS
 from inferwatch.catalog import series_of
+from inferwatch.exporters.metrics import SPECS
 from tests.alerts.promtool import RULE_FILES, Scenario, promtool_doc, run_promtool, selector
 from tests.support.promql import metric_names
 

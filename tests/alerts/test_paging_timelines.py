@@ -12,13 +12,20 @@ from inferwatch.alerts.model import seconds
 from inferwatch.alerts.routing import timing
 from inferwatch.alerts.spec import DEFAULT
 from inferwatch.config.settings import Routing
+from tests.alerts.promtool import run_promtool
+from tests.alerts.timelines import (
+    Incident,
+    Timeline,
+    doc,
+    expected,
+    promtool_timeline,
+    tolerance_s,
+    workbook_detection_s,
+)
 
 AVAILABILITY, TTFT = DEFAULT.slo_of("availability"), DEFAULT.slo_of("ttft")
 FAST_BURN, SLOW_BURN = DEFAULT.tiers
 PAGE = timing(Routing().page)
-from tests.alerts.promtool import run_promtool
-from tests.alerts.timelines import (Incident, Timeline, doc, expected, promtool_timeline, tolerance_s,
-                                    workbook_detection_s)
 
 QUICK_STEP_S = 60  # for timelines that check states, not detection times: promtool runs 6x fewer evaluations
 

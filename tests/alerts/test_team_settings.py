@@ -117,7 +117,7 @@ def test_a_burn_just_over_the_28_day_page_threshold_pages_at_the_workbooks_time(
     out, _ = team
     spec = _team_spec(team)
     availability = spec.slo_of("availability")
-    fast, slow = spec.tiers
+    fast, _slow = spec.tiers
     history = 6 * 3600
     burn = Incident(history, history + 3 * 3600, 0.08)
     tl = Timeline(per_s=5, incidents=(burn,), length_s=history + 2 * 3600, step_s=60)

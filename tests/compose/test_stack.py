@@ -41,8 +41,15 @@ import yaml
 from inferwatch.serving.admission import key_id
 from tests.compose.conftest import MEASURED
 from tests.conftest import TINY_MODEL_NAME, running_vllms, suite_vllm
-from tests.support.docker_engine import (BASE_IMAGE, bridge_gateway, build, docker, ensure_base_image,
-                                         image_size_mb, running_daemon)
+from tests.support.docker_engine import (
+    BASE_IMAGE,
+    bridge_gateway,
+    build,
+    docker,
+    ensure_base_image,
+    image_size_mb,
+    running_daemon,
+)
 from tests.support.sockets import free_port
 from tests.support.waiting import eventually
 
@@ -297,7 +304,7 @@ def test_the_drift_pair_stored_the_request_record(stack: Stack):
     client = openai.OpenAI(base_url=stack.url("GATEWAY_PORT") + "/v1", api_key=stack.api_key, max_retries=0)
     client.completions.create(model=TINY_MODEL_NAME, prompt="drift", max_tokens=4)
     for port in ("DRIFT_PORT", "DRIFT_B_PORT"):
-        def freeze() -> list[int]:
+        def freeze(port: str = port) -> list[str]:
             return [v for v in "ab" if requests.post(
                 stack.url(port) + "/v1/baselines", timeout=10, headers={"Authorization": f"Bearer {stack.drift_token}"},
                 json={"model": TINY_MODEL_NAME, "variant": v, "from": started, "to": time.time()}).status_code == 201]

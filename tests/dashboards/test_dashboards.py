@@ -12,9 +12,9 @@ from grafana_foundation_sdk.models import dashboard as dash
 
 from inferwatch.alerts.generate import rule_files
 from inferwatch.alerts.spec import DEFAULT
+from inferwatch.catalog import exposed, kind_of
 from inferwatch.dashboards import uids
 from inferwatch.dashboards.generate import INTERVAL_ONLY, dashboards
-from inferwatch.catalog import exposed, kind_of
 from tests.support.promql import metric_names, range_functions
 
 DOCS = dashboards()

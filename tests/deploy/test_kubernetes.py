@@ -27,13 +27,13 @@ from inferwatch.alerts import dcgm, spec
 from inferwatch.alerts.generate import RULES_DIR
 from inferwatch.dashboards.generate import JSON_DIR
 from inferwatch.deploy.kube import autoscaling, settings as kube
-from inferwatch.deploy.kube.settings import DEFAULT as KUBE
-
-OVERLAYS = KUBE.overlays
 from inferwatch.deploy.kube.monitoring import LEFT_OUT
+from inferwatch.deploy.kube.settings import DEFAULT as KUBE
 from inferwatch.deploy.kube.workloads import VLLM_API_KEY
 from inferwatch.deploy.manifests import K8S_DIR
 from tests.deploy.crd_schema import CRD_DIR, KubeLoader, custom_resource_validator
+
+OVERLAYS = KUBE.overlays
 
 KUBERNETES_VERSION = "1.32.0"  # kubectl's here; kube-prometheus-stack and KEDA support it
 ROOT = Path(__file__).resolve().parents[2]
@@ -280,13 +280,13 @@ def test_the_chart_prometheus_is_found_from_the_release_name():
         "http://prometheus-kube-prometheus-prometheus.monitoring.svc:9090"
     assert kube.Cluster(release="kps", monitoring_namespace="obs").prometheus_url == \
         "http://kps-kube-prometheus-stack-prometheus.obs.svc:9090"
-    drift_args = [o for o in built("gpu") if _key(o) == ("StatefulSet", "inferwatch-drift")][0][
+    drift_args = next(o for o in built("gpu") if _key(o) == ("StatefulSet", "inferwatch-drift"))[
         "spec"]["template"]["spec"]["containers"][0]["args"]
     assert drift_args[drift_args.index("--prometheus-url") + 1] == kube.Cluster().prometheus_url
 
 
 def test_scaling_holds_what_it_has_when_it_cannot_read_the_queue():
-    for overlay, model in OVERLAYS.items():
+    for overlay, _model in OVERLAYS.items():
         [scaled] = _by_kind(built(overlay), "ScaledObject")
         assert scaled["spec"]["fallback"]["behavior"] == "currentReplicas"  # never shed a busy GPU pod
         [trigger] = scaled["spec"]["triggers"]
@@ -307,7 +307,7 @@ def test_pods_drain_before_they_stop():
             pod = deployment["spec"]["template"]["spec"]
             pause = pod["containers"][0]["lifecycle"]["preStop"]["sleep"]["seconds"]
             assert pod["terminationGracePeriodSeconds"] >= pause + defaults.upstream_timeout_s, name
-        vllm_pod = [o for o in objects if _key(o) == ("Deployment", model.service)][0]["spec"]["template"]["spec"]
+        vllm_pod = next(o for o in objects if _key(o) == ("Deployment", model.service))["spec"]["template"]["spec"]
         assert vllm_pod["containers"][0]["lifecycle"]["preStop"]["sleep"]["seconds"] > defaults.upstream_resolve_s
 
 
@@ -350,9 +350,9 @@ def test_ports_and_settings_are_the_components_own():
     from inferwatch.exporters.server import ExporterSettings
     from inferwatch.serving.settings import GatewaySettings
 
-    assert (kube.GATEWAY_PORT, kube.DRIFT_PORT, kube.EXPORTER_PORT) == (
+    assert (
         GatewaySettings.model_fields["port"].default, DriftSettings.model_fields["port"].default,
-        ExporterSettings.model_fields["port"].default)
+        ExporterSettings.model_fields["port"].default) == (kube.GATEWAY_PORT, kube.DRIFT_PORT, kube.EXPORTER_PORT)
     settings_of = {"INFERWATCH_GATEWAY_": GatewaySettings, "INFERWATCH_DRIFT_": DriftSettings,
                    "INFERWATCH_EXPORTER_": ExporterSettings}
     for overlay in OVERLAYS:

@@ -14,10 +14,7 @@ import requests
 
 from inferwatch.alerts import spec
 from inferwatch.deploy.kube import autoscaling
-from inferwatch.deploy.kube.settings import DEFAULT as KUBE
-
-OVERLAYS = KUBE.overlays
-from inferwatch.deploy.kube.settings import NAMESPACE
+from inferwatch.deploy.kube.settings import DEFAULT as KUBE, NAMESPACE
 from inferwatch.drift.service import DriftSettings, create_app as drift_app
 from inferwatch.exporters.server import Exporter, ExporterSettings, make_server
 from inferwatch.serving.settings import GatewaySettings
@@ -29,6 +26,8 @@ from tests.support.prometheus_server import instant_query, running_prometheus
 from tests.support.servers import AppServer, GatewayServer
 from tests.support.sockets import free_port
 from tests.support.waiting import eventually
+
+OVERLAYS = KUBE.overlays
 
 pytestmark = pytest.mark.vllm
 MODEL = OVERLAYS["cpu-demo"]

@@ -11,11 +11,11 @@ import time
 
 import requests
 
-from inferwatch.drift.calibration import size_band, next_band
+from inferwatch.drift.calibration import next_band, size_band
 from inferwatch.drift.calibrator import BackgroundCalibrator
+from inferwatch.drift.schema import NUMERIC_FEATURES
 from inferwatch.drift.service import DriftSettings, create_app
 from inferwatch.drift.state import DriftState, WindowConfig
-from inferwatch.drift.schema import NUMERIC_FEATURES
 from inferwatch.drift.store import Store
 from inferwatch.drift.verdicts import CalibrationCache, calibrate, reference_of
 from tests.support.clock import Clock
@@ -90,7 +90,8 @@ def test_requests_never_calibrate_and_verdicts_arrive_when_the_worker_is_done(tm
             text = requests.get(url + "/metrics", timeout=10).text
             assert metric_sum(text, "inferwatch_drift_segment_status", model="m", status="drift") == 1
             assert metric_sum(text, "inferwatch_drift_feature_detected", feature="prompt_tokens") == 1
-            assert metric_sum(text, "inferwatch_drift_calibrations_total") >= len(NUMERIC_FEATURES)  # one per numeric feature
+            # one per numeric feature
+            assert metric_sum(text, "inferwatch_drift_calibrations_total") >= len(NUMERIC_FEATURES)
         assert held.threads == {"drift-calibration"}
     finally:
         held.release.set()

@@ -14,7 +14,16 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from inferwatch.drift.binning import Edges, Histogram, histogram, log_edges, merge, merged_bins, merged_edges, quantile_starts
+from inferwatch.drift.binning import (
+    Edges,
+    Histogram,
+    histogram,
+    log_edges,
+    merge,
+    merged_bins,
+    merged_edges,
+    quantile_starts,
+)
 from inferwatch.drift.calibration import STATISTICS, holm, null_distribution, size_band, statistics
 from inferwatch.drift.methods import js_distance, kl_divergence, ks_binned, prepare, psi, w1_normed, wasserstein_normed
 

@@ -110,7 +110,8 @@ def test_ratings_never_start_an_experiment_nor_move_the_judged_epoch(client):
     base = {"model": sim.MODEL, "variant": "treatment", "experiment": sim.EXPERIMENT, "epoch": 2, "unit": r.unit[0],
             "score": 1.0, "at": now}
     strays = [base | {"epoch": 77}, base | {"experiment": "nope"}, base | {"model": "other"}, base | {"variant": "v9"}]
-    assert client.post("/v1/feedback", json={"records": strays}).json() == {"accepted": 2, "duplicates": 0}  # the last two join none
+    # the last two join none
+    assert client.post("/v1/feedback", json={"records": strays}).json() == {"accepted": 2, "duplicates": 0}
     assert client.get(f"/v1/ab/{sim.MODEL}", params=ARMS).json() == before
     assert client.get(f"/v1/ab/{sim.MODEL}", params={**ARMS, "epoch": 77}).status_code == 404
     assert client.get("/v1/ab/other", params=ARMS).status_code == 404

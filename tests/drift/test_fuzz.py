@@ -23,15 +23,19 @@ from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.config._checks import NegativeDataRejectionConfig, PositiveDataAcceptanceConfig
 from schemathesis.generation import GenerationMode
-from schemathesis.specs.openapi.checks import (content_type_conformance, negative_data_rejection,
-                                               positive_data_acceptance, response_schema_conformance,
-                                               status_code_conformance)
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    negative_data_rejection,
+    positive_data_acceptance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from inferwatch.drift.api import bins
 from inferwatch.drift.feature_record import FIELDS, TEXT_MAX
 from inferwatch.drift.service import DriftSettings, create_app
-from tests.support.feature_records import body, records
 from tests.support.errors import error_names_what_was_wrong
+from tests.support.feature_records import body, records
 from tests.support.servers import AppServer
 
 HOUR = 3600.0

@@ -7,9 +7,26 @@ import pytest
 from scipy import stats
 from scipy.spatial.distance import jensenshannon
 
-from inferwatch.drift.binning import OTHER, Histogram, categorical_counts, histogram, linear_edges, log_edges, quantile_edges
+from inferwatch.drift.binning import (
+    OTHER,
+    Histogram,
+    categorical_counts,
+    histogram,
+    linear_edges,
+    log_edges,
+    quantile_edges,
+)
 from inferwatch.drift.methods import (
-    EPSILON, METHODS, evaluate, js_distance, kl_divergence, ks_binned, ks_exact, prepare, psi, wasserstein_binned,
+    EPSILON,
+    METHODS,
+    evaluate,
+    js_distance,
+    kl_divergence,
+    ks_binned,
+    ks_exact,
+    prepare,
+    psi,
+    wasserstein_binned,
     wasserstein_exact,
 )
 
@@ -83,7 +100,7 @@ def test_ks_p_value_tracks_scipy_where_decisions_are_made(n, m):
     rng = np.random.default_rng(n)
     for shift in (0.0, 0.05, 0.1, 0.2):
         a, b = rng.normal(0, 1, n), rng.normal(shift, 1, m)
-        d, p = ks_exact(a, b)
+        _d, p = ks_exact(a, b)
         truth = stats.ks_2samp(a, b, method="asymp").pvalue
         if truth > 1e-6:
             assert p == pytest.approx(truth, rel=0.05), (n, m, shift)

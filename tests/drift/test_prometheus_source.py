@@ -38,7 +38,7 @@ def fleet(tmp_path_factory):
     registry = CollectorRegistry()
     hist = Histogram(METRIC, "prompt tokens", buckets=BUCKETS, registry=registry)
     exporter_port = free_port()
-    server, thread = start_http_server(exporter_port, addr="127.0.0.1", registry=registry)
+    server, _thread = start_http_server(exporter_port, addr="127.0.0.1", registry=registry)
     config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
               "scrape_configs": [{"job_name": "fleet",
                                   "static_configs": [{"targets": [f"127.0.0.1:{exporter_port}"]}]}]}

@@ -296,7 +296,8 @@ def test_window_memory_does_not_grow_with_traffic(tmp_path):
     for i in range(20):
         state.ingest(body(records(5000, clock.now - 500, clock.now, seed=8 + i)))
         sizes.append(state.windows[("m", "v1")].nbytes())
-    bound = 10 * (WIDTH * 8 + len(NUMERIC_FEATURES) * 500 * 16)  # buckets x (counts + R keys, values per numeric feature)
+    # buckets x (counts + R keys, values per numeric feature)
+    bound = 10 * (WIDTH * 8 + len(NUMERIC_FEATURES) * 500 * 16)
     assert max(sizes) <= bound
     assert state.window_records(("m", "v1")) == 101_000
     assert state.windows[("m", "v1")].samples("ttft_s", clock.now).size == 500

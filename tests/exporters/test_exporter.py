@@ -297,7 +297,7 @@ def test_cached_render_changes_only_with_new_data():
     nvml.devices[0].power_mw = 123_000
     store.publish(sampler.sample())
     fresh = exposition.render()
-    assert [l for l in fresh.splitlines() if l.startswith(b"inferwatch_gpu_power_watts{")][0].endswith(b" 123.0")
+    assert next(line for line in fresh.splitlines() if line.startswith(b"inferwatch_gpu_power_watts{")).endswith(b" 123.0")
 
 
 def test_http_endpoint():
@@ -314,7 +314,7 @@ def test_http_endpoint():
         time.sleep(0.3)
         with urllib.request.urlopen(f"{base}/metrics") as r:
             second = r.read()
-        stamp = lambda body: [l for l in body.splitlines() if l.startswith(b"inferwatch_nvml_snapshot_timestamp")]  # noqa: E731
+        stamp = lambda body: [line for line in body.splitlines() if line.startswith(b"inferwatch_nvml_snapshot_timestamp")]  # noqa: E731
         assert stamp(first) != stamp(second)  # the sampler thread keeps publishing
         with pytest.raises(urllib.error.HTTPError) as info:
             urllib.request.urlopen(f"{base}/nope")

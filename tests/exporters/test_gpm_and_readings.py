@@ -11,7 +11,6 @@ from tests.exporters.test_partial_failures import families_of, rows, started
 from tests.support.clock import Clock
 from tests.support.fleet import fleet, h100
 
-
 GPM = {  # metric -> (NVML_GPM_METRIC_* id, factor from NVML's unit)
     "inferwatch_gpu_graphics_active_ratio": (pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL, 0.01),
     "inferwatch_gpu_sm_active_ratio": (pynvml.NVML_GPM_METRIC_SM_UTIL, 0.01),

@@ -21,17 +21,17 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
-import pynvml  # noqa: E402
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+import pynvml
+from prometheus_client.parser import text_string_to_metric_families
 
-from inferwatch.exporters.collector import CachedExposition, SnapshotStore  # noqa: E402
-from inferwatch.exporters.metrics import SPECS, THROTTLE_REASONS  # noqa: E402
-from inferwatch.exporters.sampler import Sampler  # noqa: E402
-from inferwatch.exporters.xid import XidWatcher  # noqa: E402
+from inferwatch.exporters.collector import CachedExposition, SnapshotStore
+from inferwatch.exporters.metrics import SPECS, THROTTLE_REASONS
+from inferwatch.exporters.sampler import Sampler
+from inferwatch.exporters.xid import XidWatcher
 
 MIB = 1024 * 1024
 

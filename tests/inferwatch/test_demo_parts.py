@@ -90,17 +90,17 @@ def test_the_relay_holds_what_a_client_sends_and_passes_every_byte(relay):
 
 def test_the_relay_closes_a_client_when_vllm_is_not_there():
     port = free_port()
-    with running(lambda ready: serve("127.0.0.1", port, ("127.0.0.1", free_port()), DELAY_S, ready)):
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
-            conn.sendall(b"GET /health HTTP/1.1\r\n\r\n")
-            assert conn.recv(100) == b""
+    with running(lambda ready: serve("127.0.0.1", port, ("127.0.0.1", free_port()), DELAY_S, ready)), \
+            socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(b"GET /health HTTP/1.1\r\n\r\n")
+        assert conn.recv(100) == b""
 
 
 class Counting(BaseHTTPRequestHandler):
     status = 200
     seen = 0
 
-    def do_POST(self):  # noqa: N802
+    def do_POST(self):
         type(self).seen += 1
         self.rfile.read(int(self.headers["content-length"]))
         body = json.dumps({"choices": []}).encode()
@@ -110,7 +110,7 @@ class Counting(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def do_GET(self):  # noqa: N802  (health and readiness: not requests the demo sends as load)
+    def do_GET(self):
         self.send_response(200)
         self.send_header("content-length", "0")
         self.end_headers()

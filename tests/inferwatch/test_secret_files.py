@@ -103,7 +103,7 @@ def test_an_optional_secrets_empty_file_and_an_empty_variable_leave_it_unset(cle
     assert settings.upstream_api_key is None and settings.admin_token is None and settings.experiment_file is None
     assert GatewaySettings.OPTIONAL_SECRETS == ("upstream_api_key",)  # an empty API-key file still refuses
     clean_env.setenv("INFERWATCH_GATEWAY_API_KEYS_FILE", str(tmp_path / "empty"))
-    with pytest.raises(SettingsError, match="INFERWATCH_GATEWAY_API_KEYS_FILE: .* is empty"):
+    with pytest.raises(SettingsError, match=r"INFERWATCH_GATEWAY_API_KEYS_FILE: .* is empty"):
         GatewaySettings()
 
 
@@ -135,6 +135,6 @@ def test_an_api_key_list_of_only_separators_is_refused_not_an_open_gateway(value
     clean_env.delenv("INFERWATCH_GATEWAY_API_KEYS")
     (tmp_path / "keys").write_text(value)
     clean_env.setenv("INFERWATCH_GATEWAY_API_KEYS_FILE", str(tmp_path / "keys"))
-    with pytest.raises(SettingsError, match="is empty|nothing but blanks and commas"):
+    with pytest.raises(SettingsError, match=r"is empty|nothing but blanks and commas"):
         GatewaySettings()
     assert check_secrets(f"GATEWAY_API_KEYS_FILE={tmp_path / 'keys'}").returncode == 2

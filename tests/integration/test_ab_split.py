@@ -108,7 +108,7 @@ experiments:
                 body = {"model": PUBLIC, "messages": [{"role": "user", "content": f"hello from {user}"}],
                         "user": user, "stream": True, "max_tokens": 40, "ignore_eos": True, "temperature": 1.0}
                 with requests.post(gw.url + "/v1/chat/completions", json=body, timeout=60, stream=True) as r:
-                    r.content  # the whole stream
+                    _ = r.content  # the whole stream
                     return r.status_code
 
             with ThreadPoolExecutor(4) as pool:
@@ -256,7 +256,7 @@ experiments:
                     codes = list(pool.map(lambda u: short(gw, u).status_code, users))
                 assert set(codes) == {200}
                 sent += len(users)
-                eventually(lambda: recorded(service.url) == sent, timeout_s=60)
+                eventually(lambda sent=sent: recorded(service.url) == sent, timeout_s=60)
                 doc = verdict(service.url, min_units=30, promote_units=300)
                 assert doc["epoch"] == epoch and not doc["srm"]["alarm"], doc["srm"]
                 assert doc["decision"] != "rollback", doc["reasons"]

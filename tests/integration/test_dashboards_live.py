@@ -27,9 +27,9 @@ from inferwatch.exporters.server import Exporter, ExporterSettings, make_server
 from inferwatch.serving.settings import GatewaySettings
 from tests.conftest import TINY_MODEL_NAME
 from tests.support.feature_records import body, records
+from tests.support.fleet import FakeProcess, fleet
 from tests.support.prometheus_server import instant_query, running_prometheus
 from tests.support.redis_server import RedisServer
-from tests.support.fleet import FakeProcess, fleet
 from tests.support.servers import AppServer, GatewayServer
 from tests.support.sockets import free_port
 from tests.support.waiting import eventually

@@ -136,11 +136,13 @@ def test_gateway_ttft_is_at_least_vllm_ttft(gateway, vllm_server):
         list(c.chat.completions.create(model=TINY_MODEL_NAME, messages=MSG, max_tokens=8, stream=True))
         g1 = gateway.metrics_text()
         v1 = settled_vllm_metrics(vllm_server)
-        vllm_n = metric_sum(v1, "vllm:time_to_first_token_seconds_count") - metric_sum(v0, "vllm:time_to_first_token_seconds_count")
+        vllm_n = (metric_sum(v1, "vllm:time_to_first_token_seconds_count")
+                  - metric_sum(v0, "vllm:time_to_first_token_seconds_count"))
         gw_n = (metric_sum(g1, "inferwatch_gateway_time_to_first_token_seconds_count")
                 - metric_sum(g0, "inferwatch_gateway_time_to_first_token_seconds_count"))
         assert vllm_n == gw_n == 1
-        vllm_ttft = metric_sum(v1, "vllm:time_to_first_token_seconds_sum") - metric_sum(v0, "vllm:time_to_first_token_seconds_sum")
+        vllm_ttft = (metric_sum(v1, "vllm:time_to_first_token_seconds_sum")
+                     - metric_sum(v0, "vllm:time_to_first_token_seconds_sum"))
         gw_ttft = (metric_sum(g1, "inferwatch_gateway_time_to_first_token_seconds_sum")
                    - metric_sum(g0, "inferwatch_gateway_time_to_first_token_seconds_sum"))
         assert gw_ttft >= vllm_ttft > 0
@@ -179,8 +181,8 @@ def test_trace_joins_gateway_and_vllm_spans(gateway, otlp_receiver, stream):
 def test_exemplars_link_latency_buckets_to_traces(gateway, otlp_receiver):
     list(client(gateway.url).chat.completions.create(model=TINY_MODEL_NAME, messages=MSG, max_tokens=4, stream=True))
     text = requests.get(f"{gateway.url}/metrics", headers={"accept": "application/openmetrics-text"}, timeout=5).text
-    lines = [l for l in text.splitlines()
-             if l.startswith("inferwatch_gateway_time_to_first_token_seconds_bucket") and "trace_id" in l]
+    lines = [line for line in text.splitlines()
+             if line.startswith("inferwatch_gateway_time_to_first_token_seconds_bucket") and "trace_id" in line]
     assert lines, "no exemplar on the TTFT histogram"
     trace_id = lines[-1].split('trace_id="')[1][:32]
     otlp_receiver.wait_for(lambda spans: [s for s in spans if s.trace_id == trace_id and s.name == "llm_request"])
@@ -201,7 +203,7 @@ def test_feature_records_match_responses(gateway, sink):
     assert unary.ttft_s is None and unary.finish_reason == "length" and unary.mean_logprob is None
     assert streamed.prompt_tokens == chunks[-1].usage.prompt_tokens and streamed.completion_tokens == 7
     # tokens that reach the gateway in one TCP read share a timestamp, so TPOT may be 0
-    assert 0 < streamed.ttft_s and streamed.tpot_s >= 0
+    assert streamed.ttft_s > 0 and streamed.tpot_s >= 0
     # the last token (first + 6 gaps of tpot) comes before the end; how long [DONE] takes after
     # it is the machine's moment (47 vs 57 ms in a loaded clean run), not something to pin
     assert streamed.ttft_s + 6 * streamed.tpot_s <= streamed.e2e_s + 1e-6

@@ -24,9 +24,9 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
@@ -125,7 +125,7 @@ def test_a_slow_replica_gets_fewer_requests_than_its_twin(replicas, tmp_path):
 
 
 def test_a_killed_replica_fails_only_its_requests_and_returns_after_its_restart(replicas):
-    a, b, single = replicas
+    _a, b, _single = replicas
     settings = GatewaySettings(upstream_url=",".join(s.url for s in replicas), upstream_eject_max_s=2,
                                upstream_health_interval_s=1)
     with GatewayServer(settings) as gw:

@@ -127,7 +127,8 @@ def test_vllm_killed_pages_and_its_automatic_return_resolves(stack):
                               "instance": f"127.0.0.1:{stack.ports['vllm']}", "cluster": "local"}
     assert page["annotations"]["runbook_url"].endswith("/alerts/runbooks/VLLMDown.md")
     assert page["annotations"]["dashboard_url"].endswith("/d/inferwatch-serving")
-    assert "after serving" in page["annotations"]["description"] and "Every request routed to it fails" in page["annotations"]["description"]
+    description = page["annotations"]["description"]
+    assert "after serving" in description and "Every request routed to it fails" in description
 
     # users hit the outage: the availability SLO burns, but its page is inhibited while every
     # vLLM replica of the model is down (VLLMModelUnavailable), and for the outage's shadow after

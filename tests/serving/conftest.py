@@ -1,7 +1,9 @@
-"""Shared by the gateway's tests: a stub upstream per test module (tests/support/stub_upstream.py)."""
+"""Shared by the gateway's tests: a stub upstream per test module (tests/support/stub_upstream.py)
+and an OTLP receiver per test."""
 
 import pytest
 
+from tests.support.otlp import OTLPReceiver
 from tests.support.stub_upstream import StubUpstream
 
 
@@ -9,3 +11,10 @@ from tests.support.stub_upstream import StubUpstream
 def stub():
     with StubUpstream() as s:
         yield s
+
+
+@pytest.fixture
+def receiver():
+    r = OTLPReceiver()
+    yield r
+    r.close()

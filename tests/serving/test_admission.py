@@ -8,7 +8,16 @@ import time
 
 import pytest
 
-from inferwatch.serving.admission import Admission, Limits, Policy, PolicyError, PolicyFile, Rejection, Ticket, parse_policy
+from inferwatch.serving.admission import (
+    Admission,
+    Limits,
+    Policy,
+    PolicyError,
+    PolicyFile,
+    Rejection,
+    Ticket,
+    parse_policy,
+)
 from tests.support.clock import Clock
 
 
@@ -101,7 +110,7 @@ def test_a_lowered_limit_allows_no_burst_of_the_old_allowance():
     ("{not yaml", "not valid YAML"),
 ])
 def test_a_bad_limits_file_says_where(text, fragment):
-    with pytest.raises(PolicyError, match="limits.yml") as info:
+    with pytest.raises(PolicyError, match=r"limits\.yml") as info:
         parse_policy(text, "limits.yml")
     assert fragment in str(info.value)
 

@@ -10,18 +10,31 @@ import subprocess
 import sys
 import threading
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 from prometheus_client import (
-    CollectorRegistry, Counter, Enum, Gauge, Histogram, Info, Summary, disable_created_metrics,
+    CollectorRegistry,
+    Counter,
+    Enum,
+    Gauge,
+    Histogram,
+    Info,
+    Summary,
+    disable_created_metrics,
     enable_created_metrics,
+    metrics as prometheus_metrics,
 )
-from prometheus_client import metrics as prometheus_metrics
 from prometheus_client.core import (
-    CounterMetricFamily, GaugeHistogramMetricFamily, GaugeMetricFamily, HistogramMetricFamily, InfoMetricFamily,
-    StateSetMetricFamily, SummaryMetricFamily, UnknownMetricFamily,
+    CounterMetricFamily,
+    GaugeHistogramMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    StateSetMetricFamily,
+    SummaryMetricFamily,
+    UnknownMetricFamily,
 )
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics

@@ -113,7 +113,7 @@ def test_full_queue_drops_and_counts_without_waiting():
 def test_batches_respect_size_and_keep_order():
     async def scenario():
         sink = SpySink()
-        registry, queue = started(sink, maxsize=1000, batch_size=7, flush_s=0.05)
+        _registry, queue = started(sink, maxsize=1000, batch_size=7, flush_s=0.05)
         for i in range(30):
             queue.submit(record(i))
         await asyncio.sleep(0.3)
@@ -203,7 +203,7 @@ def test_a_steady_trickle_is_sent_in_batches_not_record_by_record():
     rate the sink gets about one batch per flush interval, not one per few records."""
     async def scenario():
         sink = SpySink(delay=0.01)
-        registry, queue = started(sink, maxsize=10_000, batch_size=500, flush_s=0.1)
+        _registry, queue = started(sink, maxsize=10_000, batch_size=500, flush_s=0.1)
         t0 = time.monotonic()
         for i in range(400):  # 400 records over ~0.4 s (longer on a loaded machine: counted below)
             queue.submit(record(i))

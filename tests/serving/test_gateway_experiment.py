@@ -97,7 +97,7 @@ def test_each_user_keeps_a_variant_and_sees_the_public_name(gw, stubs):
     a, b = stubs
     seen_a, seen_b = len(a.seen), len(b.seen)
     by_user: dict[str, set[str]] = {}
-    for round_ in range(3):
+    for _ in range(3):
         for i in range(30):
             r = chat(gw, user=f"user-{i}")
             assert r.status_code == 200 and r.json()["model"] == "chat"
@@ -211,7 +211,8 @@ experiments:
     name: sampling-1
     variants:
       - {{name: v1, upstream_url: "{a.url}", model: ok, weight: 0}}
-      - {{name: v2, upstream_url: "{b.url}", model: ok, weight: 1, params: {{repetition_penalty: 0.5, temperature: 1.5}}}}
+      - {{name: v2, upstream_url: "{b.url}", model: ok, weight: 1, params: {{repetition_penalty: 0.5, temperature:
+      1.5}}}}
 """)
     with gateway(f, stubs) as g:
         before = len(b.seen)

@@ -298,7 +298,7 @@ def test_a_missing_or_broken_limits_file_stops_the_start_with_a_clear_error(stub
         create_app(GatewaySettings(upstream_url=stub.url, limits_file=tmp_path / "nope.yml"))
     bad = tmp_path / "bad.yml"
     bad.write_text("default_key: {tokens_per_minute: -5}\n")
-    with pytest.raises(PolicyError, match="default_key.tokens_per_minute"):
+    with pytest.raises(PolicyError, match=r"default_key\.tokens_per_minute"):
         create_app(GatewaySettings(upstream_url=stub.url, limits_file=bad))
 
 

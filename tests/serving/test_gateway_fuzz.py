@@ -14,9 +14,13 @@ from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.config._checks import NegativeDataRejectionConfig, PositiveDataAcceptanceConfig
 from schemathesis.generation import GenerationMode
-from schemathesis.specs.openapi.checks import (content_type_conformance, negative_data_rejection,
-                                               positive_data_acceptance, response_schema_conformance,
-                                               status_code_conformance)
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    negative_data_rejection,
+    positive_data_acceptance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from inferwatch.serving.settings import GatewaySettings
 from tests.serving.gateway_openapi import gateway_openapi

@@ -95,7 +95,8 @@ def test_children_die_with_their_supervisor(tmp_path):
         "import sys, time\n"
         "from pathlib import Path\n"
         "from inferwatch.supervise import ManagedProcess\n"
-        f"p = ManagedProcess('c', [sys.executable, '-c', 'import time; time.sleep(300)'], log_path=Path({str(tmp_path / 'c.log')!r}))\n"
+        "p = ManagedProcess('c', [sys.executable, '-c', 'import time; time.sleep(300)'],\n"
+        f"                   log_path=Path({str(tmp_path / 'c.log')!r}))\n"
         "p.start()\n"
         f"Path({str(pidfile)!r}).write_text(str(p.pid))\n"
         "time.sleep(300)\n"
@@ -134,11 +135,11 @@ class _Engine:
         self.sent: list[dict] = []
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802
+            def do_GET(self):
                 self.send_response(200)
                 self.end_headers()
 
-            def do_POST(self):  # noqa: N802
+            def do_POST(self):
                 engine.sent.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
                 self.send_response(status)
                 self.end_headers()

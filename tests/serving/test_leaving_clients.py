@@ -11,8 +11,8 @@ import pytest
 import uvloop
 
 from inferwatch.serving import relay_client
-from inferwatch.serving.upstream_pool import UpstreamPool
 from inferwatch.serving.settings import GatewaySettings
+from inferwatch.serving.upstream_pool import UpstreamPool
 from tests.support.servers import GatewayServer, metric_sum
 from tests.support.sockets import connect, post_request, reset
 from tests.support.waiting import eventually

@@ -8,9 +8,16 @@ from pathlib import Path
 import orjson
 import pytest
 
-from inferwatch.serving.output_quality import (LOOP_MIN_UNITS, MIN_UNITS, assess, ends_in_loop, is_blank,
-                                                is_blank_escaped, repetition,
-                                               words)
+from inferwatch.serving.output_quality import (
+    LOOP_MIN_UNITS,
+    MIN_UNITS,
+    assess,
+    ends_in_loop,
+    is_blank,
+    is_blank_escaped,
+    repetition,
+    words,
+)
 from inferwatch.serving.sse import EventProcessor, SSESplitter, StreamAccount
 
 RECORDED = Path(__file__).parent / "data" / "vllm-0.32-chat-stream.sse"
@@ -27,8 +34,8 @@ def seq_rep(tokens: list[str], n: int = 4) -> float:
 
 
 @pytest.mark.parametrize("tokens, expected", [
-    ("a b c d a b c d a b c d".split(), 1 - 4 / 9),  # 9 four-grams, 4 distinct
-    ("a b c d e f g h".split(), 0.0),
+    (["a", "b", "c", "d", "a", "b", "c", "d", "a", "b", "c", "d"], 1 - 4 / 9),  # 9 four-grams, 4 distinct
+    (["a", "b", "c", "d", "e", "f", "g", "h"], 0.0),
     (["x"] * 20, 1 - 1 / 17),
 ])
 def test_repetition_is_the_share_of_repeated_four_grams(tokens, expected):
@@ -37,15 +44,15 @@ def test_repetition_is_the_share_of_repeated_four_grams(tokens, expected):
 
 
 def test_short_answers_have_no_repetition():
-    assert repetition(units(*"a b c d e f g".split())) is None
-    assert repetition(units(*"a b c d e f g h".split()[:MIN_UNITS])) is not None
+    assert repetition(units(*["a", "b", "c", "d", "e", "f", "g"])) is None
+    assert repetition(units(*["a", "b", "c", "d", "e", "f", "g", "h"][:MIN_UNITS])) is not None
 
 
 def test_a_loop_is_a_tail_of_one_span_repeated():
-    assert ends_in_loop(units(*"some words first".split(), *["the"] * LOOP_MIN_UNITS))
+    assert ends_in_loop(units(*["some", "words", "first"], *["the"] * LOOP_MIN_UNITS))
     assert not ends_in_loop(units(*["the"] * (LOOP_MIN_UNITS - 1)))
-    assert ends_in_loop(units(*"intro".split(), *"a b c d".split() * 8))  # 8 copies of 4: 32 units
-    assert not ends_in_loop(units(*"a b c d".split() * 7))  # 28 units: too short
+    assert ends_in_loop(units(*["intro"], *["a", "b", "c", "d"] * 8))  # 8 copies of 4: 32 units
+    assert not ends_in_loop(units(*["a", "b", "c", "d"] * 7))  # 28 units: too short
     assert not ends_in_loop(units(*[f"w{i}" for i in range(10)] * 3))  # 3 copies of 10: too few
     assert ends_in_loop(units(*[f"w{i}" for i in range(10)] * 4))
     # a repeated stretch the answer then leaves is repetition, not a loop

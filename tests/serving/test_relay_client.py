@@ -24,7 +24,7 @@ class RawServer:
         self.requests = 0
         self.writers: list[asyncio.StreamWriter] = []
 
-    async def __aenter__(self) -> "RawServer":
+    async def __aenter__(self) -> RawServer:
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
         return self
@@ -213,7 +213,7 @@ def test_a_slow_reader_pauses_the_upstream_instead_of_buffering_everything():
             pool = UpstreamPool(srv.url, 2.0, 8)
             resp = await pool.post("/v1/x", b"{}", {}, 5)
             await asyncio.sleep(0.3)  # the reader is busy; the server keeps sending
-            buffered = resp._buffered  # noqa: SLF001
+            buffered = resp._buffered
             total = 0
             while part := await resp.readany(5):
                 total += len(part)

@@ -15,6 +15,7 @@ import json
 import random
 import threading
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import requests
@@ -31,7 +32,7 @@ MODELS = json.dumps({"object": "list", "data": [{"id": "tiny-llama", "object": "
 class _Replay(asyncio.Protocol):
     """Answers /v1/models, and any POST with SSE, written in the pieces ``cuts`` makes."""
 
-    cuts: list[int] = []
+    cuts: ClassVar[list[int]] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport, self.buf = transport, b""

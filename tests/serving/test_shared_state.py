@@ -18,8 +18,7 @@ import pytest
 import requests
 from pydantic import ValidationError
 
-from inferwatch.drift.service import DriftSettings
-from inferwatch.drift.service import create_app as create_drift_app
+from inferwatch.drift.service import DriftSettings, create_app as create_drift_app
 from inferwatch.serving.admission import key_id
 from inferwatch.serving.settings import GatewaySettings
 from tests.serving.test_gateway_experiment import ADMIN, AUTH, MemoryFeedback, chat
@@ -306,58 +305,58 @@ def test_redis_down_or_silent_fails_no_request_and_the_gateway_recovers_by_itsel
     limits = tmp_path / "limits.yaml"
     limits.write_text("models: {ok: {requests_per_minute: 60}}\n")
     extra = {"redis_timeout_s": 0.005, "limits_file": limits}
-    with RedisServer(tmp_path / "own-redis") as server:
-        with replica(server.url, "down", stubs, experiment_file, **extra) as a, \
-                replica(server.url, "down", stubs, experiment_file, **extra) as b:
-            assert put_weights(a, {"v2": 0.2}).status_code == 200
-            eventually(lambda: weights(b) == (1, {"v1": 0.8, "v2": 0.2}), timeout_s=1.0)
-            eventually(lambda: a.gateway.shared.replicas == b.gateway.shared.replicas == 2, timeout_s=5)
-            server.pause()  # Redis stops answering (its socket stays open: clients time out)
-            try:
-                eventually(lambda: metric_sum(a.metrics_text(), "inferwatch_gateway_shared_state_up") == 0,
-                           timeout_s=5)
-                took = []
-                for i in range(40):
-                    t0 = time.monotonic()
-                    r = chat((a, b)[i % 2], f"user-{i}")
-                    took.append(time.monotonic() - t0)
-                    assert r.status_code == 200
-                assert sorted(took)[len(took) // 2] < 0.05  # routed with the last weights known, no waiting
-                # limits hold locally, each replica at its share of the fleet's (60 a minute over 2)
-                local = [ask_model_ok((a, b)[i % 2]).status_code for i in range(80)]
-                assert 60 <= local.count(200) <= 62 and set(local) == {200, 429}, local.count(200)
-                refused = put_weights(a, {"v2": 0})
-                assert refused.status_code == 503 and refused.json()["error"]["code"] == "shared_state_unavailable"
-                assert weights(a) == weights(b) == (1, {"v1": 0.8, "v2": 0.2})  # nothing changed
-                errors = metric_sum(a.metrics_text(), "inferwatch_gateway_shared_state_errors_total")
-                assert errors > 0
-                own = chat(a, "rated-in-the-outage").json()["id"]
-                assert requests.post(a.url + "/v1/feedback", json={"response_id": own, "thumbs": "up"},
-                                     timeout=5).status_code == 200  # its own answer, claimed on its own
-            finally:
-                server.resume()
-            eventually(lambda: all(metric_sum(g.metrics_text(), "inferwatch_gateway_shared_state_up") == 1
-                                   for g in (a, b)), timeout_s=5)
-            # the claim made without Redis reached it: no other replica rates that answer again
-            seen: list[int] = []
+    with RedisServer(tmp_path / "own-redis") as server, \
+            replica(server.url, "down", stubs, experiment_file, **extra) as a, \
+            replica(server.url, "down", stubs, experiment_file, **extra) as b:
+        assert put_weights(a, {"v2": 0.2}).status_code == 200
+        eventually(lambda: weights(b) == (1, {"v1": 0.8, "v2": 0.2}), timeout_s=1.0)
+        eventually(lambda: a.gateway.shared.replicas == b.gateway.shared.replicas == 2, timeout_s=5)
+        server.pause()  # Redis stops answering (its socket stays open: clients time out)
+        try:
+            eventually(lambda: metric_sum(a.metrics_text(), "inferwatch_gateway_shared_state_up") == 0,
+                       timeout_s=5)
+            took = []
+            for i in range(40):
+                t0 = time.monotonic()
+                r = chat((a, b)[i % 2], f"user-{i}")
+                took.append(time.monotonic() - t0)
+                assert r.status_code == 200
+            assert sorted(took)[len(took) // 2] < 0.05  # routed with the last weights known, no waiting
+            # limits hold locally, each replica at its share of the fleet's (60 a minute over 2)
+            local = [ask_model_ok((a, b)[i % 2]).status_code for i in range(80)]
+            assert 60 <= local.count(200) <= 62 and set(local) == {200, 429}, local.count(200)
+            refused = put_weights(a, {"v2": 0})
+            assert refused.status_code == 503 and refused.json()["error"]["code"] == "shared_state_unavailable"
+            assert weights(a) == weights(b) == (1, {"v1": 0.8, "v2": 0.2})  # nothing changed
+            errors = metric_sum(a.metrics_text(), "inferwatch_gateway_shared_state_errors_total")
+            assert errors > 0
+            own = chat(a, "rated-in-the-outage").json()["id"]
+            assert requests.post(a.url + "/v1/feedback", json={"response_id": own, "thumbs": "up"},
+                                 timeout=5).status_code == 200  # its own answer, claimed on its own
+        finally:
+            server.resume()
+        eventually(lambda: all(metric_sum(g.metrics_text(), "inferwatch_gateway_shared_state_up") == 1
+                               for g in (a, b)), timeout_s=5)
+        # the claim made without Redis reached it: no other replica rates that answer again
+        seen: list[int] = []
 
-            def rated_elsewhere() -> bool:
-                seen.append(requests.post(b.url + "/v1/feedback", json={"response_id": own, "thumbs": "up"},
-                                          timeout=5).status_code)
-                return seen[-1] == 409
+        def rated_elsewhere() -> bool:
+            seen.append(requests.post(b.url + "/v1/feedback", json={"response_id": own, "thumbs": "up"},
+                                      timeout=5).status_code)
+            return seen[-1] == 409
 
-            eventually(rated_elsewhere, timeout_s=5)
-            assert 200 not in seen, seen  # never counted a second time on the way
-            assert put_weights(b, {"v2": 0}).status_code == 200
-            eventually(lambda: weights(a) == (2, {"v1": 1.0, "v2": 0.0}), timeout_s=1.0)
+        eventually(rated_elsewhere, timeout_s=5)
+        assert 200 not in seen, seen  # never counted a second time on the way
+        assert put_weights(b, {"v2": 0}).status_code == 200
+        eventually(lambda: weights(a) == (2, {"v1": 1.0, "v2": 0.0}), timeout_s=1.0)
 
-            server.stop()  # gone: connections refused
-            with replica(server.url, "down", stubs, experiment_file, **extra) as c:  # starts without it: the file's
-                assert weights(c) == (0, {"v1": 0.9, "v2": 0.1})
-                server.start()  # back empty (no persistence): the fleet's latest weights win, never the file's
-                eventually(lambda: weights(c) == (2, {"v1": 1.0, "v2": 0.0}), timeout_s=5)
-                assert weights(a) == weights(b) == (2, {"v1": 1.0, "v2": 0.0})
-                assert orjson.loads(server.client().get("down:experiment:chat"))["epoch"] == 2
+        server.stop()  # gone: connections refused
+        with replica(server.url, "down", stubs, experiment_file, **extra) as c:  # starts without it: the file's
+            assert weights(c) == (0, {"v1": 0.9, "v2": 0.1})
+            server.start()  # back empty (no persistence): the fleet's latest weights win, never the file's
+            eventually(lambda: weights(c) == (2, {"v1": 1.0, "v2": 0.0}), timeout_s=5)
+            assert weights(a) == weights(b) == (2, {"v1": 1.0, "v2": 0.0})
+            assert orjson.loads(server.client().get("down:experiment:chat"))["epoch"] == 2
 
 
 def test_an_unreachable_redis_at_start_starts_degraded_and_loudly(stubs, experiment_file, caplog):

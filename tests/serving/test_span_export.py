@@ -11,7 +11,6 @@ from __future__ import annotations
 import socket
 import time
 
-import pytest
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
@@ -25,14 +24,6 @@ from inferwatch.serving.metrics import create_metrics
 from inferwatch.serving.settings import GatewaySettings
 from inferwatch.serving.span_export import LoopEncodingSpanProcessor, loop_encoding
 from inferwatch.serving.tracing import build_tracer_provider, otlp_exporter
-from tests.support.otlp import OTLPReceiver
-
-
-@pytest.fixture
-def receiver():
-    r = OTLPReceiver()
-    yield r
-    r.close()
 
 
 def dropped_counter() -> tuple[CollectorRegistry, Counter]:

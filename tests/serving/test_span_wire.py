@@ -9,23 +9,31 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags, \
-    TraceState, set_span_in_context
+from opentelemetry.trace import (
+    Link,
+    NonRecordingSpan,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    TraceState,
+    set_span_in_context,
+)
 
 from inferwatch.serving import span_wire
 from inferwatch.serving.settings import GatewaySettings
 from inferwatch.serving.span_wire import SpanWriter, Unencodable
 from inferwatch.serving.tracing import otlp_exporter
 from tests.serving.test_gateway_faults import chat
-from tests.serving.test_span_export import dropped, provider as processed_by_the_gateways, receiver  # noqa: F401
+from tests.serving.test_span_export import dropped, provider as processed_by_the_gateways
 from tests.support.otlp import OTLPReceiver
 from tests.support.servers import GatewayServer
 

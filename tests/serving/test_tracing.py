@@ -1,13 +1,12 @@
 """The gateway's own trace-context writer against OpenTelemetry's W3C propagator."""
 
 import pytest
-from prometheus_client import CollectorRegistry
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
-
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import CollectorRegistry
 
 from inferwatch.serving.metrics import create_metrics
 from inferwatch.serving.settings import GatewaySettings

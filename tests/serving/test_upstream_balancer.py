@@ -68,7 +68,7 @@ class Replica:
         await asyncio.sleep(self.health_delay_s)
         return web.Response(status=self.health)
 
-    async def start(self) -> "Replica":
+    async def start(self) -> Replica:
         app = web.Application()
         app.router.add_post("/v1/completions", self._post)
         app.router.add_get("/health", self._health)
@@ -76,7 +76,7 @@ class Replica:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001
+        self.port = site._server.sockets[0].getsockname()[1]
         return self
 
     async def stop(self) -> None:
@@ -388,13 +388,13 @@ def test_a_request_on_a_kept_alive_connection_that_closes_is_not_sent_to_another
     connect, the first write may have reached vLLM, so no other replica gets the request."""
     async def scenario():
         dying, other = await Replica().start(), await Replica().start()
-        balancer, registry = await balancer_for(f"{other.url},{dying.url}", upstream_balance="round_robin")
+        balancer, _registry = await balancer_for(f"{other.url},{dying.url}", upstream_balance="round_robin")
         try:
             assert (await call(balancer))[1] == f"127.0.0.1:{dying.port}"  # a kept-alive connection to it now
             assert (await call(balancer))[1] == f"127.0.0.1:{other.port}"
             dying.close_after_read = True
-            for server in dying._runner.sites:  # noqa: SLF001 - it stops listening, its connection stays
-                server._server.close()  # noqa: SLF001
+            for server in dying._runner.sites:
+                server._server.close()
             with pytest.raises(UpstreamConnectError) as err:
                 await call(balancer)
             assert err.value.request_sent and other.requests == 1 and dying.requests == 2
@@ -504,12 +504,12 @@ def test_the_backoff_stops_doubling_and_the_watch_survives_a_probe_that_raises()
         try:
             endpoint = next(iter(balancer.endpoints.values()))
             endpoint.ejections = 5000  # a replica refused for hours in panic mode
-            balancer._eject(endpoint, "test")  # noqa: SLF001
+            balancer._eject(endpoint, "test")
             assert endpoint.ejected_until - time.monotonic() <= 2.0 + 0.1  # upstream_eject_max_s
             endpoint.next_probe = 0.0
-            balancer._wake.set()  # noqa: SLF001
+            balancer._wake.set()
             await until(lambda: calls["n"] >= 2)  # probed, failed, and probed again
-            assert not balancer._task.done()  # noqa: SLF001
+            assert not balancer._task.done()
         finally:
             await balancer.close()
             await only.stop()
@@ -521,7 +521,7 @@ def test_every_replica_out_still_tries_them_all_rather_than_refuse():
     async def scenario():
         only = await Replica().start()
         only.health = 503
-        balancer, registry = await balancer_for(only.url)
+        balancer, _registry = await balancer_for(only.url)
         try:
             await asyncio.sleep(0.5)
             assert balancer.in_rotation() == []
@@ -542,7 +542,7 @@ def test_with_every_replica_out_the_gateway_is_ready_while_one_answers_its_healt
         await upstream.start()
         try:
             (endpoint,) = upstream.balancer.endpoints.values()
-            upstream.balancer._eject(endpoint, "5xx in a row")  # noqa: SLF001
+            upstream.balancer._eject(endpoint, "5xx in a row")
             endpoint.ejected_until = endpoint.next_probe = time.monotonic() + 60  # no probe brings it back
             assert upstream.balancer.in_rotation() == []
             assert await upstream.healthy()
@@ -575,7 +575,7 @@ def test_a_probe_whose_connect_times_out_says_down_not_busy():
         try:
             (endpoint,) = upstream.balancer.endpoints.values()
             started = time.monotonic()
-            assert await upstream._probe(endpoint) is False  # noqa: SLF001
+            assert await upstream._probe(endpoint) is False
             assert time.monotonic() - started < 1.0  # by the connect timeout, not the whole probe's
         finally:
             await upstream.close()

@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -185,7 +184,7 @@ def test_two_workers_share_the_port_and_answer_for_each_other_on_metrics(vllm_se
         os.kill(proc.pid, signal.SIGTERM)
         assert proc.proc.wait(timeout=30) == 0
         for pid in (first, restarted):
-            eventually(lambda: not Path(f"/proc/{pid}").exists() or _zombie(pid), timeout_s=10)
+            eventually(lambda pid=pid: not Path(f"/proc/{pid}").exists() or _zombie(pid), timeout_s=10)
 
 
 def _zombie(pid: int) -> bool:

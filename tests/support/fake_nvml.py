@@ -20,14 +20,21 @@ import ctypes
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Callable
 
 import pynvml as _pynvml
-from pynvml import (NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_LIBRARY_NOT_FOUND,
-                    NVML_ERROR_NOT_FOUND, NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_TIMEOUT, NVML_ERROR_UNINITIALIZED,
-                    NVMLError)
+from pynvml import (
+    NVML_ERROR_FUNCTION_NOT_FOUND,
+    NVML_ERROR_INVALID_ARGUMENT,
+    NVML_ERROR_LIBRARY_NOT_FOUND,
+    NVML_ERROR_NOT_FOUND,
+    NVML_ERROR_NOT_SUPPORTED,
+    NVML_ERROR_TIMEOUT,
+    NVML_ERROR_UNINITIALIZED,
+    NVMLError,
+)
 
 # -- errors: nvidia-ml-py's own ------------------------------------------------------------
 # The exporter must meet the very classes it meets on a GPU host: pynvml's NVMLError, whose
@@ -264,7 +271,7 @@ class FakeNVML:
                         del self._faults[key]
                 raise NVMLError(code)
 
-    def _dev(self, call: str, handle: "_Handle", *args: object) -> FakeDevice:
+    def _dev(self, call: str, handle: _Handle, *args: object) -> FakeDevice:
         self._check(call, handle.index)
         device = self.devices[handle.index]
         if call in device.unsupported or (call, *args) in device.unsupported:
@@ -296,7 +303,7 @@ class FakeNVML:
         self._check("nvmlDeviceGetCount", None)
         return len(self.devices)
 
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> "_Handle":
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> _Handle:
         self._check("nvmlDeviceGetHandleByIndex", index)
         if not 0 <= index < len(self.devices):
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)

@@ -50,7 +50,7 @@ class GrpcOTLPReceiver:
         receiver = self.spans
 
         class Servicer(trace_service_pb2_grpc.TraceServiceServicer):
-            def Export(self, request, context):  # noqa: N802
+            def Export(self, request, context):
                 receiver._add(request)
                 return ExportTraceServiceResponse()
 
@@ -72,7 +72,7 @@ class OTLPReceiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
                 if self.headers.get("content-encoding") == "gzip":
                     body = gzip.decompress(body)

@@ -155,12 +155,12 @@ class StubUpstream:
     def headers_seen(self) -> list[dict]:
         return self.app[HEADERS]
 
-    def __enter__(self) -> "StubUpstream":
+    def __enter__(self) -> StubUpstream:
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._runner.setup(), self._loop).result()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         asyncio.run_coroutine_threadsafe(site.start(), self._loop).result()
-        self.port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001
+        self.port = site._server.sockets[0].getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         return self
 
