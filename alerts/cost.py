@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Callable
+from typing import Any
 
 from inferwatch.alerts.model import Record
 from inferwatch.catalog import metric as m
@@ -194,7 +195,7 @@ def _per_variant(per_served_model: str) -> str:
             f"  unless on (served_model) count by (served_model) ({variants}) > 1\n)")
 
 
-def rule_file(prices: Cost = Cost()) -> dict:
+def rule_file(prices: Cost = Cost()) -> dict[str, Any]:
     """``cost.yml``: one group, evaluated at the global interval (a few series per host)."""
     return {"groups": [{"name": "inferwatch-cost",
                         "rules": [{"record": r.name, "expr": r.expr} for r in records(prices)]}]}

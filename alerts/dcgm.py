@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -145,16 +146,16 @@ def scaled(expr: str, factor: float) -> str:
     return expr if factor == 1 else f"{expr} * {factor:.10g}"
 
 
-def record(name: str, expr: str, labels: dict[str, str] | None = None) -> dict:
+def record(name: str, expr: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
     """A recording rule; constant ``labels`` set by the rule keep same-named rules apart."""
     return {"record": m(name), "expr": expr, **({"labels": labels} if labels else {})}
 
 
-def mapping_rule(mp: Mapping) -> dict:
+def mapping_rule(mp: Mapping) -> dict[str, Any]:
     return record(mp.record, scaled(aggregate("max", per_gpu(mp.source)), mp.factor), mp.labels)
 
 
-def rules() -> list[dict]:
+def rules() -> list[dict[str, Any]]:
     out = [mapping_rule(mp) for mp in MAPPINGS]
     used, free, reserved = (scaled(aggregate("max", per_gpu(f"DCGM_FI_DEV_FB_{k}")), MIB)
                             for k in ("USED", "FREE", "RESERVED"))
@@ -176,11 +177,11 @@ def rules() -> list[dict]:
     return out
 
 
-def rule_file() -> dict:
+def rule_file() -> dict[str, Any]:
     return {"groups": [{"name": GROUP, "rules": rules()}]}
 
 
-def render(doc: dict) -> str:
+def render(doc: dict[str, Any]) -> str:
     return HEADER + yaml.safe_dump(doc, sort_keys=False, width=1000)
 
 

@@ -11,6 +11,7 @@ import logging
 import re
 import time
 from collections import deque
+from typing import Any
 
 import orjson
 from starlette.applications import Starlette
@@ -34,7 +35,7 @@ def _strings(value: object) -> bool:
     return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
 
 
-def parse_notification(body: bytes) -> list[dict]:
+def parse_notification(body: bytes) -> list[dict[str, Any]]:
     """Alertmanager's webhook payload → one event per alert; ValueError says what is wrong."""
     try:
         doc = orjson.loads(body)
@@ -63,7 +64,7 @@ def _clean(text: str) -> str:
     return _CONTROL.sub(lambda m: repr(m[0])[1:-1], text)
 
 
-def describe(receiver: str, event: dict) -> str:
+def describe(receiver: str, event: dict[str, Any]) -> str:
     """One headline per alert, then its summary and links, each on an indented line."""
     labels, notes = event["labels"], event["annotations"]
     shown = " ".join(f"{k}={v}" for k, v in sorted(labels.items()) if k not in ("alertname", "severity"))
@@ -90,7 +91,7 @@ async def _read_limited(request: Request) -> bytes | None:
 
 
 def create_app(max_events: int = 10_000) -> Starlette:
-    events: deque[dict] = deque(maxlen=max_events)
+    events: deque[dict[str, Any]] = deque(maxlen=max_events)
 
     async def hook(request: Request) -> Response:
         receiver = request.path_params["receiver"]

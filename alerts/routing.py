@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from inferwatch.config import settings as config
 from inferwatch.config.settings import Routing
@@ -53,12 +54,12 @@ class Receivers:
     pagerduty_routing_key_file: str | None = None
 
 
-def _webhook(url: str, send_resolved: bool = True) -> dict:
+def _webhook(url: str, send_resolved: bool = True) -> dict[str, Any]:
     return {"url": url, "send_resolved": send_resolved, "max_alerts": MAX_ALERTS_PER_WEBHOOK}
 
 
-def _route(receiver: str, matcher: str, timing: Timing | None = None) -> dict:
-    route: dict = {"receiver": receiver, "matchers": [matcher]}
+def _route(receiver: str, matcher: str, timing: Timing | None = None) -> dict[str, Any]:
+    route: dict[str, Any] = {"receiver": receiver, "matchers": [matcher]}
     if timing:
         route |= {"group_wait": timing.group_wait, "group_interval": timing.group_interval,
                   "repeat_interval": timing.repeat_interval}
@@ -69,20 +70,20 @@ def timing(declared: config.Timing) -> Timing:
     return Timing(declared.group_wait, declared.group_interval, declared.repeat_interval)
 
 
-def _slack(channel: str, api_url_file: str) -> dict:
+def _slack(channel: str, api_url_file: str) -> dict[str, Any]:
     return {"api_url_file": api_url_file, "channel": channel, "send_resolved": True,
             "title": '{{ template "inferwatch.title" . }}', "text": '{{ template "inferwatch.text" . }}'}
 
 
 def alertmanager_config(receivers: Receivers, templates_dir: str | Path, policy: Routing = Routing(), *,
-                        page: Timing | None = None, ticket: Timing | None = None, deadman: Timing = DEADMAN) -> dict:
+                        page: Timing | None = None, ticket: Timing | None = None, deadman: Timing = DEADMAN) -> dict[str, Any]:
     """The config of ``policy`` (the settings' routing), with the local pager's webhooks at
     ``receivers``; ``page`` and ``ticket`` override the policy's timings (tests shorten them)."""
     page = page or timing(policy.page)
     ticket = ticket or timing(policy.ticket)
     extra = policy.receivers
-    pager: dict = {"name": "pager", "webhook_configs": [_webhook(receivers.pager_webhook)]}
-    ticket_receiver: dict = {"name": "ticket", "webhook_configs": [_webhook(receivers.ticket_webhook)]}
+    pager: dict[str, Any] = {"name": "pager", "webhook_configs": [_webhook(receivers.pager_webhook)]}
+    ticket_receiver: dict[str, Any] = {"name": "ticket", "webhook_configs": [_webhook(receivers.ticket_webhook)]}
     if extra.webhook is not None:
         pager["webhook_configs"].append(_webhook(extra.webhook.url))
         if extra.webhook.tickets:

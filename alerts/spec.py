@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
+from functools import partial
 
 from prometheus_client.utils import floatToGoString
 
@@ -47,7 +48,7 @@ VLLM_DOWN_FAILED_SCRAPES = 2
 
 def _le(threshold: float) -> str:
     """The ``le`` label value of a bucket boundary, as prometheus_client writes it."""
-    return floatToGoString(threshold)
+    return str(floatToGoString(threshold))  # type: ignore[no-untyped-call]  # prometheus_client.utils is unannotated
 
 
 _REQUESTS = m("inferwatch_gateway_requests_total")
@@ -71,22 +72,23 @@ def slo(declared: config.SLO, models: tuple[str, ...] | None, floors: config.Bur
     are requests, except inter-token latency's, which are token gaps: on a quiet model one
     stuttering stream can meet its floors alone."""
     sel = f'model=~"{model_regex(models)}"' if models is not None else ""
-    common = {"period": declared.period, "min_events": floors.min_events, "min_bad_events": floors.min_bad_events}
-    t = declared.threshold_s
+    make = partial(SLO, period=declared.period, min_events=floors.min_events, min_bad_events=floors.min_bad_events)
     if declared.sli == "availability":
-        return SLO(declared.name, "requests answered without a server error", declared.objective,
-                   total=_selector(_REQUESTS, sel), errors=_selector(_REQUESTS, 'status_class="5xx"', sel), **common)
+        return make(declared.name, "requests answered without a server error", declared.objective,
+                    total=_selector(_REQUESTS, sel), errors=_selector(_REQUESTS, 'status_class="5xx"', sel))
+    t = declared.threshold_s
+    if t is None:
+        raise ConfigError(("slos", declared.name, "threshold_s"), f"a {declared.sli} objective needs threshold_s")
     if declared.sli == "ttft":
-        return SLO(declared.name, f"first token within {t:g}s", declared.objective,
-                   total=_selector(m(f"{_TTFT}_count"), sel),
-                   good=_selector(m(f"{_TTFT}_bucket"), f'le="{_le(t)}"', sel), **common)
+        return make(declared.name, f"first token within {t:g}s", declared.objective,
+                    total=_selector(m(f"{_TTFT}_count"), sel),
+                    good=_selector(m(f"{_TTFT}_bucket"), f'le="{_le(t)}"', sel))
     if declared.sli == "e2e_latency":
-        return SLO(declared.name, f"successful requests complete within {t:g}s", declared.objective,
-                   total=_selector(m(f"{_E2E}_count"), 'status_class="2xx"', sel),
-                   good=_selector(m(f"{_E2E}_bucket"), 'status_class="2xx"', f'le="{_le(t)}"', sel), **common)
-    return SLO(declared.name, f"gaps between streamed tokens within {t:g}s", declared.objective,
-               total=_selector(m(f"{_ITL}_count"), sel), good=_selector(m(f"{_ITL}_bucket"), sel, f'le="{_le(t)}"'),
-               **common)
+        return make(declared.name, f"successful requests complete within {t:g}s", declared.objective,
+                    total=_selector(m(f"{_E2E}_count"), 'status_class="2xx"', sel),
+                    good=_selector(m(f"{_E2E}_bucket"), 'status_class="2xx"', f'le="{_le(t)}"', sel))
+    return make(declared.name, f"gaps between streamed tokens within {t:g}s", declared.objective,
+                total=_selector(m(f"{_ITL}_count"), sel), good=_selector(m(f"{_ITL}_bucket"), sel, f'le="{_le(t)}"'))
 
 
 def tier(declared: config.BurnTier) -> BurnTier:

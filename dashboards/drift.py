@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
+from grafana_foundation_sdk.builders import dashboard as dash_b
+
 from inferwatch.alerts.spec import JOB_DRIFT, Spec
 from inferwatch.catalog import metric as m
 from inferwatch.dashboards import uids
@@ -17,17 +22,23 @@ from inferwatch.dashboards.panels import (
     stat_panel,
     timeseries_panel,
 )
-from inferwatch.drift.schema import CATEGORICAL_FEATURES, NUMERIC_FEATURES, SAMPLING
+from inferwatch.drift.schema import (
+    CATEGORICAL_FEATURES,
+    NUMERIC_FEATURES,
+    SAMPLING,
+    CategoricalFeature,
+    NumericFeature,
+)
 
 SEG = 'model=~"$model", variant=~"$variant", instance=~"$drift"'
 RES = f'{SEG}, feature=~"$feature", method=~"$method"'
 
 
-def _names(features) -> str:
+def _names(features: Iterable[NumericFeature | CategoricalFeature]) -> str:
     return "|".join(f.name for f in features)
 
 
-def drift(spec: Spec) -> list:
+def drift(spec: Spec) -> list[Any]:
     feature = f'{SEG}, feature=~"$feature"'
     return [
         stat_panel("Segment verdict (1 = drift)", "short",
@@ -100,11 +111,11 @@ def drift(spec: Spec) -> list:
     ]
 
 
-def health(spec: Spec) -> list:
+def health(spec: Spec) -> list[Any]:
     return [targets_up((JOB_DRIFT,)), alerts_firing(uids.DRIFT, spec.alerts)]
 
 
-def verdicts() -> list:
+def verdicts() -> list[Any]:
     """The A/B verdict per experiment (model, control, treatment): what ABCanaryWorse and
     ABCanaryHurtingUsers read, and the weights that decide how many users it reaches."""
     ab_sel = 'model=~"$model"'
@@ -157,7 +168,7 @@ def verdicts() -> list:
     ]
 
 
-def ab() -> list:
+def ab() -> list[Any]:
     req = m("inferwatch_gateway_requests_total")
     by_variant = 'model=~"$model"'
     return [
@@ -176,7 +187,7 @@ def ab() -> list:
     ]
 
 
-def build(spec: Spec):
+def build(spec: Spec) -> dash_b.Dashboard:
     score = m("inferwatch_drift_score")
     return dashboard(
         uids.DRIFT, "inferwatch / drift and A/B", "Drift of request features and confidence against the "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
@@ -20,7 +21,7 @@ MODULES = (serving, gpus, drift, slos)
 INTERVAL_ONLY = ("auto", "auto_count", "auto_min")
 
 
-def dashboards(spec: Spec = DEFAULT) -> dict[str, dict]:
+def dashboards(spec: Spec = DEFAULT) -> dict[str, dict[str, Any]]:
     """uid -> dashboard JSON document."""
     out = {}
     for module in MODULES:
@@ -33,7 +34,7 @@ def dashboards(spec: Spec = DEFAULT) -> dict[str, dict]:
     return out
 
 
-def render(doc: dict) -> str:
+def render(doc: dict[str, Any]) -> str:
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from grafana_foundation_sdk.builders import dashboard as dash_b
+
 from inferwatch.alerts import cost
 from inferwatch.alerts.spec import JOB_EXPORTER, Spec
 from inferwatch.catalog import metric as m
@@ -27,7 +31,7 @@ def g(name: str, extra: str = "") -> str:
     return f'{m(name)}{{{SEL}{", " + extra if extra else ""}}}'
 
 
-def health(spec: Spec) -> list:
+def health(spec: Spec) -> list[Any]:
     return [
         targets_up((JOB_EXPORTER,)),
         stat_panel("NVML up", "short", q(f'min({m("inferwatch_nvml_up")}{{instance=~"$host"}})', "NVML"),
@@ -40,7 +44,7 @@ def health(spec: Spec) -> list:
     ]
 
 
-def busy() -> list:
+def busy() -> list[Any]:
     """How busy, from GPM: utilization says a kernel ran, these say how much of the GPU it
     used. A GPU without GPM (before Hopper, or the exporter's --no-gpm) has no series here:
     it is counted as such, never drawn as 0."""
@@ -63,7 +67,7 @@ def busy() -> list:
     ]
 
 
-def use() -> list:
+def use() -> list[Any]:
     return [
         timeseries_panel("Utilization", "percentunit", q(g("inferwatch_gpu_utilization_ratio"), GPU), width=6,
                          description="Share of time a kernel ran: busy, not how busy the tensor cores were."),
@@ -88,7 +92,7 @@ def use() -> list:
     ]
 
 
-def errors() -> list:
+def errors() -> list[Any]:
     return [
         timeseries_panel("Throttle reasons active", "short",
                          q(or_zero(f'sum by (reason) ({g("inferwatch_gpu_throttle_active")}) > 0', "reason"),
@@ -135,7 +139,7 @@ def errors() -> list:
     ]
 
 
-def processes_and_health(spec: Spec) -> list:
+def processes_and_health(spec: Spec) -> list[Any]:
     return [
         timeseries_panel("Memory per process", "bytes",
                          q(g("inferwatch_gpu_process_memory_used_bytes"), "{{process}} ({{pid}}) " + GPU),
@@ -195,7 +199,7 @@ NOT_ON_DASHBOARDS: dict[str, str] = {
 }
 
 
-def build(spec: Spec):
+def build(spec: Spec) -> dash_b.Dashboard:
     info = m("inferwatch_gpu_info")
     return dashboard(
         uids.GPUS, "inferwatch / GPUs", "NVML exporter: utilization, saturation and errors per GPU.",

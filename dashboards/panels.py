@@ -8,6 +8,8 @@ Panel ids and positions come from ``dashboard()``, so the JSON is stable.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
+from typing import Any
 
 from grafana_foundation_sdk.builders import (
     common as common_b,
@@ -45,7 +47,7 @@ def _refs(queries: tuple[prometheus.Dataquery, ...]) -> list[prometheus.Dataquer
     return [query.ref_id(chr(ord("A") + i)) for i, query in enumerate(queries)]
 
 
-def _thresholds(steps: list[tuple[float | None, str]]) -> dash_b.ThresholdsConfig:
+def _thresholds(steps: Sequence[tuple[float | None, str]]) -> dash_b.ThresholdsConfig:
     return dash_b.ThresholdsConfig().mode(dash.ThresholdsMode.ABSOLUTE).steps(
         [dash.Threshold(value=v, color=c) for v, c in steps])
 
@@ -54,7 +56,7 @@ OK = [(None, "green")]
 
 
 def timeseries_panel(title: str, unit: str, *queries: prometheus.Dataquery, description: str = "",
-                     thresholds: list[tuple[float | None, str]] = OK, width: int = 8, height: int = 8,
+                     thresholds: Sequence[tuple[float | None, str]] = OK, width: int = 8, height: int = 8,
                      stacked: bool = False, log_scale: bool = False) -> timeseries.Panel:
     """``log_scale``: a log10 axis, for values that matter across decades (p-values against
     alpha = 0.01 would lie on the floor of a linear one)."""
@@ -75,7 +77,7 @@ def timeseries_panel(title: str, unit: str, *queries: prometheus.Dataquery, desc
 
 
 def stat_panel(title: str, unit: str, *queries: prometheus.Dataquery, description: str = "",
-               thresholds: list[tuple[float | None, str]] = OK, width: int = 4, height: int = 4,
+               thresholds: Sequence[tuple[float | None, str]] = OK, width: int = 4, height: int = 4,
                names_only: bool = False) -> stat.Panel:
     """``names_only``: each series shown by its legend alone, for a state a label names (the
     value is a 1 that says nothing)."""
@@ -146,15 +148,16 @@ def datasource_variable() -> dash_b.DatasourceVariable:
     return dash_b.DatasourceVariable("datasource").label("Data source").type("prometheus")
 
 
-def dashboard(uid: str, title: str, description: str, variables: list,
-              rows: list[tuple[str, list]]) -> dash_b.Dashboard:
+def dashboard(uid: str, title: str, description: str, variables: list[Any],
+              rows: list[tuple[str, list[Any]]]) -> dash_b.Dashboard:
     """A dashboard of titled rows; panel ids are assigned in order, links go to the others."""
     board = (dash_b.Dashboard(title).uid(uid).description(description).tags([TAG]).time("now-1h", "now")
              .refresh("30s").timezone("browser").tooltip(dash.DashboardCursorSync.CROSSHAIR)
              # no placement: Grafana 12.3.0's link bar shows only links without one (the SDK's
              # default, the controls menu, learnt to show dashboard links after 12.3.0)
              .link(dash_b.DashboardLink("inferwatch").type(dash.DashboardLinkType.DASHBOARDS).tags([TAG])
-                   .as_dropdown(True).include_vars(True).keep_time(True).placement(None)))
+                   .as_dropdown(True).include_vars(True).keep_time(True)
+                   .placement(None)))  # type: ignore[arg-type]  # the SDK types it str; None leaves it unset
     board = board.with_variable(datasource_variable())
     for var in variables:
         board = board.with_variable(var)

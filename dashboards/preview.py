@@ -10,12 +10,14 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.axes import Axes
 
 from inferwatch.dashboards.queries import TimeRange, panel_results, resolve_variables
 
@@ -26,14 +28,14 @@ CELL_W, CELL_H = 0.62, 0.32  # inches per grid column and row
 PAD_BELOW_IN, PAD_ABOVE_IN = 0.35, 0.3  # inside a panel's cell: tick labels, title
 
 
-def _legend(metric: dict, fmt: str) -> str:
+def _legend(metric: dict[str, Any], fmt: str) -> str:
     if fmt and fmt != "__auto":
         return "".join(metric.get(part, "") if i % 2 else part
                        for i, part in enumerate(fmt.replace("{{", "\0").replace("}}", "\0").split("\0"))).strip()
     return ", ".join(f"{k}={v}" for k, v in sorted(metric.items()) if k != "__name__") or "value"
 
 
-def _draw_timeseries(ax, panel: dict, results: list[list[dict]], t_end: float) -> None:
+def _draw_timeseries(ax: Axes, panel: dict[str, Any], results: list[list[dict[str, Any]]], t_end: float) -> None:
     scale, suffix = UNIT_SCALE.get(panel["fieldConfig"]["defaults"]["unit"], (1, ""))
     for target, series in zip(panel["targets"], results):
         for s in series[:8]:
@@ -44,11 +46,11 @@ def _draw_timeseries(ax, panel: dict, results: list[list[dict]], t_end: float) -
             ax.plot((ts - t_end) / 60, ys, linewidth=1, label=_legend(s["metric"], legend))
     ax.set_xlabel("minutes (0 = now)", fontsize=6)
     ax.set_ylabel(suffix, fontsize=6)
-    if any(not line.get_label().startswith("_") for line in ax.lines):
+    if any(not str(line.get_label()).startswith("_") for line in ax.lines):
         ax.legend(fontsize=5, loc="upper left", frameon=False)
 
 
-def _draw_stat(ax, panel: dict, results: list[list[dict]]) -> None:
+def _draw_stat(ax: Axes, panel: dict[str, Any], results: list[list[dict[str, Any]]]) -> None:
     """Each series' last value, as Grafana's stat panel shows one value per series."""
     scale, suffix = UNIT_SCALE.get(panel["fieldConfig"]["defaults"]["unit"], (1, ""))
     shown = [(_legend(s["metric"], t.get("legendFormat", "")), float(s["values"][-1][1]) * scale)
@@ -69,7 +71,7 @@ def _draw_stat(ax, panel: dict, results: list[list[dict]]) -> None:
     ax.set_yticks([])
 
 
-def _draw_heatmap(ax, results: list[list[dict]], t_end: float) -> None:
+def _draw_heatmap(ax: Axes, results: list[list[dict[str, Any]]], t_end: float) -> None:
     rows = sorted(results[0], key=lambda s: float(s["metric"].get("le", "inf")))
     if not rows:
         return
@@ -77,12 +79,12 @@ def _draw_heatmap(ax, results: list[list[dict]], t_end: float) -> None:
     counts = np.diff(np.vstack([np.zeros(grid.shape[1]), grid]), axis=0).clip(min=0)  # per bucket, not cumulative
     ts = [float(x) for x, _ in rows[0]["values"]]
     ax.imshow(counts, aspect="auto", origin="lower", cmap="inferno",
-              extent=[(ts[0] - t_end) / 60, (ts[-1] - t_end) / 60, 0, len(rows)])
+              extent=((ts[0] - t_end) / 60, (ts[-1] - t_end) / 60, 0, len(rows)))
     ax.set_yticks(np.arange(len(rows)) + 0.5, [s["metric"].get("le", "") for s in rows], fontsize=4)
     ax.set_xlabel("minutes (0 = now)", fontsize=6)
 
 
-def render(doc: dict, prometheus: str, out: Path, tr: TimeRange) -> Path:
+def render(doc: dict[str, Any], prometheus: str, out: Path, tr: TimeRange) -> Path:
     variables = resolve_variables(prometheus, doc, tr)
     height = max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in doc["panels"])
     fig_h = height * CELL_H + 0.6
@@ -95,8 +97,8 @@ def render(doc: dict, prometheus: str, out: Path, tr: TimeRange) -> Path:
     fig.suptitle(f"{doc['title']}  (preview from Prometheus, last {shown})", fontsize=10)
     for panel in doc["panels"]:
         g = panel["gridPos"]
-        box = [g["x"] / 24 + 0.03, 1 - (g["y"] + g["h"]) / height * 0.95 - below, g["w"] / 24 - 0.038,
-               g["h"] / height * 0.95 - above]
+        box = (g["x"] / 24 + 0.03, 1 - (g["y"] + g["h"]) / height * 0.95 - below, g["w"] / 24 - 0.038,
+               g["h"] / height * 0.95 - above)
         if panel["type"] == "row":
             fig.text(0.005, box[1] + box[3] + 0.012, panel["title"], fontsize=9, weight="bold")
             continue
@@ -116,7 +118,7 @@ def render(doc: dict, prometheus: str, out: Path, tr: TimeRange) -> Path:
     return out
 
 
-def render_all(docs: dict[str, dict], prometheus: str, out_dir: Path, minutes: float = 60,
+def render_all(docs: dict[str, dict[str, Any]], prometheus: str, out_dir: Path, minutes: float = 60,
                scrape_s: float = 10) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)  # fail before any query if it cannot be written
     now = time.time()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import requests
 
@@ -38,7 +39,7 @@ def substitute(expr: str, variables: dict[str, str], tr: TimeRange) -> str:
     macros = {"__rate_interval": f"{tr.rate_interval_s:g}s", "__interval": f"{tr.step_s:g}s",
               "__range": f"{tr.end - tr.start:g}s", **variables}
 
-    def value(match: re.Match) -> str:
+    def value(match: re.Match[str]) -> str:
         name = match[1] or match[2]
         if name not in macros:
             raise KeyError(f"unknown variable ${name} in {expr}")
@@ -54,9 +55,10 @@ def variable_values(prometheus: str, query: str, variables: dict[str, str], tr: 
         raise ValueError(f"not a label_values() query: {query}")
     selector, label = substitute(match[1], variables, tr), match[2]
     resp = requests.get(f"{prometheus}/api/v1/label/{label}/values", timeout=30,
-                        params={"match[]": selector, "start": tr.start, "end": tr.end})
+                        params={"match[]": selector, "start": str(tr.start), "end": str(tr.end)})
     resp.raise_for_status()
-    return resp.json()["data"]
+    values: list[str] = resp.json()["data"]
+    return values
 
 
 def all_of(values: list[str]) -> str:
@@ -66,7 +68,7 @@ def all_of(values: list[str]) -> str:
     return escaped[0] if len(escaped) == 1 else "(" + "|".join(escaped) + ")"
 
 
-def resolve_variables(prometheus: str, doc: dict, tr: TimeRange, strict: bool = False) -> dict[str, str]:
+def resolve_variables(prometheus: str, doc: dict[str, Any], tr: TimeRange, strict: bool = False) -> dict[str, str]:
     """Each query variable's value as Grafana's default would be: "All" (its allValue, or
     the values it lists) for multi-value variables, else the first value. A variable without
     values is ``.*``, as in Grafana (no GPUs yet, no drift baseline yet); ``strict`` raises
@@ -87,24 +89,25 @@ def resolve_variables(prometheus: str, doc: dict, tr: TimeRange, strict: bool = 
     return resolved
 
 
-def range_query(prometheus: str, expr: str, tr: TimeRange) -> list[dict]:
+def range_query(prometheus: str, expr: str, tr: TimeRange) -> list[dict[str, Any]]:
     resp = requests.get(f"{prometheus}/api/v1/query_range", timeout=60,
-                        params={"query": expr, "start": tr.start, "end": tr.end, "step": tr.step_s})
+                        params={"query": expr, "start": str(tr.start), "end": str(tr.end), "step": str(tr.step_s)})
     if resp.status_code != 200:
         raise ValueError(f"Prometheus refused {expr}: {resp.text}")
-    return resp.json()["data"]["result"]
+    result: list[dict[str, Any]] = resp.json()["data"]["result"]
+    return result
 
 
-def instant_query(prometheus: str, expr: str, tr: TimeRange) -> list[dict]:
+def instant_query(prometheus: str, expr: str, tr: TimeRange) -> list[dict[str, Any]]:
     """An instant query at the range's end, shaped as a range result of one point (as Grafana
     draws an instant target)."""
-    resp = requests.get(f"{prometheus}/api/v1/query", timeout=60, params={"query": expr, "time": tr.end})
+    resp = requests.get(f"{prometheus}/api/v1/query", timeout=60, params={"query": expr, "time": str(tr.end)})
     if resp.status_code != 200:
         raise ValueError(f"Prometheus refused {expr}: {resp.text}")
     return [{"metric": r["metric"], "values": [r["value"]]} for r in resp.json()["data"]["result"]]
 
 
-def panel_results(prometheus: str, panel: dict, variables: dict[str, str], tr: TimeRange) -> list[list[dict]]:
+def panel_results(prometheus: str, panel: dict[str, Any], variables: dict[str, str], tr: TimeRange) -> list[list[dict[str, Any]]]:
     """Per target of ``panel``, the series Prometheus returns for it."""
     return [(instant_query if t.get("instant") else range_query)(prometheus, substitute(t["expr"], variables, tr), tr)
             for t in panel["targets"]]

@@ -6,6 +6,10 @@ cost panels read the cost rules' records (``inferwatch.alerts.cost``), never the
 
 from __future__ import annotations
 
+from typing import Any
+
+from grafana_foundation_sdk.builders import dashboard as dash_b
+
 from inferwatch.alerts import cost
 from inferwatch.alerts.spec import JOB_GATEWAY, JOB_VLLM, Spec
 from inferwatch.catalog import metric as m
@@ -31,14 +35,14 @@ REQ = m("inferwatch_gateway_requests_total")
 VLLM_SEL = 'model=~"$model", instance=~"$vllm"'
 # Latency per model, so "All" shows a slow model beside a fast one instead of their blend;
 # the median and the tail (two series a model keeps a panel readable).
-PER_MODEL = {"by": "model", "qs": (0.5, 0.95)}
+PER_MODEL: dict[str, Any] = {"by": "model", "qs": (0.5, 0.95)}  # quantiles() per model, p50 and p95
 
 
 def _rate(name: str, by: str, selector: str = SEL) -> str:
     return f"sum by ({by}) (rate({m(name)}{{{selector}}}[{RATE}]))"
 
 
-def health(spec: Spec) -> list:
+def health(spec: Spec) -> list[Any]:
     return [
         targets_up((JOB_GATEWAY, JOB_VLLM)),
         stat_panel("Gateways reaching vLLM", "percentunit",
@@ -56,7 +60,7 @@ def health(spec: Spec) -> list:
     ]
 
 
-def users(spec: Spec) -> list:
+def users(spec: Spec) -> list[Any]:
     availability = spec.slo_of("availability")
     ttft_s = next((d.threshold_s for d in spec.settings.slos if d.sli == "ttft"), None)
     # red where the first paging window pages on availability: the error ratio that spends its
@@ -105,7 +109,7 @@ def users(spec: Spec) -> list:
     ]
 
 
-def engine(spec: Spec) -> list:
+def engine(spec: Spec) -> list[Any]:
     return [
         timeseries_panel("Running and waiting requests", "short",
                          q(f'sum by (model) ({m("vllm:num_requests_running")}{{{VLLM_SEL}}})', "running {{model}}"),
@@ -129,7 +133,7 @@ def engine(spec: Spec) -> list:
     ]
 
 
-def model_layer() -> list:
+def model_layer() -> list[Any]:
     """What the model is asked and answers, and where its time goes (vLLM's own dashboard
     shows the same): lengths, why generation stopped, prefill against decode."""
     return [
@@ -176,7 +180,7 @@ def _flagged(param: str, *values: str) -> str:
     return f"(sum ({_sampling(param, *values)}) or 0 * {total})\n/ {total}"
 
 
-def output_quality() -> list:
+def output_quality() -> list[Any]:
     """What the model answers, read by the gateway (never the text itself): repetition,
     answers that are empty, one token or a loop, and the sampling parameters clients ask
     for. A drift in any of them is the drift service's verdict; these show its size."""
@@ -211,7 +215,7 @@ def output_quality() -> list:
     ]
 
 
-def cost_row() -> list:
+def cost_row() -> list[Any]:
     """What a model's tokens cost, from the cost rules: vLLM's token counters over the GPUs of
     the hosts that serve that model alone (docs/cost.md). A model whose hosts also serve
     another has no line here; its GPUs are counted as not attributable."""
@@ -247,7 +251,7 @@ def cost_row() -> list:
     ]
 
 
-def replicas() -> list:
+def replicas() -> list[Any]:
     """Gateway replicas sharing state, and the vLLM replicas they balance over (docs/replicas.md)."""
     gw = 'instance=~"$gateway"'
     return [
@@ -279,7 +283,7 @@ def replicas() -> list:
     ]
 
 
-def build(spec: Spec):
+def build(spec: Spec) -> dash_b.Dashboard:
     return dashboard(
         uids.SERVING, "inferwatch / LLM serving",
         "RED and token-level metrics at the gateway; vLLM's engine; output quality; cost per token.",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from grafana_foundation_sdk.builders import dashboard as dash_b
+
 from inferwatch.alerts.generate import BUDGET_REMAINING, PERIOD_INTERVAL, error_ratio, fresh, interval_of
 from inferwatch.alerts.model import seconds
 from inferwatch.alerts.spec import Spec
@@ -18,7 +20,7 @@ def _ratio(window: str) -> str:
     return fresh(f"{error_ratio(window)}{{{SEL}}}", interval_of(window))
 
 
-def build(spec: Spec):
+def build(spec: Spec) -> dash_b.Dashboard:
     # The meta-alerts fire by design; counting them would hide whether anything is wrong.
     always_firing = [a.name for a in spec.alerts if a.severity == "none"]
     firing = f'ALERTS{{alertstate="firing", alertname!~"{"|".join(always_firing)}"}}'

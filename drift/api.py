@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from inferwatch.drift.feature_record import CROSS_FIELD_RULES, FIELDS, MAX_BATCH, TEXT_MAX, UNIX_S, FieldRule
 from inferwatch.drift.json_int import json_int
 from inferwatch.drift.methods import METHODS
-from inferwatch.drift.schema import FEATURES
+from inferwatch.drift.schema import FEATURES, NumericFeature
 from inferwatch.drift.state import MAX_COUNT
 
 Text = Field(min_length=1, max_length=TEXT_MAX)
@@ -33,12 +33,13 @@ def _record_field(rule: FieldRule) -> tuple[Any, Any]:
     constraints: dict[str, Any] = {"min_length": 1, "max_length": TEXT_MAX} if rule.kind is str else {}
     if rule.bounds is not None:
         constraints.update(ge=rule.bounds[0], le=rule.bounds[1])
-    kind = Annotated[rule.kind, Field(**constraints)]  # strict: an int field takes no 200.0 (FieldRule.accepts)
+    # strict: an int field takes no 200.0 (FieldRule.accepts)
+    kind = Annotated[rule.kind, Field(**constraints)]  # type: ignore[name-defined]  # a type chosen at run time
     description = rule.description + (" (an integer written without a fraction)" if rule.kind is int else "")
     return kind | None if rule.nullable else kind, Field(None if rule.nullable else ..., description=description)
 
 
-FeatureRecord = create_model(
+FeatureRecord = create_model(  # type: ignore[call-overload]  # fields built from FIELDS at import
     "FeatureRecord", __config__=ConfigDict(extra="forbid", strict=True),
     __doc__="One finished request, as the gateway sends it: numbers and small categoricals, never text. "
             f"Across fields: {'; '.join(CROSS_FIELD_RULES)}.",
@@ -48,21 +49,22 @@ FeatureRecord = create_model(
 class IngestRequest(BaseModel):
     """A batch is taken whole or refused whole: the first bad record's position and field are named."""
 
-    records: list[FeatureRecord] = Field(min_length=1, max_length=MAX_BATCH)  # type: ignore[valid-type]
+    records: list[FeatureRecord] = Field(min_length=1, max_length=MAX_BATCH)
 
 
 def bins(name: str) -> int:
     """How many counts a feature's histogram holds: its bins, or its categories and 'other'."""
     feature = FEATURES[name]
-    return feature.edges.bins if hasattr(feature, "edges") else len(feature.categories) + 1
+    return feature.edges.bins if isinstance(feature, NumericFeature) else len(feature.categories) + 1
 
 
 Count = json_int(ge=0, le=MAX_COUNT)
-Histograms = create_model(
+Histograms = create_model(  # type: ignore[call-overload]  # fields built from FEATURES at import
     "Histograms", __config__=ConfigDict(extra="forbid", strict=True),
     __doc__="Counts per bin of GET /v1/features, per feature; a feature left out or null counts nothing. At "
             "least one count must be positive.",
-    **{name: (list[Count] | None, Field(None, min_length=bins(name), max_length=bins(name)))  # type: ignore[misc]
+    **{name: (list[Count] | None,  # type: ignore[valid-type]  # Count: an Annotated int
+              Field(None, min_length=bins(name), max_length=bins(name)))
        for name in FEATURES})
 
 
@@ -75,9 +77,11 @@ class BaselineRequest(BaseModel):
 
     model: str = Text
     variant: str = Text
-    from_: float = Field(None, alias="from", ge=UNIX_S[0], le=UNIX_S[1], description="unix seconds")
-    to: float = Field(None, ge=UNIX_S[0], le=UNIX_S[1], description="unix seconds")
-    histograms: Histograms = None  # type: ignore[valid-type]
+    # None only as "left out": a null is refused (strict), and the schema says so (optional_not_null)
+    from_: float = Field(None, alias="from",  # type: ignore[assignment]  # None: left out
+                         ge=UNIX_S[0], le=UNIX_S[1], description="unix seconds")
+    to: float = Field(None, ge=UNIX_S[0], le=UNIX_S[1], description="unix seconds")  # type: ignore[assignment]  # as from_
+    histograms: Histograms = None  # type: ignore[assignment]  # as from_
 
 
 def _one_source(schema: dict[str, Any]) -> None:
@@ -113,7 +117,7 @@ class BaselineInfo(BaseModel):
     model: str
     variant: str
     records: int
-    source: dict
+    source: dict[str, Any]
     created_at: float
     edges: dict[str, list[float]] = Field(description="per numeric feature, the bin edges scores are computed on "
                                                       "(the baseline's quantiles on the feature's grid)")
@@ -141,7 +145,7 @@ def thresholds_request(smallest_alpha: float) -> type[BaseModel]:
     to ``smallest_alpha`` (1 / (resamples + 1)): below it every calibrated threshold would be
     infinite, a verdict that never fires."""
     methods: dict[str, Any] = {
-        name: (float | None, Field(None, gt=0, **({"lt": 1} if spec.kind == "p_value" else {}),
+        name: (float | None, Field(None, gt=0, lt=1 if spec.kind == "p_value" else None,
                                    description=f"{spec.description}: a fixed threshold, or null to "
                                                f"{'use alpha' if spec.kind == 'p_value' else 'calibrate it'}"))
         for name, spec in METHODS.items()}

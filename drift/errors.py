@@ -36,7 +36,7 @@ async def http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code, hint = _ROUTING.get(exc.status_code, ("http_error", ""))
     message = f"{request.method} {request.url.path[:200]}: {exc.detail}" + (f"; {hint}" if hint else "")
-    headers = exc.headers
+    headers = dict(exc.headers) if exc.headers else None
     if exc.status_code == 405:
         headers = {**(headers or {}), "Allow": ", ".join(allowed_methods(request))}
     return error_response(exc.status_code, message, code, headers=headers)

@@ -27,7 +27,7 @@ class FeedbackRecord(BaseModel):
     model: str = Field(min_length=1, max_length=TEXT_MAX)
     variant: str = Field(min_length=1, max_length=TEXT_MAX)
     experiment: str | None = Field(None, min_length=1, max_length=TEXT_MAX)
-    epoch: json_int(ge=EPOCH[0], le=EPOCH[1]) | None = Field(  # type: ignore[valid-type]
+    epoch: json_int(ge=EPOCH[0], le=EPOCH[1]) | None = Field(  # type: ignore[valid-type]  # an Annotated int
         None, description="the answer's weight epoch")
     unit: str | None = Field(None, min_length=1, max_length=TEXT_MAX, description="the answer's hashed unit")
     response_id: str | None = Field(None, min_length=1, max_length=TEXT_MAX,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any
 
 import numpy as np
 import requests
@@ -55,7 +56,7 @@ class PrometheusSource:
     def buckets(self, metric: str, selector: str, at: float, window_s: float) -> dict[float, float]:
         query = f"sum by (le) (increase({metric}_bucket{{{selector}}}[{int(window_s)}s]))"
         try:
-            resp = requests.get(f"{self.base_url}/api/v1/query", params={"query": query, "time": at},
+            resp = requests.get(f"{self.base_url}/api/v1/query", params={"query": query, "time": str(at)},
                                 timeout=self.timeout_s)
         except requests.RequestException as exc:
             raise SourceError(503, f"Prometheus at {self.base_url} is not reachable: {exc}") from None
@@ -65,7 +66,7 @@ class PrometheusSource:
         return {float(r["metric"]["le"]): float(r["value"][1]) for r in body["data"]["result"] if "le" in r["metric"]}
 
     def drift(self, metric: str, selector: str, reference_end: float, current_end: float, window_s: float,
-              policy: Policy = Policy()) -> dict:
+              policy: Policy = Policy()) -> dict[str, Any]:
         if not METRIC_NAME.match(metric) or not metric:
             raise SourceError(400, "'metric' must be a histogram's base name, e.g. inferwatch_gateway_request_prompt_tokens",
                               field="metric")

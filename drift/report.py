@@ -14,7 +14,9 @@ from __future__ import annotations
 import html
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from inferwatch.drift.ab.report import AbEntry
 from inferwatch.drift.binning import CategoricalCounts, Histogram, merge
@@ -37,7 +39,7 @@ RANK = {"rollback": 0, "hold": 1, "drift": 2, "calibrating": 3, "continue": 4, "
 class SegmentReport:
     segment: tuple[str, str]
     baseline: Baseline
-    current: dict
+    current: dict[str, Any]
     verdict: SegmentVerdict
     history: list[HistoryPoint]
     since: float | None
@@ -49,7 +51,7 @@ def _esc(text: object) -> str:
 
 
 def _fmt(v: float | None) -> str:
-    return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.4g}"
+    return "—" if v is None or math.isnan(v) else f"{v:.4g}"
 
 
 def _when(t: float | None) -> str:
@@ -131,14 +133,14 @@ def history_svg(points: list[tuple[float, float | None, float]], method: str) ->
     if len(pts) == 1:
         t, score, thr = pts[0]
         parts.append(f'<line x1="{x(t) - 12:.1f}" x2="{x(t) + 12:.1f}" y1="{y(thr):.1f}" y2="{y(thr):.1f}" '
-                     f'stroke="{THR}" stroke-width="2"/><circle cx="{x(t):.1f}" cy="{y(score):.1f}" r="4" '  # type: ignore[arg-type]
+                     f'stroke="{THR}" stroke-width="2"/><circle cx="{x(t):.1f}" cy="{y(score):.1f}" r="4" '
                      f'fill="{CUR}"/>')
         ticks = [t]
     else:
-        score = " ".join(f"{x(t):.1f},{y(s):.1f}" for t, s, _ in pts)  # type: ignore[arg-type]
-        thr = " ".join(f"{x(t):.1f},{y(th):.1f}" for t, _, th in pts)
-        parts.append(f'<polyline points="{thr}" fill="none" stroke="{THR}" stroke-dasharray="4 3"/>'
-                     f'<polyline points="{score}" fill="none" stroke="{CUR}" stroke-width="1.5"/>')
+        scores = " ".join(f"{x(t):.1f},{y(s):.1f}" for t, s, _ in pts)
+        thresholds = " ".join(f"{x(t):.1f},{y(th):.1f}" for t, _, th in pts)
+        parts.append(f'<polyline points="{thresholds}" fill="none" stroke="{THR}" stroke-dasharray="4 3"/>'
+                     f'<polyline points="{scores}" fill="none" stroke="{CUR}" stroke-width="1.5"/>')
         ticks = [t0 + span * k / 4 for k in range(5)]
     for i, t in enumerate(ticks):
         anchor = "middle" if len(ticks) == 1 else ("start" if i == 0 else "end" if i == len(ticks) - 1 else "middle")
@@ -178,7 +180,7 @@ def _worst_p(v: SegmentVerdict) -> float:
 Entry = SegmentReport | AbEntry
 
 
-def _order(e: Entry) -> tuple:
+def _order(e: Entry) -> tuple[Any, ...]:
     if isinstance(e, AbEntry):
         return RANK[e.decision], 0.0, (e.model, e.control, e.treatment)
     return RANK[e.verdict.status], _worst_p(e.verdict), e.segment
@@ -236,7 +238,7 @@ def _feature(name: str, s: SegmentReport) -> str:
             f"{bars_svg(ref, cur, unit)}{history_svg(points, method)}{_methods_table(f.methods)}</div>")
 
 
-def render(segments: list[SegmentReport], now: float | None = None, ab: list[AbEntry] = (),  # type: ignore[assignment]
+def render(segments: list[SegmentReport], now: float | None = None, ab: Sequence[AbEntry] = (),
            detail: int = DETAIL) -> str:
     """The report: every A/B experiment (``drift.ab.report.sections``) and drift segment in
     one summary, worst first, then the worst ``detail`` of them in full."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import orjson
@@ -78,7 +79,8 @@ CATEGORICAL_FEATURES: tuple[CategoricalFeature, ...] = (
     CategoricalFeature("output", OUTPUT_KINDS, "what the answer is: text, or empty, one token, a loop"),
     *(CategoricalFeature(name, values, about) for name, (values, about) in SAMPLING.items()),
 )
-FEATURES = {f.name: f for f in (*NUMERIC_FEATURES, *CATEGORICAL_FEATURES)}
+FEATURES: dict[str, NumericFeature | CategoricalFeature] = {**{f.name: f for f in NUMERIC_FEATURES},
+                                                           **{f.name: f for f in CATEGORICAL_FEATURES}}
 
 class BatchError(ValueError):
     def __init__(self, message: str, record: int | None = None, field: str | None = None) -> None:
@@ -135,7 +137,7 @@ _KIND = {str: "a string", bool: "true or false", int: "an integer, written witho
 _ALLOWED = {name: set(rule.accepts) | ({_NONE} if rule.nullable else set()) for name, rule in FIELDS.items()}
 
 
-def _columns(records: list, now: float, max_future_s: float) -> Batch | None:
+def _columns(records: list[Any], now: float, max_future_s: float) -> Batch | None:
     """The batch as columns, or None if any record breaks a rule."""
     if not set(map(type, records)) <= {dict} or not all(map(_FIELD_SET.issuperset, records)):
         return None
@@ -186,7 +188,7 @@ def _columns(records: list, now: float, max_future_s: float) -> Batch | None:
 _TEXT_OF = {True: "true", False: "false"}
 
 
-def output_kinds(empty: list, loop: list, completion_tokens: list, finish_reason: list) -> list[str | None]:
+def output_kinds(empty: list[Any], loop: list[Any], completion_tokens: list[Any], finish_reason: list[Any]) -> list[str | None]:
     """What each answer is (``OUTPUT_KINDS``); None where the gateway did not judge it (no
     complete answer, or several choices)."""
     return [None if e is None else "empty" if e else "loop" if lp else
@@ -212,7 +214,7 @@ def _check(i: int, rec: object, now: float, max_future_s: float) -> None:
             raise BatchError(f"record {i}: field '{name}' must be finite", i, name)
         if isinstance(value, str) and not 0 < len(value) <= TEXT_MAX:
             raise BatchError(f"record {i}: field '{name}' must be 1..{TEXT_MAX} characters", i, name)
-        if rule.bounds is not None and not rule.bounds[0] <= value <= rule.bounds[1]:
+        if rule.bounds is not None and not rule.bounds[0] <= value <= rule.bounds[1]:  # type: ignore[operator]  # a number here
             low, high = (f"{b:,.0f}" if rule.kind is int else f"{b:g}" for b in rule.bounds)
             raise BatchError(f"record {i}: field '{name}' must be between {low} and {high}", i, name)
     if rec["finished_at"] > now + max_future_s:

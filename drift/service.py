@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from typing import Annotated, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 import orjson
 from fastapi import FastAPI, Query
@@ -91,20 +91,20 @@ class DriftSettings(SecretFileSettings):
         return self
 
 
-def result_json(r: DriftResult) -> dict:
+def result_json(r: DriftResult) -> dict[str, Any]:
     return {"method": r.method, "kind": r.kind, "direction": r.direction, "score": r.score,
-            "threshold": None if r.threshold is None or math.isnan(r.threshold) else r.threshold,
+            "threshold": None if math.isnan(r.threshold) else r.threshold,
             "threshold_source": r.source, "calibration_n": r.calibration_n, "p_value": r.p_value,
             "drifted": r.drifted, "status": r.status}
 
 
-def features_json(verdict: SegmentVerdict) -> dict:
+def features_json(verdict: SegmentVerdict) -> dict[str, Any]:
     return {name: {"status": f.status, "reference_n": f.n_ref, "current_n": f.n_cur, "p_value": f.p_value,
                    "drifted": f.drifted, "methods": {m: result_json(r) for m, r in f.methods.items()}}
             for name, f in verdict.features.items()}
 
 
-def segment_json(state: DriftState, segment: Segment, feature: str | None = None) -> dict:
+def segment_json(state: DriftState, segment: Segment, feature: str | None = None) -> dict[str, Any]:
     verdict = state.verdict(segment)
     baseline = state.baselines.get(segment)
     features = features_json(verdict) if verdict else {}
@@ -150,14 +150,14 @@ class DriftCollector(Collector):
                 g[drift_metrics.FEATURE_STATUS].add_metric([*seg, feature, feature_status(verdict, feature)], 1.0)
                 if f.status != "ok":
                     continue
-                g[drift_metrics.FEATURE_P_VALUE].add_metric([*seg, feature], f.p_value)
+                g[drift_metrics.FEATURE_P_VALUE].add_metric([*seg, feature], f.p_value)  # type: ignore[arg-type]  # set when ok
                 if decided:
                     g[drift_metrics.FEATURE_DETECTED].add_metric([*seg, feature], 1.0 if f.drifted else 0.0)
                 for r in f.methods.values():
                     if self.methods == "headline" and not f.drifted and r.method != headline(feature):
                         continue  # bounded: one method per quiet feature (about 8 series, not 40, per segment)
                     key = [*seg, feature, r.method]
-                    g[drift_metrics.SCORE].add_metric(key, r.score)
+                    g[drift_metrics.SCORE].add_metric(key, r.score)  # type: ignore[arg-type]  # set when ok
                     g[drift_metrics.DETECTED].add_metric(key, 1.0 if r.drifted else 0.0)
                     g[drift_metrics.THRESHOLD].add_metric([*key, r.source], r.threshold)
         yield from g.values()
@@ -185,8 +185,8 @@ def _checkpoint_loop(state: DriftState, every_s: float, stop: threading.Event) -
             logging.getLogger(__name__).exception("experiment ledger checkpoint failed")
 
 
-def _responses(model: type | None = None, *errors: int) -> dict:
-    out: dict = {code: {"model": api.ErrorResponse} for code in errors}
+def _responses(model: type | None = None, *errors: int) -> dict[int | str, dict[str, Any]]:
+    out: dict[int | str, dict[str, Any]] = {code: {"model": api.ErrorResponse} for code in errors}
     if model is not None:
         out[200] = {"model": model}
     return out
@@ -223,10 +223,10 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
         state.checkpoint_ledgers()
         store.close()
 
-    request_schemas: dict[str, dict] = {}  # of the hand-parsed bodies, published with the app's document
+    request_schemas: dict[str, dict[str, Any]] = {}  # of the hand-parsed bodies, published with the app's document
     thresholds_request = api.thresholds_request(smallest_alpha(state.config.resamples))
 
-    def body(model: type[BaseModel]) -> dict:
+    def body(model: type[BaseModel]) -> dict[str, Any]:
         return _body(model, request_schemas)
 
     app = FastAPI(title="inferwatch drift", version=__version__, lifespan=lifespan,
@@ -234,7 +234,7 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
     app.state.drift = state
 
     app.add_exception_handler(StarletteHTTPException, http_error)
-    app.add_middleware(CatchAll, errors=internal_errors)  # type: ignore[arg-type]
+    app.add_middleware(CatchAll, errors=internal_errors)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_query(request: Request, exc: RequestValidationError) -> Response:
@@ -265,7 +265,7 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
             chunks.append(chunk)
         return b"".join(chunks)
 
-    async def read_object(request: Request, empty: bool = False) -> dict | Response:
+    async def read_object(request: Request, empty: bool = False) -> dict[str, Any] | Response:
         """An authorised, size-checked JSON object body (``empty``: ``{}`` too), or the error
         response to send."""
         body = await read_body(request)
@@ -331,18 +331,22 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
         except ValidationError as exc:
             return invalid_body(exc, "invalid_baseline")
         model, variant = req.model, req.variant
+        # each may be left out (None), never null: the model types them as they are when given
+        since: float | None = req.from_
+        until: float | None = req.to
+        histograms: BaseModel | None = req.histograms
         try:
-            if req.histograms is not None:
-                if req.from_ is not None or req.to is not None:
+            if histograms is not None:
+                if since is not None or until is not None:
                     raise BatchError("give 'from' and 'to', or 'histograms': not both", field="histograms")
-                baseline = state.upload_baseline((model, variant), req.histograms.model_dump())  # 2.0 read as 2
-            elif req.from_ is None or req.to is None:
+                baseline = state.upload_baseline((model, variant), histograms.model_dump())  # 2.0 read as 2
+            elif since is None or until is None:
                 raise BatchError(f"give 'from' and 'to' (unix seconds, {UNIX_S[0]:g}..{UNIX_S[1]:g}) or 'histograms'",
-                                 field="to" if req.from_ is not None else "from")
-            elif req.from_ >= req.to:
+                                 field="to" if since is not None else "from")
+            elif since >= until:
                 raise BatchError("'from' must be before 'to'", field="from")
             else:
-                baseline = state.freeze_baseline((model, variant), req.from_, req.to)
+                baseline = state.freeze_baseline((model, variant), since, until)
         except SegmentLimit as exc:
             return _error(409, str(exc), "too_many_segments")
         except BatchError as exc:
@@ -462,11 +466,15 @@ def create_app(settings: DriftSettings, registry: CollectorRegistry | None = Non
 
 
 SegmentParam = Annotated[str | None, Query(min_length=1, max_length=TEXT_MAX)]
-FeatureParam = Annotated[Literal[tuple(FEATURES)] | None, Query()]  # type: ignore[valid-type]
-NumericName = Literal[tuple(f.name for f in NUMERIC_FEATURES)]  # type: ignore[valid-type]
+if TYPE_CHECKING:  # the names are Literals built from the schema at import; mypy sees strings
+    FeatureParam = str | None
+    NumericName = str
+else:
+    FeatureParam = Annotated[Literal[tuple(FEATURES)] | None, Query()]
+    NumericName = Literal[tuple(f.name for f in NUMERIC_FEATURES)]
 
 
-def _body(model: type[BaseModel], schemas: dict[str, dict]) -> dict:
+def _body(model: type[BaseModel], schemas: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Document a hand-parsed JSON body with ``model``'s schema (published by _publish_request_schemas)."""
     schema = model.model_json_schema(ref_template="#/components/schemas/{model}", by_alias=True)
     schemas.update(schema.pop("$defs", {}))
@@ -475,12 +483,12 @@ def _body(model: type[BaseModel], schemas: dict[str, dict]) -> dict:
         "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}}
 
 
-def _publish_request_schemas(app: FastAPI, request_schemas: dict[str, dict]) -> None:
+def _publish_request_schemas(app: FastAPI, request_schemas: dict[str, dict[str, Any]]) -> None:
     """Add the hand-parsed bodies' schemas, and drop FastAPI's automatic 422: query errors are
     a 400 in the service's error shape (routes that answer 422 declare it themselves)."""
     build = app.openapi
 
-    def openapi() -> dict:
+    def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             doc = build()
             schemas = doc.setdefault("components", {}).setdefault("schemas", {})
@@ -494,9 +502,9 @@ def _publish_request_schemas(app: FastAPI, request_schemas: dict[str, dict]) -> 
             app.openapi_schema = doc
         return app.openapi_schema
 
-    app.openapi = openapi  # type: ignore[method-assign]
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to extend the schema
 
 
-def baseline_json(model: str, variant: str, b: Baseline) -> dict:
+def baseline_json(model: str, variant: str, b: Baseline) -> dict[str, Any]:
     return {"model": model, "variant": variant, "records": b.records, "source": b.source, "created_at": b.created_at,
             "edges": {name: e.values.tolist() for name, e in analysis_edges(b.reference).items()}}

@@ -14,9 +14,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
+from typing_extensions import TypeIs
 
 from inferwatch.drift.ab.ledger import LedgerKey, Ledgers, restore_ledger, snapshot
 from inferwatch.drift.binning import OTHER, CategoricalCounts, Histogram
@@ -76,7 +77,7 @@ class Baseline:
     histograms: Windows
     samples: dict[str, np.ndarray]
     records: int
-    source: dict
+    source: dict[str, Any]
     starts: dict[str, np.ndarray]  # per numeric feature: how the fine bins merge (quantiles)
     created_at: float = 0.0
 
@@ -130,7 +131,7 @@ class DriftState:
         self.ingested = 0
         self.overflow = 0  # records folded into OTHER_SEGMENT
         self.expired = 0  # idle segments dropped
-        self._results: dict[Segment, tuple[tuple, SegmentVerdict]] = {}
+        self._results: dict[Segment, tuple[tuple[Any, ...], SegmentVerdict]] = {}
         self._history: dict[Segment, deque[HistoryPoint]] = {}
         self._last_sweep = -math.inf
         self.ledgers = Ledgers(config.ab_experiments, config.ab_units)
@@ -323,17 +324,17 @@ class DriftState:
             self.verdict(segment)  # queues the calibrations the current windows need
         return replayed
 
-    def set_thresholds(self, changes: dict[str, object]) -> dict:
+    def set_thresholds(self, changes: dict[str, object]) -> dict[str, Any]:
         """Change alpha, or give a method a fixed threshold (a number) or hand it back to
         calibration (null), at run time; persisted, so changes survive restarts. All or nothing."""
         if not changes:
             raise BatchError(f"give 'alpha' or a method's threshold ({', '.join(METHODS)})", field="alpha")
         for key, value in changes.items():
             if key == "alpha":
-                if not _number(value) or not 0 < value <= 0.5:  # type: ignore[operator]
+                if not _number(value) or not 0 < value <= 0.5:
                     raise BatchError("'alpha' must be a number in (0, 0.5]: the false-alarm rate per evaluation",
                                      field="alpha")
-                if value < smallest_alpha(self.config.resamples):  # type: ignore[operator]
+                if value < smallest_alpha(self.config.resamples):
                     raise BatchError(f"'alpha' {value:g} is below what {self.config.resamples} resamples can resolve "
                                      f"(1/{self.config.resamples + 1}); raise INFERWATCH_DRIFT_RESAMPLES or alpha",
                                      field="alpha")
@@ -343,24 +344,24 @@ class DriftState:
                 raise BatchError(f"unknown method '{key}'; known: alpha, {', '.join(METHODS)}", field=key)
             if value is None:
                 continue
-            if not _number(value) or value <= 0:  # type: ignore[operator]
+            if not _number(value) or value <= 0:
                 raise BatchError(f"threshold for '{key}' must be a positive number, or null to calibrate it",
                                  field=key)
-            if spec.kind == "p_value" and value >= 1:  # type: ignore[operator]
+            if spec.kind == "p_value" and value >= 1:
                 raise BatchError(f"'{key}' is a p-value test: its threshold must be below 1", field=key)
         with self._lock:
             for key, value in changes.items():
                 if key == "alpha":
-                    self.alpha = float(value)  # type: ignore[arg-type]
+                    self.alpha = float(value)  # type: ignore[arg-type]  # checked a number above
                 elif value is None:
                     self.fixed.pop(key, None)
                 else:
-                    self.fixed[key] = float(value)  # type: ignore[arg-type]
+                    self.fixed[key] = float(value)  # type: ignore[arg-type]  # checked a number above
             self._results.clear()
         self.store.put_setting("thresholds", {"alpha": self.alpha, "fixed": self.fixed})
         return self.thresholds()
 
-    def thresholds(self) -> dict:
+    def thresholds(self) -> dict[str, Any]:
         return {"alpha": self.alpha, "min_samples": self.config.min_samples, "resamples": self.config.resamples,
                 "methods": {m: ({"mode": "fixed", "threshold": self.fixed[m]} if m in self.fixed else
                                 {"mode": "alpha" if s.kind == "p_value" else "calibrated"})
@@ -519,7 +520,7 @@ class DriftState:
         reference = reference_of(a, f"window:{model}:{variant_a}:{version}")
         return score(reference, b, self.policy, self.calibrator.cache)
 
-    def exact(self, segment: Segment, feature: str) -> dict:
+    def exact(self, segment: Segment, feature: str) -> dict[str, Any]:
         """KS and Wasserstein on raw samples: the baseline's sample against the window's
         reservoir. ``wasserstein`` is W1 over the reference sample's standard deviation, the
         same quantity as in /v1/drift; ``w1`` is the raw distance in the feature's unit."""
@@ -559,7 +560,7 @@ def smallest_alpha(resamples: int) -> float:
     return 1 / (resamples + 1)
 
 
-def _number(value: object) -> bool:
+def _number(value: object) -> TypeIs[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -580,13 +581,13 @@ def _subset(batch: Batch, rows: np.ndarray) -> Batch:
     )
 
 
-def _baseline(hists: Windows, samples: dict[str, np.ndarray], records: int, source: dict,
+def _baseline(hists: Windows, samples: dict[str, np.ndarray], records: int, source: dict[str, Any],
               created_at: float, starts: dict[str, np.ndarray] | None = None) -> Baseline:
     plan = reference_of(hists, "").starts if starts is None else starts
     return Baseline(hists, samples, records, source, plan, created_at)
 
 
-def baseline_doc(b: Baseline) -> dict:
+def baseline_doc(b: Baseline) -> dict[str, Any]:
     edges = {name: e.values.tolist() for name, e in analysis_edges(b.reference).items()}
     return {"histograms": {k: h.counts.tolist() for k, h in b.histograms.items()},
             "samples": {k: v.tolist() for k, v in b.samples.items()}, "records": b.records, "source": b.source,
@@ -596,7 +597,7 @@ def baseline_doc(b: Baseline) -> dict:
 MAX_COUNT = 10**12  # per bin; sums stay far inside int64
 
 
-def baseline_from_doc(doc: dict) -> Baseline:
+def baseline_from_doc(doc: dict[str, Any]) -> Baseline:
     """A baseline from its stored or uploaded form; every value checked, so a bad upload is a
     422 naming the feature, never an overflow later."""
     hists: Windows = {}
@@ -621,7 +622,7 @@ def baseline_from_doc(doc: dict) -> Baseline:
             feature.categories, arr)
     if not any(h.total for h in hists.values()):
         raise BatchError("'histograms' holds no counts: a baseline needs records", field="histograms")
-    starts = None
+    starts: dict[str, np.ndarray[Any, Any]] | None = None
     if isinstance(doc.get("edges"), dict):  # stored with the baseline: reuse exactly
         starts = {}
         for f in NUMERIC_FEATURES:

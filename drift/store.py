@@ -19,6 +19,7 @@ import sqlite3
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -123,7 +124,8 @@ class Store:
     def _insert_batch(self, body: bytes, min_t: float, max_t: float, received_at: float) -> int:
         cur = self._db.execute("INSERT INTO batches (received_at, min_t, max_t, body) VALUES (?, ?, ?, ?)",
                                (received_at, min_t, max_t, body))
-        return int(cur.lastrowid)
+        assert cur.lastrowid is not None  # set by an INSERT
+        return cur.lastrowid
 
     def batches(self, since: float, until: float = float("inf")) -> Iterator[bytes]:
         """Bodies of batches holding any record finished in [since, until]."""
@@ -160,7 +162,8 @@ class Store:
     def append_ratings(self, body: bytes, received_at: float) -> int:
         with self._lock:
             cur = self._db.execute("INSERT INTO ratings (received_at, body) VALUES (?, ?)", (received_at, body))
-            return int(cur.lastrowid)
+            assert cur.lastrowid is not None  # set by an INSERT
+            return cur.lastrowid
 
     def ratings_after(self, after_id: int) -> list[tuple[int, float, bytes]]:
         with self._lock:
@@ -192,17 +195,17 @@ class Store:
         upto = orjson.loads(row[0]) if row else [0, 0]
         return blobs, (int(upto[0]), int(upto[1]))
 
-    def put_baseline(self, model: str, variant: str, doc: dict, created_at: float) -> None:
+    def put_baseline(self, model: str, variant: str, doc: dict[str, Any], created_at: float) -> None:
         with self._lock:
             self._db.execute("INSERT OR REPLACE INTO baselines (model, variant, created_at, doc) VALUES (?, ?, ?, ?)",
                              (model, variant, created_at, orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)))
 
-    def baselines(self) -> dict[tuple[str, str], dict]:
+    def baselines(self) -> dict[tuple[str, str], dict[str, Any]]:
         with self._lock:
             rows = self._db.execute("SELECT model, variant, doc FROM baselines").fetchall()
         return {(m, v): orjson.loads(doc) for m, v, doc in rows}
 
-    def put_history(self, model: str, variant: str, t: float, point: dict) -> None:
+    def put_history(self, model: str, variant: str, t: float, point: dict[str, Any]) -> None:
         with self._lock:
             self._db.execute("INSERT OR REPLACE INTO history (model, variant, t, point) VALUES (?, ?, ?, ?)",
                              (model, variant, t, orjson.dumps(point)))
@@ -211,11 +214,11 @@ class Store:
         with self._lock:
             self._db.execute("DELETE FROM history WHERE model = ? AND variant = ?", (model, variant))
 
-    def history(self) -> dict[tuple[str, str], list[tuple[float, dict]]]:
+    def history(self) -> dict[tuple[str, str], list[tuple[float, dict[str, Any]]]]:
         """Each segment's points, oldest first."""
         with self._lock:
             rows = self._db.execute("SELECT model, variant, t, point FROM history ORDER BY t").fetchall()
-        out: dict[tuple[str, str], list[tuple[float, dict]]] = {}
+        out: dict[tuple[str, str], list[tuple[float, dict[str, Any]]]] = {}
         for model, variant, t, point in rows:
             out.setdefault((model, variant), []).append((t, orjson.loads(point)))
         return out

@@ -12,7 +12,7 @@ import threading
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, replace
-from typing import Literal, Protocol
+from typing import Literal, Protocol, cast
 
 import numpy as np
 
@@ -26,10 +26,11 @@ from inferwatch.drift.binning import (
     quantile_starts,
 )
 from inferwatch.drift.calibration import RESAMPLES, NullDistribution, holm, null_distribution, size_band
-from inferwatch.drift.methods import METHODS, DriftResult, chi_square, evaluate, prepare
+from inferwatch.drift.methods import METHODS, DriftResult, ThresholdSource, chi_square, evaluate, prepare
 from inferwatch.drift.schema import CATEGORICAL_FEATURES, NUMERIC_FEATURES
 
 Windows = dict[str, Histogram | CategoricalCounts]
+SegmentStatus = Literal["drift", "no_drift", "insufficient_data", "calibrating"]
 NUMERIC_METHODS = tuple(m for m, s in METHODS.items() if s.applies_to == "numeric")
 
 
@@ -150,7 +151,7 @@ class FeatureVerdict:
 
 @dataclass(frozen=True)
 class SegmentVerdict:
-    status: Literal["drift", "no_drift", "insufficient_data", "calibrating"]
+    status: SegmentStatus
     alpha: float
     features: dict[str, FeatureVerdict]
 
@@ -160,11 +161,11 @@ class SegmentVerdict:
 
 
 def _insufficient(method: str, threshold: float, n_ref: int, n_cur: int, minimum: int,
-                  source: str) -> DriftResult:
+                  source: ThresholdSource) -> DriftResult:
     spec = METHODS[method]
     return DriftResult(method, spec.kind, spec.direction, None, threshold, False, "insufficient_data",
                        f"{n_ref} reference and {n_cur} current values; at least {minimum} each needed",
-                       source)  # type: ignore[arg-type]
+                       source)
 
 
 def _calibrating(ref: Histogram, cur: Histogram, policy: Policy,
@@ -198,12 +199,12 @@ def _numeric(name: str, reference: Reference, current: Histogram, policy: Policy
                                     n_ref, n_cur, policy.min_samples, "fixed" if m in fixed else "calibrated")
                    for m in NUMERIC_METHODS}
         return FeatureVerdict("insufficient_data", n_ref, n_cur, None, False, results), None
-    fine = (reference.histograms[name], current)
+    fine = (cast(Histogram, reference.histograms[name]), current)  # a numeric feature's
     null = nulls.get(reference, name, n_cur, policy.resamples)
     if null is None:
         return FeatureVerdict("calibrating", n_ref, n_cur, None, False, _calibrating(ref, cur, policy, fine)), None
-    results = method_results(ref, cur, null, policy, fine)  # type: ignore[arg-type]
-    feature_p = null.feature_p_value(min(r.p_value for r in results.values()))  # type: ignore[type-var]
+    results = method_results(ref, cur, null, policy, fine)
+    feature_p = null.feature_p_value(min(cast(float, r.p_value) for r in results.values()))  # calibrated: each has one
     return FeatureVerdict("ok", n_ref, n_cur, feature_p, False, results), feature_p
 
 
@@ -218,17 +219,19 @@ def method_results(ref: Histogram, cur: Histogram, null: NullDistribution, polic
     for m in NUMERIC_METHODS:
         spec = METHODS[m]
         base = evaluate(m, ref, cur, fixed.get(m), pp)
-        p = null.p_value(m, float(pp.cdf_gap.max()) if m == "ks" else base.score)  # type: ignore[arg-type]
+        score = base.score
+        assert score is not None  # None only below min_samples, which the caller ruled out
+        p = null.p_value(m, float(pp.cdf_gap.max()) if m == "ks" else score)
         if m in fixed:
-            results[m] = DriftResult(m, spec.kind, spec.direction, base.score, fixed[m], base.drifted, source="fixed",
+            results[m] = DriftResult(m, spec.kind, spec.direction, score, fixed[m], base.drifted, source="fixed",
                                      p_value=p, calibration_n=null.n_cur)
         elif spec.kind == "p_value":
             results[m] = DriftResult(m, spec.kind, spec.direction, p, policy.alpha, p <= policy.alpha,
                                      source="alpha", p_value=p, calibration_n=null.n_cur)
         else:
             limit = null.threshold(m, policy.alpha)
-            results[m] = DriftResult(m, spec.kind, spec.direction, base.score, limit,
-                                     base.score > limit, source="calibrated", p_value=p,  # type: ignore[operator]
+            results[m] = DriftResult(m, spec.kind, spec.direction, score, limit,
+                                     score > limit, source="calibrated", p_value=p,
                                      calibration_n=null.n_cur)
     return results
 
@@ -236,14 +239,15 @@ def method_results(ref: Histogram, cur: Histogram, null: NullDistribution, polic
 def _categorical(name: str, ref: CategoricalCounts, cur: CategoricalCounts,
                  policy: Policy) -> tuple[FeatureVerdict, float | None]:
     fixed = dict(policy.fixed)
-    limit, source = (fixed["chi2"], "fixed") if "chi2" in fixed else (policy.alpha, "alpha")
+    source: ThresholdSource = "fixed" if "chi2" in fixed else "alpha"
+    limit = fixed.get("chi2", policy.alpha)
     if min(ref.total, cur.total) < policy.min_samples:
         result = _insufficient("chi2", limit, ref.total, cur.total, policy.min_samples, source)
         return FeatureVerdict("insufficient_data", ref.total, cur.total, None, False, {"chi2": result}), None
     p = chi_square(ref, cur, policy.resamples)[1]
     spec = METHODS["chi2"]
     result = DriftResult("chi2", spec.kind, spec.direction, p, limit, p < limit if source == "fixed" else p <= limit,
-                         source=source, p_value=p)  # type: ignore[arg-type]
+                         source=source, p_value=p)
     return FeatureVerdict("ok", ref.total, cur.total, p, False, {"chi2": result}), p
 
 
@@ -272,8 +276,8 @@ def score(reference: Reference, current: Windows, policy: Policy, nulls: NullSou
     for name, drifted in rejected.items():
         v = verdicts[name]
         verdicts[name] = FeatureVerdict(v.status, v.n_ref, v.n_cur, v.p_value, drifted, v.methods)
-    status = "insufficient_data" if not p_values else ("drift" if any(rejected.values()) else "no_drift")
-    return SegmentVerdict(status, policy.alpha, verdicts)  # type: ignore[arg-type]
+    status: SegmentStatus = "insufficient_data" if not p_values else ("drift" if any(rejected.values()) else "no_drift")
+    return SegmentVerdict(status, policy.alpha, verdicts)
 
 
 def feature_status(verdict: SegmentVerdict, feature: str) -> str:

@@ -70,7 +70,7 @@ class DeviceFailed(Exception):
         self.error = error
 
 
-def _cannot_answer(nv: Any) -> tuple[type, ...]:
+def _cannot_answer(nv: Any) -> tuple[type[Exception], ...]:
     """Errors that mean "this device cannot answer this query with these arguments"."""
     return (nv.NVMLError_NotSupported, nv.NVMLError_NoPermission, nv.NVMLError_FunctionNotFound,
             nv.NVMLError_ArgumentVersionMismatch)
@@ -476,7 +476,8 @@ class Sampler:
         failed GPU."""
         key = (dev.index, "nvmlDeviceGetNvLinkState", (link,))
         try:
-            return self._q(dev, "nvmlDeviceGetNvLinkState", link)
+            state: int | None = self._q(dev, "nvmlDeviceGetNvLinkState", link)
+            return state
         except DeviceFailed as failed:
             if not isinstance(failed.error, self.nvml.NVMLError_InvalidArgument):
                 raise

@@ -101,6 +101,11 @@ class Exporter:
         self._thread = threading.Thread(target=self._loop, name="nvml-sampler", daemon=True)
         self._thread.start()
 
+    def _running(self) -> tuple[SnapshotStore, CachedExposition]:
+        if self.store is None or self.exposition is None:
+            raise RuntimeError("the exporter is not started: call start() first")
+        return self.store, self.exposition
+
     def _start_xid(self) -> None:
         """A watcher for the session just started; the stopped watcher of a lost session (if
         any) hands its counts over."""
@@ -125,7 +130,7 @@ class Exporter:
             try:
                 self._cycle()
             except Exception as exc:
-                self.store.record_failure()  # a scrape re-renders: the count is part of its cache key
+                self._running()[0].record_failure()  # a scrape re-renders: the count is part of its cache key
                 kind = f"{type(exc).__name__}: {exc}"
                 log.log(logging.DEBUG if kind == self._last_error else logging.ERROR,
                         "NVML sampling cycle failed; counted in inferwatch_nvml_sampler_errors_total, next cycle "
@@ -141,8 +146,9 @@ class Exporter:
             if self.sampler.start(quiet=True):
                 log.info("NVML is available now: %d GPU(s)", len(self.sampler.devices))
                 self._start_xid()
+        store, exposition = self._running()
         was_up = self.sampler.up
-        self.store.publish(self.sampler.sample())
+        store.publish(self.sampler.sample())
         if was_up and not self.sampler.up:  # NVML lost in this cycle: retry it in retry_s
             self._retry_at = time.monotonic() + self.settings.retry_s
             if self.xid is not None:
@@ -150,18 +156,18 @@ class Exporter:
         elif self.xid is not None:  # a GPU lost at start and discovered since
             for dev in self.sampler.devices:
                 self.xid.add(dev.index, dev.handle, dev.labels)
-        self.exposition.warm()
+        exposition.warm()
 
     def render(self) -> bytes:
         """The exposition: the cached NVML part, then the host part read now."""
-        return self.exposition.render() + generate_latest(self.host_registry)
+        return self._running()[1].render() + generate_latest(self.host_registry)
 
     def health(self) -> tuple[bool, str]:
         """False (and why) when the sampler thread is dead or its snapshot stale: a
         supervisor or a liveness probe should restart the exporter then."""
         if self._thread is None or not self._thread.is_alive():
             return False, "sampler thread dead"
-        age = time.time() - self.store.latest.taken_at
+        age = time.time() - self._running()[0].latest.taken_at
         stale_after = max(STALE_AFTER_S, 3 * self.settings.interval_s)
         if age > stale_after:
             return False, f"snapshot stale: {age:.0f}s old (over {stale_after:.0f}s)"

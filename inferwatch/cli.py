@@ -10,10 +10,19 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 from urllib.parse import urlsplit
 
 import typer
+
+if TYPE_CHECKING:
+    from inferwatch.config.settings import Settings
+    from inferwatch.deploy.monitoring import Targets
+    from inferwatch.serving.settings import GatewaySettings
+    from inferwatch.serving.workers import WorkerSlot
+    from inferwatch.supervise import ManagedProcess
+
+T = TypeVar("T")
 
 app = typer.Typer(help="inferwatch: observability and drift monitoring for LLMs served by vLLM.",
                   no_args_is_help=True, add_completion=False)
@@ -43,7 +52,7 @@ def _tune_gc() -> None:
     gc.set_threshold(20_000, 50, 100)
 
 
-def _settings(cls: type, what: str, **flags: object):
+def _settings(cls: type[T], what: str, **flags: object) -> T:
     """One settings object from flags given on the command line (unset ones fall back to the
     environment and defaults); invalid values exit 2 with pydantic's per-field message, and
     an unreadable ``*_FILE`` secret with the file it names."""
@@ -68,7 +77,7 @@ ConfigOption = Annotated[Path | None, typer.Option(
                                                   "which make the repository's committed files.")]
 
 
-def _checked_settings(config: Path | None):
+def _checked_settings(config: Path | None) -> Settings:
     """The settings of ``config`` checked as a whole (each field, then what only the built spec
     can tell); every problem printed as FILE:LINE:COLUMN: field.path: message, then exit 2."""
     from inferwatch.alerts.spec import build
@@ -217,7 +226,7 @@ def gateway(
     except OSError as exc:
         _fail(f"gateway: cannot listen on {settings.host}:{settings.port}: {exc}")
 
-    def serve_worker(slot) -> int:
+    def serve_worker(slot: WorkerSlot) -> int:
         try:
             return _serve_gateway(settings, log_level, slot)
         except typer.Exit as exc:  # _fail in a worker: its message is printed, its code is the worker's
@@ -226,7 +235,7 @@ def gateway(
     raise typer.Exit(worker_processes.run(settings.workers, serve_worker))
 
 
-def _serve_gateway(settings, log_level: str, worker=None) -> int:
+def _serve_gateway(settings: GatewaySettings, log_level: str, worker: WorkerSlot | None = None) -> int:
     """One gateway process to its end: the only one, or ``worker`` of several."""
     import socket
 
@@ -260,7 +269,7 @@ TokenOption = Annotated[str, typer.Option(envvar="INFERWATCH_GATEWAY_ADMIN_TOKEN
                                           help="The gateway's admin token.")]
 
 
-def _admin_call(method: str, url: str, token: str, body: dict | None = None) -> dict:
+def _admin_call(method: str, url: str, token: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
     """One admin request; an error answer exits 2 with the gateway's message."""
     import json
     import urllib.error
@@ -271,7 +280,8 @@ def _admin_call(method: str, url: str, token: str, body: dict | None = None) -> 
         "authorization": f"Bearer {token}", "content-type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=10) as resp:
-            return json.loads(resp.read())
+            answer: dict[str, Any] = json.loads(resp.read())
+            return answer
     except urllib.error.HTTPError as exc:
         try:
             message = json.loads(exc.read())["error"]["message"]
@@ -282,7 +292,7 @@ def _admin_call(method: str, url: str, token: str, body: dict | None = None) -> 
         _fail(f"{method} {url}: {exc}")
 
 
-def _print_experiment(exp: dict) -> None:
+def _print_experiment(exp: dict[str, Any]) -> None:
     typer.echo(f"{exp['model']}: experiment {exp['experiment']} (control {exp['control']})")
     for v in exp["variants"]:
         typer.echo(f"  {v['name']:<16} {v['weight'] * 100:7.2f} %  {v['model']} at {v['upstream_url']}")
@@ -645,7 +655,7 @@ def up(
                               env={**os.environ, **env} if env else None)
 
     children: list[tuple[ManagedProcess, float]] = []
-    urls: dict = {}
+    urls: dict[str, Any] = {}
     if not monitoring_only:
         cfg = VLLMConfig(_resolve_model(model), served_model_name, host, vllm_port, max_model_len, dtype,
                          otlp_traces_endpoint=otlp_endpoint, startup_timeout_s=startup_timeout,
@@ -690,7 +700,9 @@ def up(
     if prometheus_port:
         from inferwatch.deploy.monitoring import Targets
 
-        at = lambda port: f"{host}:{port}"  # noqa: E731
+        def at(port: int) -> str:
+            return f"{host}:{port}"
+
         targets = Targets(prometheus=at(prometheus_port), alertmanager=at(alertmanager_port),
                           gateway=(at(gateway_port),), vllm=((at(vllm_port), served_model_name),),
                           exporter=(at(exporter_port),) if exporter_port else (),
@@ -755,8 +767,9 @@ def _watched(run_dir: Path) -> list[str]:
     return [str(run_dir)] + [str(p) for p in (default_cache_dir(), hf) if p.is_dir()]
 
 
-def _monitoring_children(run_dir: Path, targets, pager, pagerduty_key: Path | None, heartbeat_url: str | None,
-                         rules_dir: Path | None, settings, fast: bool) -> list:
+def _monitoring_children(run_dir: Path, targets: Targets, pager: ManagedProcess, pagerduty_key: Path | None,
+                         heartbeat_url: str | None, rules_dir: Path | None, settings: Settings,
+                         fast: bool) -> list[Any]:
     """The local pager, Alertmanager and Prometheus, configured by the same functions as deploy/,
     from the settings (rules and routes regenerated into the run folder)."""
     from inferwatch.alerts.generate import rule_files, write
@@ -770,6 +783,7 @@ def _monitoring_children(run_dir: Path, targets, pager, pagerduty_key: Path | No
         write_local_configs,
     )
 
+    assert pager.health_url is not None  # child() gives every process one
     hooks = pager.health_url.removesuffix("/health") + "/hooks"
     heartbeat_url = heartbeat_url or settings.routing.heartbeat_url
     receivers = Receivers(f"{hooks}/pager", f"{hooks}/ticket", heartbeat_url or f"{hooks}/deadman",
@@ -790,7 +804,7 @@ def _monitoring_children(run_dir: Path, targets, pager, pagerduty_key: Path | No
     ]
 
 
-def _supervise(children: list, urls: dict, metrics_at: tuple[str, int] | None = None) -> None:
+def _supervise(children: list[Any], urls: dict[str, Any], metrics_at: tuple[str, int] | None = None) -> None:
     """Start children in order (each healthy before the next), print URLs, then keep them
     running: a child that exits is restarted with backoff while the others carry on.
     Ctrl-C or SIGTERM stops all, in reverse order."""

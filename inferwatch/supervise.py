@@ -41,7 +41,7 @@ class ManagedProcess:
         self.log_path = log_path
         self.env = dict(env) if env is not None else None
         self.health_url = health_url
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         """Output goes to ``log_path``, or, when that is None, to this process's own stdout and
@@ -173,7 +173,7 @@ def port_taken(url: str) -> bool:
 def http_ok(url: str, timeout_s: float = 2.0) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-            return resp.status == 200
+            return bool(resp.status == 200)
     except (urllib.error.URLError, OSError, ValueError):
         return False
 
@@ -249,7 +249,7 @@ class Supervisor:
                 self.restarts.labels(proc.key).inc()
                 self.up.labels(proc.key).set(1)
                 self.say(f"{proc.name} restarted (pid {proc.pid})")
-            elif w.awaiting_health and proc.alive() and http_ok(proc.health_url, timeout_s=0.5):
+            elif w.awaiting_health and proc.health_url is not None and proc.alive() and http_ok(proc.health_url, timeout_s=0.5):
                 w.awaiting_health = False
                 self.say(f"{proc.name} healthy again after {now - w.started_at:.1f}s")
                 if proc.warm_up is not None:

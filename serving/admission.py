@@ -168,7 +168,8 @@ class Admission:
         """Admit one request of ``key`` for ``model``, or say which limit refuses it and when
         to come back. Nothing is taken unless every limit admits it."""
         now = self.clock()
-        scopes = (("key", key, self.policy.for_key(key)), ("model", model, self.policy.for_model(model)))
+        scopes: tuple[tuple[Scope, str, Limits], ...] = (("key", key, self.policy.for_key(key)),
+                                                         ("model", model, self.policy.for_model(model)))
         accounts = []
         for scope, name, limits in scopes:
             acc = self._account(scope, name, limits, now)
@@ -201,7 +202,8 @@ class Admission:
     def release(self, ticket: Ticket, tokens: int) -> None:
         """The request ended having used ``tokens`` (prompt and completion, as vLLM counts)."""
         now = self.clock()
-        for scope, name in (("key", ticket.key), ("model", ticket.model)):
+        pairs: tuple[tuple[Scope, str], ...] = (("key", ticket.key), ("model", ticket.model))
+        for scope, name in pairs:
             acc = self._accounts.get((scope, name))
             if acc is None:
                 continue

@@ -26,7 +26,7 @@ from inferwatch.serving.access import Access
 from inferwatch.serving.body import AsgiBody, read_body
 from inferwatch.serving.errors import GatewayError
 from inferwatch.serving.exposition import render
-from inferwatch.serving.feedback import AnswerMemory, FeedbackSink, parse_rating, unknown_answer
+from inferwatch.serving.feedback import AnswerMemory, RatingSink, parse_rating, unknown_answer
 from inferwatch.serving.metrics import UNROUTED, GatewayMetrics
 from inferwatch.serving.proxy import upstream_unavailable
 from inferwatch.serving.routing import Experiments
@@ -38,7 +38,7 @@ from inferwatch.serving.worker_metrics import WorkerView
 
 log = logging.getLogger(__name__)
 
-Endpoint = Callable[[Request], Awaitable[Response]]
+Endpoint = Callable[["Endpoints", Request], Awaitable[Response]]  # a method, before it is bound
 
 
 def _error_response(exc: GatewayError) -> Response:
@@ -50,14 +50,14 @@ def answers_errors(counted: str | None = None) -> Callable[[Endpoint], Endpoint]
     rejected-requests metric counts it under that route."""
     def wrap(endpoint: Endpoint) -> Endpoint:
         @functools.wraps(endpoint)
-        async def answering(self: Endpoints, request: Request) -> Response:  # type: ignore[misc]
+        async def answering(self: Endpoints, request: Request) -> Response:
             try:
-                return await endpoint(self, request)  # type: ignore[call-arg, arg-type]
+                return await endpoint(self, request)
             except GatewayError as exc:
                 if counted is not None:
                     self.metrics.rejected.labels(counted, exc.code).inc()
                 return _error_response(exc)
-        return answering  # type: ignore[return-value]
+        return answering
     return wrap
 
 
@@ -68,7 +68,7 @@ async def _request_body(request: Request, limit: int) -> bytes:
 class Endpoints:
     def __init__(self, registry: CollectorRegistry, metrics: GatewayMetrics, max_body_bytes: int, upstream: Upstream,
                  experiments: Experiments | None, access: Access, answers: AnswerMemory | None,
-                 feedback_sink: FeedbackSink | None) -> None:
+                 feedback_sink: RatingSink | None) -> None:
         self.registry, self.metrics, self.max_body_bytes = registry, metrics, max_body_bytes
         self.upstream, self.experiments, self.access = upstream, experiments, access
         self.answers, self.feedback_sink = answers, feedback_sink

@@ -112,7 +112,7 @@ class Exchange:
         self._body_limit = 0
         self._body_waiter: asyncio.Future[None] | None = None
         self._continued = False  # "100 Continue" sent
-        self._on_gone: Callable[[], None] | None = None
+        self._on_gone: Callable[[], object] | None = None
         self.on_writable: Callable[[bool], None] | None = None  # the client's socket filled up (False) or drained
         self.raw_length: int | None = None  # set when the parser stopped at an Upgrade: the body comes raw
 
@@ -183,7 +183,7 @@ class Exchange:
         """The client has left (its connection dropped or is closing), asked before answering."""
         return self.disconnected or self.transport.is_closing()
 
-    def watch(self, on_gone: Callable[[], None] | None) -> None:
+    def watch(self, on_gone: Callable[[], object] | None) -> None:
         """Call ``on_gone`` once if the client leaves before the answer is complete (at once,
         if it has left already); ``None`` stops watching."""
         self._on_gone = on_gone

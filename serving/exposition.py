@@ -63,7 +63,7 @@ def render(registry: CollectorRegistry, accept: str) -> tuple[bytes, str]:
         if kind is None:
             out.append(_generic(encoder, collector, is_om))
         else:
-            _render_family(collector, kind, is_om, escaping, prefix, created, out)
+            _render_family(collector, kind, is_om, escaping, prefix, created, out)  # type: ignore[arg-type]  # _KINDS holds wrappers
     if is_om:
         out.append(_EOF)
     return "".join(out).encode("utf-8"), content_type
@@ -177,7 +177,8 @@ def _gauge_prefixes(child: Gauge, labels: dict[str, str], prefix: _Prefix) -> tu
 def _gauge_lines(child: Gauge, prefixes: tuple[str, ...], is_om: bool, created: bool,
                  out: list[str], late: list[str]) -> None:
     # _child_samples rather than _value: set_function() swaps it on the instance.
-    out.append(f"{prefixes[0]}{floatToGoString(child._child_samples()[0].value)}\n")
+    sample = child._child_samples()[0]  # type: ignore[index]  # a tuple, typed as an Iterable
+    out.append(f"{prefixes[0]}{floatToGoString(sample.value)}\n")
 
 
 def _histogram_prefixes(child: Histogram, labels: dict[str, str], prefix: _Prefix) -> tuple[str, ...]:
@@ -229,9 +230,10 @@ _cache: weakref.WeakKeyDictionary[MetricWrapperBase, dict[tuple[bool, str], _Cac
 
 def _render_family(metric: MetricWrapperBase, kind: _Kind, is_om: bool, escaping: str, prefix: _Prefix,
                    created: bool, out: list[str]) -> None:
+    children: list[tuple[tuple[str, ...], MetricWrapperBase]]
     if metric._is_parent():
         with metric._lock:  # the same snapshot _multi_samples takes
-            children = list(metric._metrics.items())
+            children = list(metric._metrics.items())  # type: ignore[arg-type]  # label tuples, typed Sequence
     else:
         children = [((), metric)]
     by_format = _cache.setdefault(metric, {})

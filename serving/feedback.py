@@ -14,6 +14,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+from typing import Protocol
 
 import aiohttp
 import orjson
@@ -156,6 +158,14 @@ def unknown_answer(response_id: str, memory: AnswerMemory) -> GatewayError:
                         "the response.", param="response_id", error_type=NOT_FOUND)
 
 
+class RatingSink(Protocol):
+    """Where the gateway sends a rating: one drift service, or all of them (FeedbackFanout)."""
+
+    async def send(self, records: list[dict]) -> bool: ...
+
+    async def close(self) -> None: ...
+
+
 class FeedbackSink:
     """POSTs ratings to the drift service's ``/v1/feedback``."""
 
@@ -212,9 +222,10 @@ class FeedbackFanout:
         the client is told to retry). True when the one that took them had every answer
         rated already."""
         owed = {d: self.features[d].submitted if d in self.features else 0 for d in self.sinks}
-        sending = {asyncio.ensure_future(self.sinks[d].send(records)): d for d in self.sinks}
-        pending: set[asyncio.Future] = set(sending)
-        failures: list[asyncio.Future] = []
+        sending: dict[asyncio.Future[bool], str] = {asyncio.ensure_future(self.sinks[d].send(records)): d
+                                                    for d in self.sinks}
+        pending: set[asyncio.Future[bool]] = set(sending)
+        failures: list[asyncio.Future[bool]] = []
         try:
             while pending:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -225,13 +236,15 @@ class FeedbackFanout:
                         self._queue(sending[task], owed, records)
                     for task in pending:
                         self._late.add(task)
-                        task.add_done_callback(lambda t, d=sending[task]: self._settle_late(t, d, owed, records))
+                        task.add_done_callback(partial(self._settle_late, dest=sending[task], owed=owed, records=records))
                     return any(t.result() for t in done if t not in failed)
         except asyncio.CancelledError:  # the client left: its rating is not taken, nowhere
             for task in pending:
                 task.cancel()
             raise
-        raise failures[0].exception()
+        error = failures[0].exception()
+        assert error is not None  # failures holds the sends that failed
+        raise error
 
     def _settle_late(self, task: asyncio.Future, dest: str, owed: dict[str, int], records: list[dict]) -> None:
         self._late.discard(task)
@@ -240,7 +253,7 @@ class FeedbackFanout:
 
     def _queue(self, dest: str, owed: dict[str, int], records: list[dict]) -> None:
         for record in records:
-            self.queues[dest].submit((owed[dest], record))
+            self.queues[dest].submit((owed[dest], record))  # type: ignore[arg-type]  # the queue is generic in its items
 
     async def close(self) -> None:
         if self._late:

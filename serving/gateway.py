@@ -17,6 +17,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
+from typing import Any
 
 from fastapi import FastAPI
 from opentelemetry.sdk.trace import TracerProvider
@@ -29,7 +30,7 @@ from inferwatch.serving.access import Access
 from inferwatch.serving.endpoints import Endpoints
 from inferwatch.serving.exposition import render
 from inferwatch.serving.features import FeatureFanout, FeatureQueue, FeatureSink, HttpSink
-from inferwatch.serving.feedback import AnswerMemory, FeedbackFanout, FeedbackSink
+from inferwatch.serving.feedback import AnswerMemory, FeedbackFanout, FeedbackSink, RatingSink
 from inferwatch.serving.metrics import GatewayMetrics, create_metrics
 from inferwatch.serving.proxy import Proxy
 from inferwatch.serving.recording import Recorder
@@ -48,7 +49,7 @@ from inferwatch.serving.workers import WorkerSlot
 class Gateway:
     def __init__(self, settings: GatewaySettings, registry: CollectorRegistry, *,
                  feature_sink: FeatureSink | None = None, span_exporter: SpanExporter | None = None,
-                 feedback_sink: FeedbackSink | None = None, worker: WorkerSlot | None = None) -> None:
+                 feedback_sink: RatingSink | None = None, worker: WorkerSlot | None = None) -> None:
         self.settings = settings
         self.registry = registry
         self.metrics: GatewayMetrics = create_metrics(registry, shared_state=settings.redis_url is not None)
@@ -64,7 +65,7 @@ class Gateway:
                                                                             span_exporter)
         tracer = get_tracer(self.tracer_provider)
         drift_token = settings.drift_token.get_secret_value() if settings.drift_token else None
-        queue_options = {"maxsize": settings.feature_queue_size, "batch_size": settings.feature_batch_size,
+        queue_options: dict[str, Any] = {"maxsize": settings.feature_queue_size, "batch_size": settings.feature_batch_size,
                          "flush_s": settings.feature_flush_s}
         destinations = settings.drift_destinations
         self.features: FeatureQueue | FeatureFanout | None = None
@@ -134,7 +135,7 @@ class Gateway:
 
 def create_app(settings: GatewaySettings, registry: CollectorRegistry | None = None, *,
                feature_sink: FeatureSink | None = None, span_exporter: SpanExporter | None = None,
-               feedback_sink: FeedbackSink | None = None, worker: WorkerSlot | None = None) -> FastAPI:
+               feedback_sink: RatingSink | None = None, worker: WorkerSlot | None = None) -> FastAPI:
     """Build the ASGI app; ``registry`` defaults to a fresh one (never the global). Serve it
     with ``serving.server.uvicorn_options(app.state.gateway.proxy)``; ``worker``: one of
     several processes (serving/workers.py)."""

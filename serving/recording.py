@@ -12,9 +12,10 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
+from inferwatch.drift.feature_record import FeatureRecord
 from inferwatch.drift.sampling_params import sampling_bins
 from inferwatch.serving.errors import CLIENT_CLOSED, status_class
-from inferwatch.serving.features import FeatureFanout, FeatureQueue, FeatureRecord
+from inferwatch.serving.features import FeatureFanout, FeatureQueue
 from inferwatch.serving.feedback import AnswerMemory
 from inferwatch.serving.metrics import ABNORMAL_KINDS, GatewayMetrics, RouteSeries, observe_many
 from inferwatch.serving.output_quality import assess
@@ -68,7 +69,7 @@ class Recorder:
         requests.inc()
         duration.observe(e2e, ex)
         ok = account is not None and status < 400
-        if ok:
+        if account is not None and ok:
             ttft = account.ttft
             if ttft is not None:
                 series.ttft.observe(ttft, ex)
@@ -82,7 +83,7 @@ class Recorder:
                 series.completion_tokens.observe(account.completion_tokens)
         quality = None
         # an echoed prompt comes back as the answer's start: judging it would judge the prompt
-        if ok and account.finish_reasons and state.req is not None and state.req.n == 1 and \
+        if account is not None and ok and account.finish_reasons and state.req is not None and state.req.n == 1 and \
                 not state.req.payload.get("echo"):
             quality = assess(account.units, account.text_seen, account.finish_reasons[0], account.completion_tokens,
                              account.tool_called)

@@ -59,7 +59,9 @@ class StreamRelay:
                                         read_logprobs=capture,
                                         strip_logprobs=capture and not req.client_wants_logprobs)
         self.splitter = SSESplitter()
-        self.status, self.error, self.reason, self.code = 200, None, None, ""
+        self.status, self.code = 200, ""
+        self.error: str | None = None
+        self.reason: str | None = None
         self.settled = False
         self.want_id = want_id  # the answer's id is remembered for feedback
         self.as_is = not self.want_id and state.rename is None  # chunks may go out as they came
@@ -73,7 +75,8 @@ class StreamRelay:
 
     def start(self) -> None:
         headers = [b"%s: %s\r\n" % h for h in RELAY_HEADERS]
-        self.exchange.start_stream(headers + self.state.variant_header() if self.state.routed else headers)
+        variant = self.state.variant_header()
+        self.exchange.start_stream(headers + variant if variant is not None else headers)
         self.exchange.on_writable = self._writable
         self.resp.relay_to(self)
         if not self.settled:

@@ -68,7 +68,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # a stream's: an asyncio.Transport
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -150,7 +150,7 @@ class UpstreamResponse:
         self._chunks: deque[bytes] = deque()
         self._buffered = 0
         self._paused = False
-        self._error: Exception | None = None
+        self._error: ConnectionError | None = None
         self._waiter: asyncio.Future | None = None
         self._ended = False
         self.release_pending = False  # released before the body's last bytes: pooled once they come
@@ -256,7 +256,7 @@ class UpstreamResponse:
             return
         self.resume_reading()
         if self._error is not None:
-            sink.on_error(self._error)  # type: ignore[arg-type]
+            sink.on_error(self._error)
         elif self.complete:
             sink.on_end()
 

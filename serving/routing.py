@@ -157,7 +157,7 @@ class Experiments:
             if self.shared is not None:  # SharedStateUnavailable: nothing changed anywhere
                 new = await self.shared.set(split, given)
             else:
-                new = split.with_weights(resolve_weights(split, given))  # type: ignore[arg-type]
+                new = split.with_weights(resolve_weights(split, given))
                 await asyncio.to_thread(save_weights, self.file, {**self.splits, model: new})
                 log.warning("%s", describe_change(split, new))
             self._adopt(new)

@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from typing import Any, Protocol
 from urllib.parse import unquote_to_bytes
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from inferwatch.serving.errors import INVALID_REQUEST, error_body
 from inferwatch.serving.exchange import Exchange
@@ -78,16 +79,19 @@ class ProxyHandler(Protocol):
 
 class GatewayHttpProtocol(HttpToolsProtocol):
     proxy: ProxyHandler  # bound by uvicorn_options
+    # uvicorn's, widened: the proxy routes run as an Exchange, and both go (None) with the connection
+    cycle: RequestResponseCycle | Exchange | None  # type: ignore[assignment]  # widened, as said
+    pipeline: deque[tuple[RequestResponseCycle | Exchange, Any]]  # type: ignore[assignment]  # widened
     _lingering = False
     _in_head = False
     _head_bytes = 0  # received while the head is incomplete
     _header_bytes = 0  # of parsed header names and values
     _head_started = 0.0  # time.monotonic()
     _idle_since: float | None = None  # when the last answer of a keep-alive connection went out
-    _active = None  # the request being answered (an Exchange or uvicorn's cycle)
+    _active: RequestResponseCycle | Exchange | None = None  # the request being answered
     _refusal: tuple[int, str, str] | None = None
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # uvicorn's own type
         super().connection_made(transport)
         # one timer each per connection, moved on lazily, not one started and cancelled per request
         self._head_timer = LazyTimer(self._head_due)
@@ -174,7 +178,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             handler = self.proxy.serve if limit is None or (len(self.connections) < limit and len(self.tasks) < limit) \
                 else self.proxy.over_limit
             exchange = Exchange(self, handler, route, self.headers, keep_alive=keep_alive, chunked=http_11)
-            self.cycle = exchange  # type: ignore[assignment]
+            self.cycle = exchange
             if parser.should_upgrade():
                 declared = dict(self.headers).get(b"content-length", b"0")
                 exchange.raw_length = int(declared) if declared.isdigit() else 0
@@ -240,7 +244,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
         # uvicorn drops its parser here, which holds the protocol; the requests (each holds
         # its protocol) go too, or each closed connection would be a cycle for the collector
-        self.cycle = self._active = None  # type: ignore[assignment]
+        self.cycle = self._active = None
         self.pipeline.clear()
 
     def _end_head(self) -> None:

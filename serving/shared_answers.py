@@ -105,7 +105,7 @@ class SharedAnswers:
         async def write(client: Redis) -> None:
             async with client.pipeline(transaction=False) as pipe:
                 if pending:
-                    pipe.hset(key, mapping=pending)
+                    pipe.hset(key, mapping=pending)  # type: ignore[arg-type]  # redis-py's Mapping: invariant key type
                     pipe.expire(key, int(self.ttl_s) + HOUR_S)
                 for rid in claims:
                     pipe.set(self.shared.key("rated", rid), self.shared.replica, nx=True, ex=int(self.ttl_s) + 1)

@@ -165,8 +165,10 @@ class SharedAdmission:
     def _try(self, key: str, model: str) -> Ticket | Rejection | list[Awaitable[None]]:
         """Admit from the leases and slots in hand, refuse, or give the takes to wait for."""
         now = time.monotonic()
-        accounts, empty = [], []
-        for scope, name in (("key", key), ("model", model)):
+        accounts: list[tuple[Scope, str, _Shared]] = []
+        empty: list[Awaitable[None]] = []
+        pairs: tuple[tuple[Scope, str], ...] = (("key", key), ("model", model))
+        for scope, name in pairs:
             acc = self._accounts.get((scope, name))
             if acc is None:
                 acc = self._accounts[(scope, name)] = _Shared()
@@ -282,8 +284,9 @@ class SharedAdmission:
         it, past zero) and a slot taken whatever the limit (the others then see it). So the
         fleet is over a limit by at most the requests admitted this way and still running."""
         now = time.monotonic()
-        accounts = []
-        for scope, name in (("key", key), ("model", model)):
+        accounts: list[tuple[Scope, str, _Shared]] = []
+        pairs: tuple[tuple[Scope, str], ...] = (("key", key), ("model", model))
+        for scope, name in pairs:
             acc = self._accounts[(scope, name)]
             refusal = self._refusal(scope, name, acc, acc.limits, now)
             if refusal is not None:
@@ -309,7 +312,8 @@ class SharedAdmission:
         if not isinstance(ticket, SharedTicket):
             self.local.release(ticket, tokens)
             return
-        for scope, name in (("key", ticket.key), ("model", ticket.model)):
+        pairs: tuple[tuple[Scope, str], ...] = (("key", ticket.key), ("model", ticket.model))
+        for scope, name in pairs:
             acc = self._accounts.get((scope, name))
             if acc is None:
                 continue

@@ -78,7 +78,7 @@ class SharedWeights:
 
         return await self.shared.run("weights_load", read_and_settle, BACKGROUND_TIMEOUT_S)
 
-    def _settle(self, models: list[str], raw: list[bytes | None]) -> tuple[dict[str, Split], dict[str, bytes]]:
+    def _settle(self, models: list[str], raw: list[bytes | str | None]) -> tuple[dict[str, Split], dict[str, bytes]]:
         """The splits to start with from what Redis holds, and the entries to write for the ones
         it holds none applying to this file (a new experiment, an edited file: the next epoch)."""
         splits, writes = {}, {}
@@ -109,8 +109,8 @@ class SharedWeights:
                 state = running_state(entry, split)
                 if state is None:
                     if foreign(entry, split):
-                        self._say_once(model, f"holds experiment {entry['experiment']!r} with variants "  # type: ignore[index]
-                                              f"{entry['variants']} (another experiment file); routing by this "  # type: ignore[index]
+                        self._say_once(model, f"holds experiment {entry['experiment']!r} with variants "
+                                              f"{entry['variants']} (another experiment file); routing by this "
                                               "replica's own weights")
                     else:
                         behind[model] = value  # gone or unreadable
@@ -126,7 +126,7 @@ class SharedWeights:
 
         return await self.shared.run("weights_poll", read, BACKGROUND_TIMEOUT_S)
 
-    async def _write_over(self, client: Redis, split: Split, seen: bytes | None) -> None:
+    async def _write_over(self, client: Redis, split: Split, seen: bytes | str | None) -> None:
         """Write this replica's entry where Redis holds ``seen`` still (absent, unreadable or an
         earlier epoch), in one transaction: a change made meanwhile is never overwritten."""
         key = self.keys[split.model]
@@ -164,14 +164,14 @@ class SharedWeights:
                         if foreign(entry, current):
                             raise ExperimentConflict(
                                 f"the replicas' shared weights for model '{current.model}' are experiment "
-                                f"'{entry['experiment']}' with variants {', '.join(map(str, entry['variants']))}, "  # type: ignore[index]
+                                f"'{entry['experiment']}' with variants {', '.join(map(str, entry['variants']))}, "
                                 f"not this replica's '{current.name}' ({', '.join(v.name for v in current.variants)}):"
                                 " the replicas run different experiment files. Roll out one file to all of them "
                                 "first; nothing changed.")
                         state = running_state(entry, current)
                         base = (current if state is None or state[1] < current.epoch
                                 else Split.of(current.model, exp, *state))
-                        new = base.with_weights(resolve_weights(base, given))  # type: ignore[arg-type]
+                        new = base.with_weights(resolve_weights(base, given))
                         pipe.multi()
                         pipe.set(key, self._entry(new))
                         await pipe.execute()
@@ -184,7 +184,7 @@ class SharedWeights:
         return await self.shared.run("weights_set", transaction, BACKGROUND_TIMEOUT_S)
 
 
-def _decode(value: bytes | None) -> object:
+def _decode(value: bytes | str | None) -> object:  # bytes: the client does not decode
     if value is None:
         return None
     try:

@@ -225,7 +225,7 @@ def _rename(served: str, public: str) -> tuple[bytes, bytes] | None:
     return b'"model":' + orjson.dumps(served), b'"model":' + orjson.dumps(public)
 
 
-def resolve_weights(split: Split, given: Mapping[str, object]) -> tuple[float, ...]:
+def resolve_weights(split: Split, given: object) -> tuple[float, ...]:
     """New weights in variant order from ``given`` (variant → weight, 0..1).
 
     At most one variant may be left out: it gets what the others leave (so ``{canary: 0.05}``

@@ -106,7 +106,7 @@ class StreamAccount:
         if self.first_token is None:
             self.first_token = now
         else:
-            self.gaps.append(now - self.last_token)  # type: ignore[operator]
+            self.gaps.append(now - self.last_token)  # type: ignore[operator]  # set with the first token
         self.last_token = now
         self.token_events += 1
 
@@ -208,7 +208,7 @@ class EventProcessor:
                 or not chunk.endswith(tail) or chunk.find(b'"', len(head), len(chunk) - len(tail)) >= 0):
             return False
         account = self.account
-        account.gaps.append(now - account.last_token)  # type: ignore[operator]
+        account.gaps.append(now - account.last_token)  # type: ignore[operator]  # a token came before
         account.last_token = now
         account.token_events += 1
         raw = chunk[len(head):len(chunk) - len(tail)]

@@ -152,7 +152,7 @@ def _write_model(path: Path, spec: TinyModelSpec) -> None:
         eos_token_id=2,
         pad_token_id=3,
         tie_word_embeddings=False,
-        torch_dtype="bfloat16",
+        torch_dtype="bfloat16",  # type: ignore[call-arg]  # the name in config.json that vLLM 0.32 reads
     )
-    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model = LlamaForCausalLM(config).to(torch.bfloat16)  # type: ignore[arg-type]  # transformers types .to() for devices only
     model.save_pretrained(path, safe_serialization=True)

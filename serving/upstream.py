@@ -86,7 +86,7 @@ class Upstream:
                 }
             except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError) as exc:
                 if self.up:  # said once per outage, not at every retry
-                    log.warning("upstream %s: model list unavailable: %s", self.base_url, exc or type(exc).__name__)
+                    log.warning("upstream %s: model list unavailable: %s", self.base_url, str(exc) or type(exc).__name__)
                 self.up = False
                 self._up.set(0)
                 return False
@@ -102,7 +102,8 @@ class Upstream:
         """The model list from a replica in rotation, trying up to three (any known one when
         none is in rotation); the last failure if none answers."""
         timeout = aiohttp.ClientTimeout(total=self._settings.upstream_connect_timeout_s + 3)
-        candidates = self.balancer.in_rotation()[:3] or [self.any_replica()]
+        # none known: get() raises the error that says so
+        candidates: list[Endpoint | None] = [*self.balancer.in_rotation()[:3]] or [self.any_replica()]
         for i, endpoint in enumerate(candidates):
             try:
                 async with self.get(endpoint, "/v1/models", timeout) as r:

@@ -317,9 +317,10 @@ class Balancer:
         for key in keys[:limit]:
             if key in self.endpoints:
                 continue
-            endpoint = self._draining.pop(key, None)
-            if endpoint is not None:  # back before its last request ended: the same replica, series and all
-                endpoint.removed = False
+            back = self._draining.pop(key, None)
+            if back is not None:  # back before its last request ended: the same replica, series and all
+                back.removed = False
+                endpoint = back
             else:
                 endpoint = Endpoint(found[key], self._settings, self._metrics, self.spec)
             self.endpoints[key] = endpoint

@@ -92,8 +92,9 @@ class UpstreamPool:
             try:
                 handed = await waiter
             except BaseException:
-                if waiter.done() and not waiter.cancelled() and waiter.result() is not None:
-                    self.put(waiter.result())  # handed over just as we were cancelled: pass it on
+                late = waiter.result() if waiter.done() and not waiter.cancelled() else None
+                if late is not None:
+                    self.put(late)  # handed over just as we were cancelled: pass it on
                 elif waiter in self._waiters:
                     self._waiters.remove(waiter)
                 raise
@@ -120,11 +121,13 @@ class UpstreamPool:
     async def _connect(self) -> UpstreamConnection:
         """A new connection; a refused or reset connect sent nothing of the request and is
         tried once more (a vLLM that is down refuses the second as fast)."""
-        loop, kwargs = asyncio.get_running_loop(), {"ssl": self.ssl, "server_hostname": self.ssl and self.host}
+        loop, ssl, name = asyncio.get_running_loop(), self.ssl, self.host if self.ssl else None
         try:
-            return (await loop.create_connection(UpstreamConnection, self.address, self.port, **kwargs))[1]
+            return (await loop.create_connection(UpstreamConnection, self.address, self.port, ssl=ssl,
+                                                 server_hostname=name))[1]
         except (ConnectionRefusedError, ConnectionResetError):
-            return (await loop.create_connection(UpstreamConnection, self.address, self.port, **kwargs))[1]
+            return (await loop.create_connection(UpstreamConnection, self.address, self.port, ssl=ssl,
+                                                 server_hostname=name))[1]
 
     def put(self, conn: UpstreamConnection) -> None:
         if self.closed:

@@ -20,6 +20,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, TypeGuard
 
 import orjson
 
@@ -78,7 +79,7 @@ def running_state(entry: object, split: Split) -> tuple[tuple[float, ...], int] 
     return None
 
 
-def foreign(entry: object, split: Split) -> bool:
+def foreign(entry: object, split: Split) -> TypeGuard[dict[str, Any]]:
     """A well-formed entry of another experiment or other variants under this model: a replica
     with another experiment file wrote it."""
     return (isinstance(entry, dict) and isinstance(entry.get("experiment"), str) and isinstance(entry.get("variants"), list)

@@ -136,9 +136,9 @@ class WorkerView:
         self.render = render
 
     async def scrape(self, accept: str) -> tuple[bytes, str]:
-        own = asyncio.to_thread(self.render, accept)
-        others = [fetch(port, accept) for i, port in enumerate(self.ports) if i != self.index]
-        (body, content_type), *texts = await asyncio.gather(own, *others)
+        own = asyncio.ensure_future(asyncio.to_thread(self.render, accept))
+        texts = await asyncio.gather(*(fetch(port, accept) for i, port in enumerate(self.ports) if i != self.index))
+        body, content_type = await own
         answers = iter(texts)
         expositions = [(i, body.decode() if i == self.index else next(answers)) for i in range(len(self.ports))]
         merged = await asyncio.to_thread(merge, expositions)

@@ -5,6 +5,8 @@ development pager. Prometheus, Alertmanager and Grafana are kube-prometheus-stac
 
 from __future__ import annotations
 
+from typing import Any
+
 from inferwatch.deploy.kube import objects as o
 from inferwatch.deploy.kube.settings import (
     DRIFT_PORT,
@@ -185,7 +187,7 @@ def exporter(settings: Settings) -> list[dict]:
         probes=_health("metrics"))
     pod = _pod(EXPORTER, [container], nodeSelector={key: value},
                tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}])
-    daemon_set = {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": o.metadata(name(EXPORTER), EXPORTER),
+    daemon_set: dict[str, Any] = {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": o.metadata(name(EXPORTER), EXPORTER),
                   "spec": {"selector": {"matchLabels": o.selector(EXPORTER)},
                            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
                            "template": pod}}

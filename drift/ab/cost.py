@@ -53,7 +53,7 @@ class PrometheusCost:
             return "the epoch is shorter than one 5-minute step"
         try:
             resp = requests.get(f"{self.url}/api/v1/query_range", timeout=self.timeout_s,
-                                params={"query": query, "start": first, "end": end, "step": self.step_s})
+                                params={"query": query, "start": str(first), "end": str(end), "step": str(self.step_s)})
             resp.raise_for_status()
             series = resp.json()["data"]["result"]
         except (requests.RequestException, ValueError, KeyError) as exc:

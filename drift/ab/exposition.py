@@ -10,6 +10,7 @@ import math
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -48,7 +49,7 @@ class Watchlist:
 
 
 def evaluate(state: DriftState, watched: Watched, cost: CostSource | None = None
-             ) -> tuple[Reading, AbResult, dict] | None:
+             ) -> tuple[Reading, AbResult, dict[str, Any]] | None:
     """The watched experiment's verdict now, with what it read and its JSON; None once its
     ledger is gone."""
     try:
@@ -86,7 +87,7 @@ class AbCollector(Collector):
                 if r.status != "ok":
                     continue
                 families[m.AB_WORSE].add_metric([*key, name], float(r.verdict == "worse"))
-                families[m.AB_P_VALUE].add_metric([*key, name], r.p_value_sequential)  # type: ignore[arg-type]
+                families[m.AB_P_VALUE].add_metric([*key, name], r.p_value_sequential)  # type: ignore[arg-type]  # ok: set
                 if r.relative is not None:
                     families[m.AB_EFFECT_RELATIVE].add_metric([*key, name], r.relative)
                 for bound, value in zip(("low", "high"), r.relative_interval or ()):

@@ -61,7 +61,7 @@ def _omittable(f: FieldInfo) -> FieldInfo:
 
 # A JSON body of the experiment's fields: typed as JSON (strict: a number is a number, not
 # a string), each optional since the query string may give it; null is not a value.
-AbBody = create_model(
+AbBody = create_model(  # type: ignore[call-overload]  # fields built from the experiment's at import
     "AbBody", __config__=ConfigDict(extra="forbid", strict=True,
                                     json_schema_extra=lambda schema, _: optional_not_null(schema)),
     **{name: (f.annotation, _omittable(f)) for name, f in AbRequest.model_fields.items()})
@@ -182,7 +182,7 @@ def verdict(state: DriftState, watchlist: Watchlist, model: str, req: AbRequest)
     return JSONResponse(doc, status_code=status)
 
 
-def _fields_of_body(doc: object) -> dict:
+def _fields_of_body(doc: object) -> dict[str, Any]:
     """Our fields, from a JSON object of them or from a Flagger webhook's ``metadata``; a
     plain body's values must have their JSON types."""
     if not isinstance(doc, dict):
@@ -206,8 +206,9 @@ POST_DESCRIPTION = (
     "The experiment's fields come from the query string (as for GET), then the JSON body or a Flagger webhook's "
     f"metadata, a later source overriding an earlier one; {', '.join(REQUIRED_FIELDS)} must come from one of them. "
     f"Across fields: {'; '.join(CROSS_FIELD_RULES)}.")
-RESPONSES: dict = {200: {"model": AbResponse}, 412: {"model": AbResponse, "description": "decision not in pass_on"},
-                   **{code: {"model": ErrorResponse} for code in (400, 404, 422)}}
+RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"model": AbResponse}, 412: {"model": AbResponse, "description": "decision not in pass_on"},
+    **{code: {"model": ErrorResponse} for code in (400, 404, 422)}}
 
 
 def install(app: FastAPI, state: DriftState, watchlist: Watchlist) -> None:
@@ -229,9 +230,9 @@ def install(app: FastAPI, state: DriftState, watchlist: Watchlist) -> None:
     async def ab_post(model: ModelPath, request: Request) -> Response:
         raw = await request.body()
         try:
-            fields = dict(request.query_params)
+            fields: dict[str, Any] = dict(request.query_params)
             if "pass_on" in fields:
-                fields["pass_on"] = request.query_params.getlist("pass_on")  # type: ignore[assignment]
+                fields["pass_on"] = request.query_params.getlist("pass_on")
             if raw.strip():
                 try:
                     doc = orjson.loads(raw)

@@ -24,6 +24,7 @@ import io
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import orjson
@@ -189,7 +190,7 @@ class Ledgers:
 
 def snapshot(ledger: ExperimentLedger) -> bytes:
     """The ledger as bytes (numpy's npz: no pickle)."""
-    meta: dict = {"model": ledger.model, "experiment": ledger.experiment, "threshold": ledger.threshold,
+    meta: dict[str, Any] = {"model": ledger.model, "experiment": ledger.experiment, "threshold": ledger.threshold,
                   "last_at": _finite(ledger.last_at), "columns": list(COLUMNS), "arms": []}
     arrays: dict[str, np.ndarray] = {}
     for epoch, arms in ledger.epochs.items():
@@ -203,7 +204,7 @@ def snapshot(ledger: ExperimentLedger) -> bytes:
             arrays[f"data{n}"] = a.table.view()
             arrays[f"keys{n}"] = a.table.keys[:a.table.size]
     out = io.BytesIO()
-    np.savez(out, meta=np.frombuffer(orjson.dumps(meta), dtype=np.uint8), **arrays)
+    np.savez(out, meta=np.frombuffer(orjson.dumps(meta), dtype=np.uint8), **arrays)  # type: ignore[arg-type]  # numpy types **kwds as its flags
     return out.getvalue()
 
 

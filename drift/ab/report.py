@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import math
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 
@@ -16,7 +17,7 @@ from inferwatch.drift.ab.decision import AbResult, Arm, MetricResult
 from inferwatch.drift.ab.exposition import Watched, Watchlist, evaluate
 from inferwatch.drift.ab.units import unit_means
 from inferwatch.drift.binning import histogram
-from inferwatch.drift.schema import FEATURES
+from inferwatch.drift.schema import FEATURES, NumericFeature
 from inferwatch.drift.state import DriftState
 
 W, LEFT, RIGHT = 620, 150, 16
@@ -40,7 +41,7 @@ def forest_svg(metrics: list[MetricResult]) -> str:
     rows = [m for m in metrics if m.status == "ok" and m.relative is not None and m.relative_interval is not None]
     if not rows:
         return "<p class='muted'>No judged metric has a relative effect yet.</p>"
-    span = max(0.05, *(abs(x) for m in rows for x in m.relative_interval if math.isfinite(x)))  # type: ignore[union-attr]
+    span: float = max(0.05, *(abs(x) for m in rows for x in m.relative_interval or () if math.isfinite(x)))
     row_h, top = 24, 10
     height = top + row_h * len(rows) + 34
 
@@ -52,11 +53,11 @@ def forest_svg(metrics: list[MetricResult]) -> str:
              f'stroke-dasharray="4 3"/>']
     for i, m in enumerate(rows):
         y = top + row_h * i + row_h / 2
-        lo, hi = m.relative_interval  # type: ignore[misc]
+        lo, hi = m.relative_interval  # type: ignore[misc]  # rows hold one
         colour = WORSE if m.verdict == "worse" else BETTER if m.verdict == "better" else "#5f6368"
         parts.append(f'<text x="{LEFT - 8}" y="{y + 4:.1f}" text-anchor="end">{_esc(m.spec.name)}</text>'
                      f'<line x1="{x(lo):.1f}" x2="{x(hi):.1f}" y1="{y:.1f}" y2="{y:.1f}" stroke="{colour}" '
-                     f'stroke-width="2"/><circle cx="{x(m.relative):.1f}" cy="{y:.1f}" r="4" fill="{colour}">'  # type: ignore[arg-type]
+                     f'stroke-width="2"/><circle cx="{x(m.relative):.1f}" cy="{y:.1f}" r="4" fill="{colour}">'  # type: ignore[arg-type]  # as above
                      f'<title>{_esc(m.spec.name)}: {_fmt(m.relative, True)} [{_fmt(lo, True)}, {_fmt(hi, True)}]'
                      f'</title></circle>')
     for v in (-span, 0.0, span):
@@ -69,7 +70,7 @@ def forest_svg(metrics: list[MetricResult]) -> str:
 def ecdf_svg(feature: str, control: np.ndarray, treatment: np.ndarray, unit: str) -> str:
     """Both arms' distribution functions from counts on the feature's bins, on a log axis
     over the bins either arm uses."""
-    edges = FEATURES[feature].edges.values  # type: ignore[attr-defined]
+    edges = cast(NumericFeature, FEATURES[feature]).edges.values  # the A/B report plots numeric features
     used = np.flatnonzero((control + treatment) > 0)
     first, last = int(used[0]), int(used[-1])
     xs = np.log(np.maximum(edges[first:last + 2], 1e-9))
@@ -100,7 +101,7 @@ def rates_svg(m: MetricResult, alpha: float) -> str:
     """Both arms' rates as points with intervals as wide as the delta method makes the
     difference's (each arm's share of it)."""
     rates = [m.control or 0.0, m.treatment or 0.0]
-    half = (m.interval[1] - m.interval[0]) / 2 / math.sqrt(2) if m.interval else 0.0  # type: ignore[index]
+    half = (m.interval[1] - m.interval[0]) / 2 / math.sqrt(2) if m.interval else 0.0
     ivs = [(max(0.0, r - half), min(1.0, r + half)) for r in rates]
     top_v = max(0.01, *(hi for _, hi in ivs)) * 1.1
     height, units = 70, (m.n_control, m.n_treatment)
@@ -133,7 +134,7 @@ def _plot(m: MetricResult, control: Arm, treatment: Arm, alpha: float) -> str:
     if m.status != "ok":
         return ""
     if m.spec.kind == "rank" and m.spec.feature is not None:
-        edges = FEATURES[m.spec.feature].edges  # type: ignore[union-attr]
+        edges = cast(NumericFeature, FEATURES[m.spec.feature]).edges  # a rank metric's feature is numeric
         counts = [histogram(unit_means(arm.units, m.spec.feature), edges).counts for arm in (control, treatment)]
         return ecdf_svg(m.spec.feature, counts[0], counts[1], m.spec.unit)
     if m.spec.kind == "proportion":
@@ -150,7 +151,7 @@ def _srm(result: AbResult) -> str:
             f"the units seen p = {srm.result.p_value:.3g}{', MISMATCH' if srm.alarm else ''})")
 
 
-def _epochs(doc: dict) -> str:
+def _epochs(doc: dict[str, Any]) -> str:
     rows = "".join(
         f"<tr><td>{e['epoch']}</td><td>{_fmt(e['weights']['control'])} / {_fmt(e['weights']['treatment'])}</td>"
         f"<td>{e['units']['control']:,} / {e['units']['treatment']:,}</td>"
@@ -160,7 +161,7 @@ def _epochs(doc: dict) -> str:
             f"<th>decision</th></tr>{rows}</table>")
 
 
-def section(model: str, result: AbResult, doc: dict, control: Arm, treatment: Arm) -> str:
+def section(model: str, result: AbResult, doc: dict[str, Any], control: Arm, treatment: Arm) -> str:
     exp = result.experiment
     colour = COLOURS[result.decision]
     out = [f"<h2 id='ab-{_esc(model)}'>A/B {_esc(model)}, experiment {_esc(doc['experiment'])} epoch {doc['epoch']}: "

@@ -40,7 +40,7 @@ def judged_epochs(ledger: ExperimentLedger, control: str, treatment: str) -> lis
 
 
 def spent_alpha(alpha: float, ordinal: int | None) -> float:
-    return alpha / 2 ** (ordinal if ordinal is not None else 1)
+    return alpha / 2.0 ** (ordinal if ordinal is not None else 1)
 
 
 def read_arm(ledger: ExperimentLedger, epoch: int, variant: str) -> Arm:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -51,19 +51,19 @@ class AbRequest(BaseModel):
     treatment: str = Variant
     experiment: str | None = Field(None, min_length=1, max_length=TEXT_MAX,
                                    description="the experiment's name; default: the model's latest")
-    epoch: json_int(ge=0, le=EPOCH[1]) | None = Field(  # type: ignore[valid-type]
+    epoch: json_int(ge=0, le=EPOCH[1]) | None = Field(  # type: ignore[valid-type]  # an Annotated int
         None, description="the weight epoch to judge; default: the latest")
     scope: Literal["epoch", "experiment"] = Field(
         "epoch", description="epoch: one epoch; experiment: every epoch so far, rollback if any says so")
     shared_tokenizer: bool = Field(False, description="compare mean token logprob only when true")
     alpha: float = Field(0.05, gt=0, le=0.2, allow_inf_nan=False,
                          description="false-rollback rate over the experiment's life, all epochs and looks")
-    min_units: json_int(ge=10, le=COUNT_MAX) = 30  # type: ignore[valid-type]
-    promote_units: json_int(ge=10, le=COUNT_MAX) = 300  # type: ignore[valid-type]
+    min_units: json_int(ge=10, le=COUNT_MAX) = 30  # type: ignore[valid-type]  # an Annotated int
+    promote_units: json_int(ge=10, le=COUNT_MAX) = 300  # type: ignore[valid-type]  # an Annotated int
     pass_on: list[Decision] = Field(list(DECISIONS), description="decisions answered 200; others 412 (Flagger)")
 
 
-def _interval(pair: tuple[float, float] | None) -> dict | None:
+def _interval(pair: tuple[float, float] | None) -> dict[str, Any] | None:
     return None if pair is None else {"low": _finite(pair[0]), "high": _finite(pair[1])}
 
 
@@ -71,7 +71,7 @@ def _finite(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else x
 
 
-def metric_json(r: MetricResult) -> dict:
+def metric_json(r: MetricResult) -> dict[str, Any]:
     p95 = None
     if r.p95 is not None:
         p95 = {"q": r.p95.q, "control": r.p95.control, "treatment": r.p95.treatment, "difference": r.p95.difference,
@@ -85,11 +85,11 @@ def metric_json(r: MetricResult) -> dict:
             "margin": r.spec.margin, "p95": p95, "note": r.note}
 
 
-def _arms(pair: tuple[object, object]) -> dict:
+def _arms(pair: tuple[object, object]) -> dict[str, Any]:
     return dict(zip(("control", "treatment"), pair))
 
 
-def _epoch_json(view: EpochArms, result: AbResult) -> dict:
+def _epoch_json(view: EpochArms, result: AbResult) -> dict[str, Any]:
     return {"epoch": view.epoch, "ordinal": view.ordinal, "alpha": view.alpha,
             "weights": _arms((view.control.weight, view.treatment.weight)), "requests": _arms(result.requests),
             "units": _arms(result.units), "first_at": view.first_at, "last_at": view.last_at,
@@ -97,7 +97,7 @@ def _epoch_json(view: EpochArms, result: AbResult) -> dict:
 
 
 def result_json(model: str, experiment: str, view: EpochArms, result: AbResult, alpha: float,
-                scope: str, epochs: list[dict]) -> dict:
+                scope: str, epochs: list[dict[str, Any]]) -> dict[str, Any]:
     exp = result.experiment
     srm = None
     if result.srm is not None:
@@ -173,7 +173,7 @@ def read(ledgers: Ledgers, model: str, req: AbRequest) -> Reading:
                    {e: read_epoch(ledger, e, req.control, req.treatment, req.alpha) for e in shown}, others)
 
 
-def judge(model: str, req: AbRequest, reading: Reading) -> tuple[AbResult, dict]:
+def judge(model: str, req: AbRequest, reading: Reading) -> tuple[AbResult, dict[str, Any]]:
     """The verdict's JSON: the current epoch's, or with ``scope=experiment`` a rollback if
     any epoch's is one (each epoch judged at the alpha it may spend), naming every worse
     guardrail with its epoch."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import get_args
+from typing import Any, get_args
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -20,7 +20,7 @@ from inferwatch.config.settings import PATTERN_HELP, Settings
 SCHEMA_URL = "https://inferwatch.dev/schema/inferwatch.schema.json"
 
 
-def schema() -> dict:
+def schema() -> dict[str, Any]:
     """The JSON Schema of the file, from the same declaration that validates it."""
     return Settings.model_json_schema(by_alias=True, mode="validation")
 

@@ -18,7 +18,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import psutil
 import requests
@@ -153,7 +153,7 @@ def supervised_vllm(vllm_url: str) -> psutil.Process:
         raise DemoError(f"vLLM at {vllm_url} is not on this machine's loopback: the outage crashes a local process")
     try:
         pids = {c.pid for c in psutil.net_connections("tcp")
-                if c.status == psutil.CONN_LISTEN and c.laddr.port == port and c.pid}
+                if c.status == psutil.CONN_LISTEN and getattr(c.laddr, "port", None) == port and c.pid}  # laddr: () when unbound
         server = psutil.Process(min(pids)) if pids else None
         parent = server.parent() if server else None
         supervised = parent is not None and {"inferwatch", "up"} <= {os.path.basename(a) for a in parent.cmdline()}
@@ -219,7 +219,7 @@ OUTAGE = Scenario(
 
 # -- slow canary ----------------------------------------------------------------------------------
 
-def _treatment(exp: dict) -> str:
+def _treatment(exp: dict[str, Any]) -> str:
     names = [v["name"] for v in exp["variants"] if v["name"] != exp["control"]]
     return "canary" if "canary" in names else names[0]
 
@@ -233,9 +233,9 @@ def canary(demo: Demo) -> list[Seen]:
     control, treatment = exp["control"], _treatment(exp)
     run = uuid.uuid4().hex[:8]
     asks = lambda i: Ask(s.ab_model, 4 + i % 8, 16, True, user=f"demo-{run}-{i}")  # noqa: E731
-    verdict: dict = {}
+    verdict: dict[str, Any] = {}
 
-    def judged() -> dict | None:  # the epoch this ramp opened, not an earlier run's
+    def judged() -> dict[str, Any] | None:  # the epoch this ramp opened, not an earlier run's
         r = s.drift_get(f"/v1/ab/{s.ab_model}", control=control, treatment=treatment, min_units=AB_MIN_UNITS,
                         epoch=epoch)
         if r.status_code in (200, 412):
@@ -279,7 +279,7 @@ CANARY = Scenario(
 
 # -- prompt-length drift --------------------------------------------------------------------------
 
-def _segment(s: Stack) -> dict | None:
+def _segment(s: Stack) -> dict[str, Any] | None:
     segments = s.drift_get("/v1/drift", model=s.model).json()["segments"]
     return next((seg for seg in segments if seg["model"] == s.model), None)
 
@@ -309,7 +309,7 @@ def drift(demo: Demo) -> list[Seen]:
         demo.say(f"  {_baseline(demo)}")
     except DemoError as exc:
         return [Seen("prompt_tokens drifts", False, str(exc))]
-    def drifted() -> dict | None:
+    def drifted() -> dict[str, Any] | None:
         seg = _segment(s)
         return seg if seg and seg["status"] == "drift" and "prompt_tokens" in seg["drifted_features"] else None
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, fields
+from typing import Any
 from urllib.parse import urlsplit
 
 import requests
@@ -51,24 +52,25 @@ class Stack:
 
     # -- reads -------------------------------------------------------------------------------
 
-    def query(self, expr: str) -> list[dict]:
+    def query(self, expr: str) -> list[dict[str, Any]]:
         """A Prometheus instant query's result vector."""
         r = requests.get(f"{self.prometheus}/api/v1/query", params={"query": expr}, timeout=TIMEOUT_S)
         r.raise_for_status()
-        return r.json()["data"]["result"]
+        result: list[dict[str, Any]] = r.json()["data"]["result"]
+        return result
 
     def scalar(self, expr: str) -> float | None:
         """The first sample's value of an instant query, None when it returns nothing."""
         result = self.query(expr)
         return float(result[0]["value"][1]) if result else None
 
-    def firing(self, alertname: str) -> list[dict]:
+    def firing(self, alertname: str) -> list[dict[str, Any]]:
         r = requests.get(f"{self.prometheus}/api/v1/alerts", timeout=TIMEOUT_S)
         r.raise_for_status()
         return [a for a in r.json()["data"]["alerts"]
                 if a["labels"].get("alertname") == alertname and a["state"] == "firing"]
 
-    def pages(self, alertname: str | None, since: float, status: str = "firing") -> list[dict]:
+    def pages(self, alertname: str | None, since: float, status: str = "firing") -> list[dict[str, Any]]:
         """What the local pager received since a time (its clock is this host's), for one alert
         or any."""
         params = {"receiver": "pager", "status": status, **({"alertname": alertname} if alertname else {})}
@@ -76,7 +78,7 @@ class Stack:
         r.raise_for_status()
         return [e for e in r.json()["events"] if e["received_at"] >= since]
 
-    def admin(self, method: str, path: str, body: dict | None = None) -> dict:
+    def admin(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         if not self.admin_token:
             raise DemoError("the gateway's admin token is needed (--admin-token, INFERWATCH_GATEWAY_ADMIN_TOKEN, "
                             "or the file `inferwatch up` writes: <run-dir>/gateway_admin_token)")
@@ -84,18 +86,19 @@ class Stack:
                              headers={"authorization": f"Bearer {self.admin_token}"})
         if r.status_code != 200:
             raise DemoError(f"{method} {path}: {r.status_code} {r.text[:300]}")
-        return r.json()
+        doc: dict[str, Any] = r.json()
+        return doc
 
-    def experiment(self) -> dict:
+    def experiment(self) -> dict[str, Any]:
         """The experiment of ``ab_model`` with its variants, as the gateway's admin endpoint shows it."""
         for exp in self.admin("GET", "/admin/experiments")["experiments"]:
             if exp["model"] == self.ab_model:
-                return exp
+                return dict(exp)
         raise DemoError(f"the gateway has no experiment for {self.ab_model!r}: `inferwatch up` configures one "
                         "unless started with --canary-port 0")
 
-    def set_weights(self, weights: dict[str, float]) -> dict:
+    def set_weights(self, weights: dict[str, float]) -> dict[str, Any]:
         return self.admin("PUT", f"/admin/experiments/{self.ab_model}/weights", {"weights": weights})
 
-    def drift_get(self, path: str, **params: object) -> requests.Response:
+    def drift_get(self, path: str, **params: str | float) -> requests.Response:
         return requests.get(f"{self.drift}{path}", params=params, timeout=60)
