@@ -32,6 +32,7 @@ of randomization (the user the gateway assigned, or the request assigned on its 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -40,8 +41,8 @@ from scipy import stats as sps
 
 from inferwatch.drift.ab import sequential as seq, stats
 from inferwatch.drift.ab.cuped import adjust
-from inferwatch.drift.ab.spec import METRICS, MetricSpec
-from inferwatch.drift.ab.units import COL, COLUMNS, lead_in_means, unit_means
+from inferwatch.drift.ab.spec import METRICS, Kind, MetricSpec
+from inferwatch.drift.ab.units import COL, COLUMNS, FEEDBACK_COUNTS, lead_in_means, unit_means
 from inferwatch.drift.calibration import holm
 
 Decision = Literal["rollback", "hold", "continue", "promote"]
@@ -50,7 +51,6 @@ Status = Literal["ok", "insufficient_data", "not_applicable"]
 Verdict = Literal["worse", "better", "non_inferior", "inconclusive", "insufficient_data", "not_applicable"]
 MIN_P95_SAMPLE = 100  # units per arm below which no p95 interval is given (needs n * 0.05 >> 1)
 SHIFT_SAMPLE = 1000  # units per arm the Hodges-Lehmann shift is computed on (its cost grows with m n)
-MIN_FEEDBACK = 30  # units with ratings per arm before feedback is judged
 
 
 @dataclass(frozen=True)
@@ -162,9 +162,11 @@ class AbResult:
         return self.units[1] / total if total else 0.0
 
 
-def _ratio(spec: MetricSpec, x: str, n: str, control: Arm, treatment: Arm, exp: Experiment,
-           minimum: int) -> MetricResult:
-    """A per-request rate over units (errors, truncations, positive ratings): delta method."""
+def _proportion(spec: MetricSpec, control: Arm, treatment: Arm, exp: Experiment) -> MetricResult:
+    """A per-request rate over units (errors, truncations, positive ratings): delta method on
+    the spec's numerator and denominator columns."""
+    assert spec.numerator is not None and spec.denominator is not None  # MetricSpec checks a proportion's
+    x, n, minimum = spec.numerator, spec.denominator, spec.min_units or exp.min_units
     cols = [arm.units[arm.units[:, COL[n]] > 0] for arm in (control, treatment)]
     kc, kt = (c.shape[0] for c in cols)
     if min(kc, kt) < minimum:
@@ -179,7 +181,7 @@ def _ratio(spec: MetricSpec, x: str, n: str, control: Arm, treatment: Arm, exp: 
     relative_interval = None
     if d.relative is not None:
         relative_interval = (d.interval[0] / d.rate_control, d.interval[1] / d.rate_control)
-    counted = "ratings" if n == "feedback_total" else "requests"
+    counted = "ratings" if n in FEEDBACK_COUNTS else "requests"
     note = (f"{int(nc.sum()):,} / {int(nt.sum()):,} {counted} from {kc:,} / {kt:,} units; variance by the delta "
             "method over units")
     return MetricResult(spec, "ok", "delta_method", kc, kt, d.rate_control, d.rate_treatment, d.difference,
@@ -320,23 +322,21 @@ def _cost(spec: MetricSpec, control: Arm, treatment: Arm, exp: Experiment) -> Me
                              "on the log scale, relative as a ratio - 1")
 
 
+Evaluator = Callable[[MetricSpec, Arm, Arm, Experiment], MetricResult]
+# How each kind is computed, and the name its results carry (MetricResult.method)
+BY_KIND: dict[Kind, tuple[Evaluator, str]] = {
+    "proportion": (_proportion, "delta_method"),
+    "rank": (_rank, "mann_whitney_units"),
+    "request_mean": (_request_mean, "delta_method_log_ratio"),
+    "mean": (_mean, "welch_units"),
+    "throughput": (_cost, "paired_log_ratio"),
+}
+
+
 def evaluate_metric(spec: MetricSpec, control: Arm, treatment: Arm, exp: Experiment) -> MetricResult:
-    """One guardrail, before Holm: its fixed-sample and always-valid results."""
-    if spec.name == "error_rate":
-        return _ratio(spec, "errors", "requests", control, treatment, exp, exp.min_units)
-    if spec.name == "truncation_rate":
-        return _ratio(spec, "truncated", "finished", control, treatment, exp, exp.min_units)
-    if spec.name == "empty_rate":
-        return _ratio(spec, "empty", "judged", control, treatment, exp, exp.min_units)
-    if spec.name == "feedback":
-        return _ratio(spec, "feedback_positive", "feedback_total", control, treatment, exp, MIN_FEEDBACK)
-    if spec.name == "cost":
-        return _cost(spec, control, treatment, exp)
-    if spec.kind == "rank":
-        return _rank(spec, control, treatment, exp)
-    if spec.kind == "request_mean":
-        return _request_mean(spec, control, treatment, exp)
-    return _mean(spec, control, treatment, exp)
+    """One guardrail, before Holm: its fixed-sample and always-valid results, by its kind."""
+    evaluate, _ = BY_KIND[spec.kind]
+    return evaluate(spec, control, treatment, exp)
 
 
 def sample_ratio_check(exp: Experiment, control: Arm, treatment: Arm) -> SampleRatioCheck | None:
@@ -350,9 +350,9 @@ def sample_ratio_check(exp: Experiment, control: Arm, treatment: Arm) -> SampleR
         return None
     starved = [n for n, w in zip(observed, weights) if w == 0]
     if starved:
-        share = tuple(w / sum(weights) for w in weights)
+        shares = tuple(w / sum(weights) for w in weights)
         broken = bool(any(starved))
-        fixed = stats.SampleRatio(observed, share, math.inf if broken else 0.0, 0.0 if broken else 1.0)
+        fixed = stats.SampleRatio(observed, shares, math.inf if broken else 0.0, 0.0 if broken else 1.0)
         return SampleRatioCheck(fixed, fixed.p_value, broken, broken, not broken)
     fixed = stats.sample_ratio(observed, weights)
     total, share = sum(observed), fixed.expected_share[1]
@@ -366,16 +366,16 @@ def sample_ratio_check(exp: Experiment, control: Arm, treatment: Arm) -> SampleR
 
 def _judge(results: dict[str, MetricResult], alpha: float) -> dict[str, MetricResult]:
     judged = {name: r for name, r in results.items() if r.status == "ok"}
-    rejected = holm({name: r.p_value_sequential for name, r in judged.items()}, alpha)  # type: ignore[misc]
+    rejected = holm({name: r.p_value_sequential for name, r in judged.items()}, alpha)  # type: ignore[misc]  # ok: set
     out = {}
     for name, r in results.items():
         if r.status != "ok":
             out[name] = MetricResult(**{**r.__dict__, "verdict": r.status})
             continue
-        lo, hi = r.confidence_sequence  # type: ignore[misc]
+        lo, hi = r.confidence_sequence  # type: ignore[misc]  # an ok result carries one
         worst = hi if r.spec.direction == "higher_is_worse" else -lo
         if rejected[name]:
-            verdict: Verdict = "worse" if r.spec.worse(r.sequential_effect) else "better"  # type: ignore[arg-type]
+            verdict: Verdict = "worse" if r.spec.worse(r.sequential_effect) else "better"  # type: ignore[arg-type]  # ok: set
         else:
             verdict = "non_inferior" if worst <= r.spec.margin else "inconclusive"
         out[name] = MetricResult(**{**r.__dict__, "verdict": verdict})
@@ -453,7 +453,7 @@ def analyse(exp: Experiment, control: Arm, treatment: Arm) -> AbResult:
                 reasons.append(f"promotion needs {exp.promote_units:,} units per arm")
             if split_doubtful:
                 reasons.append(f"promotion needs the split to look right: the chi-square of units per arm has p = "
-                               f"{srm.result.p_value:.2g}, under {exp.srm_promote_p:g}")  # type: ignore[union-attr]
+                               f"{srm.result.p_value:.2g}, under {exp.srm_promote_p:g}")  # type: ignore[union-attr]  # doubtful: checked
         if unjudged:
             reasons.append(f"not judged (too few values): {', '.join(unjudged)}")
     return AbResult(exp, decision, tuple(reasons), requests, units, srm, empty, metrics)

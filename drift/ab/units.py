@@ -15,16 +15,37 @@ hash), so every test stays valid on them, at a lower power.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from hashlib import blake2b
 
 import numpy as np
 
-# numeric features summed per unit (count of values, sum of values)
-UNIT_FEATURES = ("ttft_s", "tpot_s", "e2e_s", "completion_tokens", "mean_logprob", "repetition")
-# judged: answers the gateway judged (drift/schema.py ``output``), of which empty were empty
-COLUMNS = ("requests", "errors", "finished", "truncated", "feedback_total", "feedback_positive", "judged", "empty",
-           *(f"{f}:{part}" for f in UNIT_FEATURES for part in ("n", "sum")))
+from inferwatch.drift.ab.spec import METRICS
+
+# What one record adds to each count column a guardrail can name (``MetricSpec.numerator`` and
+# ``denominator``), from the record's status, finish reason and output kind. judged: answers
+# the gateway judged (drift/schema.py ``output``), of which empty were empty.
+RecordCount = Callable[[np.ndarray, list[str | None], list[str | None]], "float | np.ndarray | list[bool]"]
+RECORD_COUNTS: dict[str, RecordCount] = {
+    "requests": lambda status, finish, output: 1,
+    "errors": lambda status, finish, output: status >= 500,
+    "finished": lambda status, finish, output: [r is not None for r in finish],
+    "truncated": lambda status, finish, output: [r == "length" for r in finish],
+    "judged": lambda status, finish, output: [k is not None for k in output],
+    "empty": lambda status, finish, output: [k == "empty" for k in output],
+}
+FEEDBACK_COUNTS = ("feedback_total", "feedback_positive")  # what a rating adds (feedback_values)
+
+# The columns are the guardrails': the count columns proportions name (requests first, which
+# counts units), and per numeric feature the count and sum of its values. A checkpoint names
+# its columns, so their order may change between versions.
+COUNT_COLUMNS = tuple(dict.fromkeys(["requests", *(c for m in METRICS for c in (m.numerator, m.denominator) if c)]))
+UNIT_FEATURES = tuple(dict.fromkeys(m.feature for m in METRICS if m.feature))
+COLUMNS = (*COUNT_COLUMNS, *(f"{f}:{part}" for f in UNIT_FEATURES for part in ("n", "sum")))
 COL = {name: i for i, name in enumerate(COLUMNS)}
+_unknown = set(COUNT_COLUMNS) - RECORD_COUNTS.keys() - set(FEEDBACK_COUNTS)
+if _unknown:
+    raise ValueError(f"guardrail columns {sorted(_unknown)} have no definition in RECORD_COUNTS")
 # Values are summed on a grid of 2^-20 (about a microsecond of latency): multiples of one
 # power of two add up exactly, in any order, below 2^33 per unit. A unit's records reach two
 # drift replicas in different orders (through different gateways' batches), and float sums
@@ -91,12 +112,10 @@ def record_values(status: np.ndarray, finish_reason: list[str | None], numeric: 
                   output: list[str | None]) -> np.ndarray:
     """What each record adds to its unit's row, one row per record."""
     values = np.zeros((status.size, len(COLUMNS)))
-    values[:, COL["requests"]] = 1
-    values[:, COL["errors"]] = status >= 500
-    values[:, COL["finished"]] = [r is not None for r in finish_reason]
-    values[:, COL["truncated"]] = [r == "length" for r in finish_reason]
-    values[:, COL["judged"]] = [k is not None for k in output]
-    values[:, COL["empty"]] = [k == "empty" for k in output]
+    for name in COUNT_COLUMNS:
+        count = RECORD_COUNTS.get(name)
+        if count is not None:
+            values[:, COL[name]] = count(status, finish_reason, output)
     for f in UNIT_FEATURES:
         x = numeric[f]
         present = ~np.isnan(x)
