@@ -42,8 +42,8 @@ import textwrap
 from collections.abc import Callable
 from typing import Any
 
+from inferwatch.alerts.catalog import metric as m
 from inferwatch.alerts.model import Record
-from inferwatch.catalog import metric as m
 from inferwatch.config.settings import Cost
 
 WINDOW = "5m"

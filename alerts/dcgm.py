@@ -43,7 +43,7 @@ from typing import Any
 
 import yaml
 
-from inferwatch.catalog import metric as m
+from inferwatch.alerts.catalog import metric as m
 from inferwatch.exporters.metrics import THROTTLE_REASONS
 
 OUT = Path(__file__).resolve().parent / "compat" / "dcgm-exporter.yml"

@@ -28,10 +28,11 @@ from typing import Any
 import yaml
 
 from inferwatch.alerts import cost, spec
+from inferwatch.alerts.catalog import metric as catalog_metric
 from inferwatch.alerts.meta import META_ALERTS
-from inferwatch.alerts.model import SLO, Alert, BurnTier, BurnWindow, seconds
+from inferwatch.alerts.model import SLO, Alert, BurnTier, BurnWindow
 from inferwatch.alerts.spec import Spec
-from inferwatch.catalog import metric as catalog_metric
+from inferwatch.common.durations import seconds
 from inferwatch.config.settings import Links
 from inferwatch.dashboards import uids
 

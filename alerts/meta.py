@@ -34,8 +34,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from inferwatch.alerts.model import Alert, seconds
-from inferwatch.catalog import metric as m
+from inferwatch.alerts.catalog import metric as m
+from inferwatch.alerts.model import Alert
+from inferwatch.common.durations import seconds
 
 # prometheus-mixin PrometheusRuleFailures (critical) and PrometheusMissingRuleEvaluations
 # (warning): any failed or skipped evaluation of a group within 5m, for 15m.

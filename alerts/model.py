@@ -7,22 +7,13 @@ meta-alerts (the Watchdog, and alerts that only inhibit others) that have receiv
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Literal
 
+from inferwatch.common.durations import seconds
+
 Severity = Literal["critical", "warning", "info", "none"]
 
-_DURATION = re.compile(r"^(\d+)([smhdw])$")
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-
-
-def seconds(duration: str) -> int:
-    """Prometheus duration ('5m', '1d') in seconds; only the single-unit form is used here."""
-    match = _DURATION.match(duration)
-    if not match:
-        raise ValueError(f"not a single-unit Prometheus duration: {duration!r}")
-    return int(match[1]) * _UNIT_S[match[2]]
 
 
 @dataclass(frozen=True)

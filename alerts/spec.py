@@ -5,7 +5,7 @@
 threshold lines and write their descriptions from it, so a panel cannot disagree with the
 alert it explains. What a team may change lives in the settings; what is here is how the
 stack works (job names, XID classes, the expressions). Every metric is named through
-``inferwatch.catalog.metric``, so a name that no component exports fails the generation.
+``inferwatch.alerts.catalog.metric``, so a name that no component exports fails the generation.
 Each alert has a runbook in ``alerts/runbooks/<name>.md``.
 """
 
@@ -17,8 +17,9 @@ from functools import partial
 
 from prometheus_client.utils import floatToGoString
 
-from inferwatch.alerts.model import SLO, Alert, BurnTier, BurnWindow, Guard, Record, seconds
-from inferwatch.catalog import metric as m
+from inferwatch.alerts.catalog import metric as m
+from inferwatch.alerts.model import SLO, Alert, BurnTier, BurnWindow, Guard, Record
+from inferwatch.common.durations import seconds
 from inferwatch.config import settings as config
 from inferwatch.config.errors import ConfigError
 from inferwatch.config.settings import Settings, Thresholds

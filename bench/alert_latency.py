@@ -42,8 +42,8 @@ import requests  # noqa: E402
 
 from inferwatch.alerts import spec  # noqa: E402
 from inferwatch.alerts.generate import cap_for, rule_files, write  # noqa: E402
-from inferwatch.alerts.model import seconds  # noqa: E402
 from inferwatch.alerts.spec import SERVED_MODEL  # noqa: E402
+from inferwatch.common.durations import seconds  # noqa: E402
 from inferwatch.deploy.monitoring import FAST_INTERVALS, Intervals  # noqa: E402
 from inferwatch.serving.tiny_model import build_tiny_model  # noqa: E402
 from tests.support.feature_records import body, records  # noqa: E402

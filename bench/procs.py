@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from inferwatch.supervise import ManagedProcess  # noqa: E402
+from inferwatch.common.supervise import ManagedProcess  # noqa: E402
 
 
 @contextmanager

@@ -7,8 +7,8 @@ from typing import Any
 
 from grafana_foundation_sdk.builders import dashboard as dash_b
 
+from inferwatch.alerts.catalog import metric as m
 from inferwatch.alerts.spec import JOB_DRIFT, Spec
-from inferwatch.catalog import metric as m
 from inferwatch.dashboards import uids
 from inferwatch.dashboards.health import RED_FROM_ONE, alerts_firing, targets_up
 from inferwatch.dashboards.panels import (

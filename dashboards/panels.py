@@ -1,7 +1,7 @@
 """Small factories for the panel kinds the dashboards repeat.
 
 Every panel gets the ``$datasource`` variable, a unit, a title and explicit query ref ids;
-metric names go through ``inferwatch.catalog.metric`` so a rename fails the generator.
+metric names go through ``inferwatch.alerts.catalog.metric`` so a rename fails the generator.
 Panel ids and positions come from ``dashboard()``, so the JSON is stable.
 """
 

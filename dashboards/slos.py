@@ -5,8 +5,8 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as dash_b
 
 from inferwatch.alerts.generate import BUDGET_REMAINING, PERIOD_INTERVAL, error_ratio, fresh, interval_of
-from inferwatch.alerts.model import seconds
 from inferwatch.alerts.spec import Spec
+from inferwatch.common.durations import seconds
 from inferwatch.dashboards import uids
 from inferwatch.dashboards.panels import dashboard, or_zero, q, query_variable, stat_panel, timeseries_panel
 from inferwatch.serving.metrics import UNKNOWN_MODEL

@@ -22,8 +22,8 @@ import yaml
 from inferwatch.alerts import spec
 from inferwatch.alerts.generate import RULES_DIR, render
 from inferwatch.alerts.routing import DEADMAN, TEMPLATES_DIR, Receivers, Timing, alertmanager_config
+from inferwatch.common.supervise import ManagedProcess
 from inferwatch.config.settings import Routing
-from inferwatch.supervise import ManagedProcess
 
 DEPLOY_DIR = Path(__file__).resolve().parent  # package data: the same in a checkout and an installed wheel
 SCRAPE_INTERVAL = "10s"

@@ -26,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
 from inferwatch import __version__
+from inferwatch.common.secret_files import SecretFileSettings
 from inferwatch.drift import api, metrics as drift_metrics, report
 from inferwatch.drift.ab import http as ab_http, report as ab_report
 from inferwatch.drift.ab.cost import PrometheusCost
@@ -40,7 +41,6 @@ from inferwatch.drift.state import Baseline, DriftState, SegmentLimit, WindowCon
 from inferwatch.drift.store import Store
 from inferwatch.drift.verdicts import SegmentVerdict, analysis_edges, feature_status
 from inferwatch.drift.windows import Segment
-from inferwatch.secret_files import SecretFileSettings
 
 
 class DriftSettings(SecretFileSettings):

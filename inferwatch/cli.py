@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import shlex
-import signal
-import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 from urllib.parse import urlsplit
@@ -17,10 +13,8 @@ import typer
 
 if TYPE_CHECKING:
     from inferwatch.config.settings import Settings
-    from inferwatch.deploy.monitoring import Targets
     from inferwatch.serving.settings import GatewaySettings
     from inferwatch.serving.workers import WorkerSlot
-    from inferwatch.supervise import ManagedProcess
 
 T = TypeVar("T")
 
@@ -176,13 +170,17 @@ def vllm(
              "Default: <run-dir>/vllm.log.")] = None,
 ) -> None:
     """Run vLLM's OpenAI server (CPU or CUDA build) in the foreground until Ctrl-C."""
+    from inferwatch.local_stack import StackError, supervise
     from inferwatch.serving.vllm_launcher import VLLMConfig, vllm_process
 
     cfg = VLLMConfig(_resolve_model(model), served_model_name, host, port, max_model_len, dtype,
                      otlp_traces_endpoint=otlp_endpoint, startup_timeout_s=startup_timeout,
                      extra_args=_vllm_args(vllm_args))
     log_path = None if log_file == "-" else Path(log_file) if log_file else run_dir / "vllm.log"
-    _supervise([(vllm_process(cfg, log_path), startup_timeout)], urls={"vLLM": cfg.base_url})
+    try:
+        supervise([(vllm_process(cfg, log_path), startup_timeout)], urls={"vLLM": cfg.base_url})
+    except StackError as exc:
+        _fail(str(exc))
 
 
 @app.command()
@@ -349,7 +347,7 @@ def check_secrets(
     before any service starts; VAR is the setting that names the file on the host."""
     from pydantic_settings import SettingsError
 
-    from inferwatch.secret_files import read_secret
+    from inferwatch.common.secret_files import read_secret
 
     problems = []
     for pair, is_optional in [(p, False) for p in required] + [(p, True) for p in optional or []]:
@@ -628,8 +626,6 @@ def up(
 ) -> None:
     """Run the local stack until Ctrl-C: vLLM, drift service, gateway, GPU exporter, then Prometheus,
     Alertmanager and the local pager. A child that crashes is restarted with backoff."""
-    from inferwatch.serving.vllm_launcher import VLLMConfig, vllm_process
-    from inferwatch.supervise import ManagedProcess
 
     if monitoring_only and not prometheus_port:
         _fail("--monitoring-only with --prometheus-port 0 leaves nothing to start.")
@@ -645,215 +641,16 @@ def up(
         _fail(f"--heartbeat-url must be an http(s) URL, got {heartbeat_url!r}.")
     settings = _checked_settings(config)
 
-    run_dir = run_dir.resolve()
-    cli = [sys.executable, "-m", "inferwatch"]
+    from inferwatch.local_stack import StackError, StackOptions, run
 
-    def child(name: str, key: str, argv: list[str], port: int, health: str = "/health",
-              env: dict[str, str] | None = None) -> ManagedProcess:
-        return ManagedProcess(f"{name} (:{port})", cli + argv, log_path=run_dir / f"{key}.log",
-                              health_url=f"http://{host}:{port}{health}", key=key,
-                              env={**os.environ, **env} if env else None)
-
-    children: list[tuple[ManagedProcess, float]] = []
-    urls: dict[str, Any] = {}
-    if not monitoring_only:
-        cfg = VLLMConfig(_resolve_model(model), served_model_name, host, vllm_port, max_model_len, dtype,
-                         otlp_traces_endpoint=otlp_endpoint, startup_timeout_s=startup_timeout,
-                         extra_args=_vllm_args(vllm_args))
-        gw_argv = ["gateway", "--host", host, "--port", str(gateway_port), "--upstream-url", cfg.base_url]
-        if otlp_endpoint:
-            gw_argv += ["--otlp-endpoint", otlp_endpoint]
-        children.append((vllm_process(cfg, run_dir / "vllm.log"), startup_timeout))
-        gw_env = _admin_token_env(run_dir)
-        if canary_port and os.environ.get("INFERWATCH_GATEWAY_EXPERIMENT_FILE"):
-            typer.echo("INFERWATCH_GATEWAY_EXPERIMENT_FILE is set: the gateway runs those experiments, without the "
-                       "demo's slow canary")
-            canary_port = 0
-        if canary_port:
-            relay_url = f"http://{host}:{canary_port}"
-            gw_argv += ["--experiment-file", str(_demo_experiment(run_dir, served_model_name, cfg.base_url, relay_url))]
-            children.append((child("slow canary (demo)", "canary", [
-                "slow-relay", "--host", host, "--port", str(canary_port), "--upstream", f"{host}:{vllm_port}",
-                "--delay", str(canary_delay)], canary_port), 30.0))
-        if drift_port:
-            gw_argv += ["--drift-url", f"http://{host}:{drift_port}"]
-            children.append((child("drift service", "drift", ["drift", "serve", "--host", host, "--port",
-                                                               str(drift_port), "--db-path",
-                                                               str(run_dir / "drift.sqlite3")], drift_port), 30.0))
-        children.append((child("gateway", "gateway", gw_argv, gateway_port, env=gw_env), 30.0))
-        gw_url = f"http://{host}:{gateway_port}"
-        urls.update({
-            "OpenAI endpoint (gateway)": f"{gw_url}/v1",
-            "gateway /metrics": f"{gw_url}/metrics",
-            "vLLM /metrics": f"{cfg.base_url}/metrics",
-        })
-        if canary_port:
-            urls[f"slow canary of {served_model_name}-ab (demo)"] = f"http://{host}:{canary_port}"
-        if drift_port:
-            urls["drift report"] = f"http://{host}:{drift_port}/report"
-            urls["drift /metrics"] = f"http://{host}:{drift_port}/metrics"
-        if exporter_port:
-            children.append((child("GPU exporter", "exporter", ["exporter", "--host", host, "--port",
-                                                                 str(exporter_port)], exporter_port,
-                                   env={"INFERWATCH_EXPORTER_WATCH_PATHS": ",".join(_watched(run_dir))}), 30.0))
-            urls["GPU exporter /metrics"] = f"http://{host}:{exporter_port}/metrics"
-    if prometheus_port:
-        from inferwatch.deploy.monitoring import Targets
-
-        def at(port: int) -> str:
-            return f"{host}:{port}"
-
-        targets = Targets(prometheus=at(prometheus_port), alertmanager=at(alertmanager_port),
-                          gateway=(at(gateway_port),), vllm=((at(vllm_port), served_model_name),),
-                          exporter=(at(exporter_port),) if exporter_port else (),
-                          drift=(at(drift_port),) if drift_port else (), supervisor=(at(supervisor_port),))
-        pager = child("local pager", "pager", ["pager", "--host", host, "--port", str(pager_port)], pager_port)
-        children += _monitoring_children(run_dir, targets, pager, pagerduty_routing_key_file, heartbeat_url, rules_dir,
-                                         settings, fast_alerting)
-        urls["Prometheus"] = f"http://{host}:{prometheus_port}"
-        urls["Prometheus alerts"] = lambda: _alerts_page(f"http://{host}:{prometheus_port}")
-        urls["Alertmanager"] = f"http://{host}:{alertmanager_port}"
-        urls["local pager (pages as JSON)"] = f"http://{host}:{pager_port}/events"
-    urls["supervisor /metrics"] = f"http://{host}:{supervisor_port}/metrics"
-    urls["logs"] = str(run_dir)
-    _supervise(children, urls, (host, supervisor_port))
-
-
-def _admin_token_env(run_dir: Path) -> dict[str, str] | None:
-    """The gateway's admin endpoints on (the demo and `inferwatch experiment` use them): a
-    random token in <run-dir>/gateway_admin_token, readable by this user only, unless the
-    environment already gives one."""
-    import secrets
-
-    if os.environ.get("INFERWATCH_GATEWAY_ADMIN_TOKEN") or os.environ.get("INFERWATCH_GATEWAY_ADMIN_TOKEN_FILE"):
-        return None
-    path = run_dir / "gateway_admin_token"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if not path.is_file() or not path.read_text().strip():
-        path.touch(mode=0o600)
-        path.write_text(secrets.token_urlsafe(32) + "\n")
-    path.chmod(0o600)
-    return {"INFERWATCH_GATEWAY_ADMIN_TOKEN_FILE": str(path)}
-
-
-def _demo_experiment(run_dir: Path, served: str, stable_url: str, canary_url: str) -> Path:
-    """The A/B experiment the demo's canary scenario ramps: MODEL-ab split between vLLM
-    ('stable', all traffic) and vLLM behind the slow relay ('canary', none until ramped)."""
-    import yaml
-
-    path = run_dir / "experiments.yaml"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump({"experiments": {f"{served}-ab": {"name": "demo-canary", "variants": [
-        {"name": "stable", "upstream_url": stable_url, "model": served, "weight": 1.0},
-        {"name": "canary", "upstream_url": canary_url, "model": served, "weight": 0.0}]}}}, sort_keys=False))
-    return path
-
-
-def _alerts_page(prometheus_url: str) -> str:
-    """Prometheus's alerts page: /alerts, or /classic/alerts in builds without the new UI
-    (Debian's package)."""
-    from inferwatch.supervise import http_ok
-
-    return next((f"{prometheus_url}{p}" for p in ("/alerts", "/classic/alerts") if http_ok(f"{prometheus_url}{p}")),
-                f"{prometheus_url}/alerts")
-
-
-def _watched(run_dir: Path) -> list[str]:
-    """What can fill up under the local stack, for the disk alerts: the run folder (Prometheus's
-    TSDB and the drift database), the model cache, and Hugging Face's cache where it exists."""
-    from inferwatch.serving.tiny_model import default_cache_dir
-
-    hf = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
-    return [str(run_dir)] + [str(p) for p in (default_cache_dir(), hf) if p.is_dir()]
-
-
-def _monitoring_children(run_dir: Path, targets: Targets, pager: ManagedProcess, pagerduty_key: Path | None,
-                         heartbeat_url: str | None, rules_dir: Path | None, settings: Settings,
-                         fast: bool) -> list[Any]:
-    """The local pager, Alertmanager and Prometheus, configured by the same functions as deploy/,
-    from the settings (rules and routes regenerated into the run folder)."""
-    from inferwatch.alerts.generate import rule_files, write
-    from inferwatch.alerts.routing import Receivers
-    from inferwatch.alerts.spec import build
-    from inferwatch.deploy.monitoring import (
-        FAST_INTERVALS,
-        Intervals,
-        alertmanager_process,
-        prometheus_process,
-        write_local_configs,
-    )
-
-    assert pager.health_url is not None  # child() gives every process one
-    hooks = pager.health_url.removesuffix("/health") + "/hooks"
-    heartbeat_url = heartbeat_url or settings.routing.heartbeat_url
-    receivers = Receivers(f"{hooks}/pager", f"{hooks}/ticket", heartbeat_url or f"{hooks}/deadman",
-                          str(pagerduty_key.resolve()) if pagerduty_key else None)
-    intervals = FAST_INTERVALS if fast else Intervals()
-    if rules_dir is None:  # the shipped rules, without absent() guards for parts left out
-        rules_dir = run_dir / "rules"
-        write(rule_files(build(settings), jobs=targets.jobs()), rules_dir)
-    prom_cfg, am_cfg = write_local_configs(run_dir, targets, receivers, intervals, rules_dir, settings.routing)
-    host, _, am_port = targets.alertmanager.rpartition(":")
-    prom_host, _, prom_port = targets.prometheus.rpartition(":")
-    return [
-        (pager, 30.0),
-        (alertmanager_process(am_cfg, run_dir / "alertmanager" / "data", host, int(am_port),
-                              run_dir / "alertmanager.log"), 60.0),
-        (prometheus_process(prom_cfg, run_dir / "prometheus" / "data", prom_host, int(prom_port),
-                            run_dir / "prometheus.log", intervals), 60.0),
-    ]
-
-
-def _supervise(children: list[Any], urls: dict[str, Any], metrics_at: tuple[str, int] | None = None) -> None:
-    """Start children in order (each healthy before the next), print URLs, then keep them
-    running: a child that exits is restarted with backoff while the others carry on.
-    Ctrl-C or SIGTERM stops all, in reverse order."""
-    from prometheus_client import CollectorRegistry, start_http_server
-
-    from inferwatch.supervise import StartupError, Supervisor, port_taken
-
-    taken = [f"{proc.name}: {proc.health_url}" for proc, _ in children if proc.health_url and port_taken(proc.health_url)]
-    if taken:
-        _fail("These ports are in use (another `inferwatch up`?); stop it or choose other ports:\n  "
-              + "\n  ".join(taken))
-    started = []
-    stopping = False
-    registry = CollectorRegistry()
-    supervisor = Supervisor(registry, say=lambda line: typer.secho(line, err=True, fg=typer.colors.YELLOW))
-
-    def on_signal(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    if metrics_at:
-        try:
-            start_http_server(metrics_at[1], addr=metrics_at[0], registry=registry)
-        except OSError as exc:
-            _fail(f"Cannot serve the supervisor's metrics on {metrics_at[0]}:{metrics_at[1]}: {exc} "
-                  "(is another `inferwatch up` running? --supervisor-port picks another port)")
+    options = StackOptions(
+        model if monitoring_only else _resolve_model(model), served_model_name, vllm_port, gateway_port, exporter_port,
+        drift_port, prometheus_port, alertmanager_port, pager_port, supervisor_port, canary_port, canary_delay, host,
+        dtype, max_model_len, _vllm_args(vllm_args), otlp_endpoint, pagerduty_routing_key_file, heartbeat_url,
+        rules_dir, fast_alerting, startup_timeout, run_dir, monitoring_only)
     try:
-        for proc, timeout in children:
-            typer.echo(f"starting {proc.name} (log: {proc.log_path or 'stdout'}) ...")
-            proc.start()
-            started.append(proc)
-            took = proc.wait_healthy(timeout, cancelled=lambda: stopping)
-            if took is None:
-                return
-            typer.echo(f"  {proc.name} healthy after {took:.1f}s")
-            supervisor.adopt(proc)
-        width = max(len(k) for k in urls)
-        typer.echo("\ninferwatch is up:")
-        for label, url in urls.items():
-            typer.echo(f"  {label:<{width}}  {url() if callable(url) else url}")
-        typer.echo("\nCtrl-C stops everything.")
-        while not stopping:
-            supervisor.poll()
-            time.sleep(0.5)
-    except StartupError as exc:
+        run(options, settings)
+    except StackError as exc:
         _fail(str(exc))
-    finally:
-        for proc in reversed(started):
-            typer.echo(f"stopping {proc.name} ...")
-            proc.stop()
+
+

@@ -1,7 +1,7 @@
 """Every metric the gateway exports, declared once.
 
 Dashboards and alert rules refer to these names through the metric catalog
-(inferwatch/catalog.py), which fails generation on a name no component declares; a test
+(alerts/catalog.py), which fails generation on a name no component declares; a test
 checks that nothing downstream uses a name that no component exports.
 
 Buckets are chosen for LLM serving: time to first token spans ~20 ms (short prompt on a
@@ -18,13 +18,11 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
+from inferwatch.common.latency_buckets import INTER_TOKEN_BUCKETS, REQUEST_DURATION_BUCKETS, TTFT_BUCKETS
 from inferwatch.drift.sampling_params import PARAMS, SamplingBins
 
 NAMESPACE = "inferwatch_gateway"
 
-REQUEST_DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
-TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40)
-INTER_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5)
 TOKEN_COUNT_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 131072)
 # share of repeated 4-grams in an answer (serving/output_quality.py): fluent text sits under
 # 0.05, a looping answer above 0.5

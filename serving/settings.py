@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
-from inferwatch.secret_files import SecretFileSettings
+from inferwatch.common.secret_files import SecretFileSettings
 from inferwatch.serving.shared_state import check_redis_url
 from inferwatch.serving.upstream_targets import normalize_upstream
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from inferwatch.supervise import ManagedProcess
+from inferwatch.common.supervise import ManagedProcess
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from inferwatch.supervise import die_with_parent
+from inferwatch.common.supervise import die_with_parent
 
 log = logging.getLogger(__name__)
 

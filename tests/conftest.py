@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from inferwatch.common.supervise import ManagedProcess
 from inferwatch.serving.tiny_model import build_tiny_model
 from inferwatch.serving.vllm_launcher import VLLMConfig, vllm_process
-from inferwatch.supervise import ManagedProcess
 from tests.support.otlp import OTLPReceiver
 from tests.support.sockets import free_port
 

@@ -12,9 +12,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
-from inferwatch.alerts.model import seconds
+from inferwatch.common.durations import seconds
+from inferwatch.common.latency_buckets import INTER_TOKEN_BUCKETS, REQUEST_DURATION_BUCKETS, TTFT_BUCKETS
 from inferwatch.config.errors import ConfigError
-from inferwatch.serving.metrics import INTER_TOKEN_BUCKETS, REQUEST_DURATION_BUCKETS, TTFT_BUCKETS
 
 # A single-unit Prometheus duration: what the rules and Alertmanager's routes are written with.
 Duration = Annotated[str, StringConstraints(pattern=r"^[1-9][0-9]*[smhdw]$")]

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from inferwatch.alerts import cost, dcgm
-from inferwatch.catalog import series_of
+from inferwatch.alerts.catalog import series_of
 from inferwatch.exporters.metrics import SPECS
 from tests.alerts.promtool import RULE_FILES, Scenario, promtool_doc, run_promtool, selector
 from tests.support.promql import metric_names

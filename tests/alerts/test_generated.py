@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from inferwatch.alerts import generate, spec
+from inferwatch.alerts.catalog import exposed
 from inferwatch.alerts.generate import RULES_DIR, rule_files
-from inferwatch.catalog import exposed
 from inferwatch.dashboards import uids
 from inferwatch.deploy.monitoring import DEPLOY_DIR
 from tests.support.promql import metric_names

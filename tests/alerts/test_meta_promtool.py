@@ -18,10 +18,10 @@ import pytest
 import yaml
 
 from inferwatch.alerts import meta
+from inferwatch.alerts.catalog import exposed, kind_of
 from inferwatch.alerts.generate import RULES_DIR, render as render_rules
 from inferwatch.alerts.meta import META_ALERTS, FillTier
-from inferwatch.alerts.model import seconds
-from inferwatch.catalog import exposed, kind_of
+from inferwatch.common.durations import seconds
 from tests.alerts.promtool import Scenario, render, run_promtool, selector
 from tests.support.promql import metric_names, range_functions
 

@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from inferwatch.alerts.model import seconds
 from inferwatch.alerts.routing import timing
 from inferwatch.alerts.spec import DEFAULT
+from inferwatch.common.durations import seconds
 from inferwatch.config.settings import Routing
 from tests.alerts.promtool import run_promtool
 from tests.alerts.timelines import (

@@ -6,7 +6,7 @@ from __future__ import annotations
 import yaml
 
 from inferwatch.alerts.meta import META_ALERTS
-from inferwatch.alerts.model import seconds
+from inferwatch.common.durations import seconds
 from tests.alerts.promtool import BASE, GPU, RULE_FILES, Scenario, expected, promtool_doc, run_promtool, selector
 
 GW = {"job": "inferwatch-gateway", "instance": "gw:8080"}

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from inferwatch.alerts.generate import RAW_WINDOWS, RULES_DIR, SHORT_WINDOWS
-from inferwatch.alerts.model import SLO, BurnTier, BurnWindow, seconds
+from inferwatch.alerts.model import SLO, BurnTier, BurnWindow
+from inferwatch.common.durations import seconds
 from tests.alerts.promtool import selector
 
 SHIPPED_STEP_S = 10  # the shipped scrape and evaluation interval

@@ -10,9 +10,9 @@ import pytest
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as dash
 
+from inferwatch.alerts.catalog import exposed, kind_of
 from inferwatch.alerts.generate import rule_files
 from inferwatch.alerts.spec import DEFAULT
-from inferwatch.catalog import exposed, kind_of
 from inferwatch.dashboards import uids
 from inferwatch.dashboards.generate import INTERVAL_ONLY, dashboards
 from tests.support.promql import metric_names, range_functions
@@ -241,7 +241,7 @@ def test_latency_is_per_model_and_the_model_layer_is_shown():
 
 
 def test_every_gpu_reading_is_on_the_gpu_dashboard_or_left_out_with_its_reason():
-    from inferwatch.catalog import series_of
+    from inferwatch.alerts.catalog import series_of
     from inferwatch.dashboards.gpus import NOT_ON_DASHBOARDS
     from inferwatch.exporters.metrics import SPECS
 

@@ -431,7 +431,7 @@ def test_dashboards_are_config_maps_grafanas_sidecar_loads():
 
 
 def test_autoscaling_queries_parse_and_read_the_gauge_vllm_exports(tmp_path):
-    from inferwatch.catalog import metric
+    from inferwatch.alerts.catalog import metric
 
     for overlay, model in OVERLAYS.items():
         [scaled] = _by_kind(built(overlay), "ScaledObject")

@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
-from inferwatch.catalog import exposed
+from inferwatch.alerts.catalog import exposed
 from inferwatch.drift.service import DriftSettings, create_app
 from tests.support import ab_simulation as sim
 from tests.support.feature_records import body, records

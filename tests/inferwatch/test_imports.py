@@ -128,3 +128,30 @@ def test_no_module_imports_another_ones_private_names():
                 flagged += [f"{module}: {node.module}.{a.name}" for a in node.names
                             if a.name.startswith("_") and not a.name.startswith("__")]
     assert flagged == []
+
+
+COMPONENTS = ("serving", "drift", "alerts", "exporters", "dashboards", "deploy")
+BELOW = ("common", "config")  # what the components stand on
+
+
+def _layer(module: str) -> str:
+    """The package a module belongs to at the top of inferwatch: a component, common,
+    config, or the application layer (the CLI, `up`, the demo, the generate step)."""
+    part = module.split(".")[1] if module.count(".") else ""
+    return part if part in COMPONENTS + BELOW else ("root" if module == "inferwatch" else "app")
+
+
+def test_the_components_stand_on_common_and_config_only():
+    """The CLI, `up`'s orchestration and the demo sit above the components; what a component
+    imports from inferwatch/ is common/ and config/ (and the version, from the root)."""
+    upward = sorted(f"{m} -> {t}" for m, targets in _graph().items() if _layer(m) in COMPONENTS
+                    for t in targets if _layer(t) == "app")
+    assert upward == []
+
+
+def test_common_and_config_import_no_component():
+    graph = _graph()
+    for layer, allowed in (("common", {"common"}), ("config", {"common", "config"})):
+        found = sorted(f"{m} -> {t}" for m, targets in graph.items() if _layer(m) == layer
+                       for t in targets if _layer(t) not in allowed)
+        assert found == [], layer

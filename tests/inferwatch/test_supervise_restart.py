@@ -8,7 +8,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from inferwatch.supervise import ManagedProcess, RestartPolicy, Supervisor
+from inferwatch.common.supervise import ManagedProcess, RestartPolicy, Supervisor
 from tests.support.clock import Clock
 from tests.support.waiting import eventually
 
@@ -90,7 +90,7 @@ def test_a_restart_that_cannot_exec_is_retried_not_fatal(tmp_path):
 def test_a_child_without_a_log_file_writes_to_our_own_output():
     """`inferwatch vllm --log-file -` in a container: vLLM's lines must reach `docker logs`,
     and a failed start must say where they are."""
-    script = ("import sys; from inferwatch.supervise import ManagedProcess, StartupError\n"
+    script = ("import sys; from inferwatch.common.supervise import ManagedProcess, StartupError\n"
               "p = ManagedProcess('child', [sys.executable, '-c', "
               "'import sys; print(\"out-marker\"); print(\"err-marker\", file=sys.stderr); sys.exit(3)'], "
               "log_path=None, health_url='http://127.0.0.1:9/health')\n"

@@ -33,8 +33,8 @@ from pathlib import Path
 import pytest
 import requests
 
+from inferwatch.common.supervise import ManagedProcess
 from inferwatch.serving.admission import key_id
-from inferwatch.supervise import ManagedProcess
 from tests.conftest import TINY_MODEL_NAME
 from tests.drift.test_drift_pair import without_clock
 from tests.support import nginx

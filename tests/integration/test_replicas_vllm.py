@@ -31,8 +31,8 @@ from pathlib import Path
 import pytest
 import requests
 
+from inferwatch.common.supervise import ManagedProcess
 from inferwatch.serving.settings import GatewaySettings
-from inferwatch.supervise import ManagedProcess
 from tests.conftest import TINY_MODEL_NAME, VLLM_STARTUP_TIMEOUT_S, RunningVLLM, running_vllms, suite_vllm
 from tests.support.servers import GatewayServer, metric_sum
 from tests.support.sockets import free_port

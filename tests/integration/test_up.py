@@ -20,7 +20,7 @@ import pytest
 import requests
 
 from inferwatch.alerts.generate import cap_for, rule_files, write
-from inferwatch.alerts.model import seconds
+from inferwatch.common.durations import seconds
 from inferwatch.deploy.monitoring import FAST_INTERVALS
 from tests.conftest import TINY_MODEL_NAME
 from tests.exporters.driver import kernel_gpus

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
+from inferwatch.common.supervise import ManagedProcess, StartupError
 from inferwatch.serving.vllm_launcher import VLLMConfig, command, environment
-from inferwatch.supervise import ManagedProcess, StartupError
 from tests.support.sockets import free_port
 from tests.support.waiting import eventually
 
@@ -94,7 +94,7 @@ def test_children_die_with_their_supervisor(tmp_path):
     supervisor = (
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from inferwatch.supervise import ManagedProcess\n"
+        "from inferwatch.common.supervise import ManagedProcess\n"
         "p = ManagedProcess('c', [sys.executable, '-c', 'import time; time.sleep(300)'],\n"
         f"                   log_path=Path({str(tmp_path / 'c.log')!r}))\n"
         "p.start()\n"

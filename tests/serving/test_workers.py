@@ -20,10 +20,10 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 from pydantic import ValidationError
 
+from inferwatch.common.supervise import ManagedProcess
 from inferwatch.serving.exposition import render
 from inferwatch.serving.settings import GatewaySettings
 from inferwatch.serving.worker_metrics import UP_FAMILY, merge
-from inferwatch.supervise import ManagedProcess
 from tests.conftest import TINY_MODEL_NAME
 from tests.support.redis_server import RedisServer
 from tests.support.servers import metric_sum

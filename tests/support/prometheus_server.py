@@ -10,7 +10,7 @@ from pathlib import Path
 import requests
 import yaml
 
-from inferwatch.supervise import ManagedProcess
+from inferwatch.common.supervise import ManagedProcess
 from tests.support.sockets import free_port
 
 

@@ -41,11 +41,11 @@ def _registry_series(registry: CollectorRegistry) -> list[tuple[str, str]]:
 @cache
 def _exposed() -> dict[str, tuple[str, str]]:
     """Series name -> (component that exports it, family kind)."""
+    from inferwatch.common.supervise import Supervisor
     from inferwatch.drift.metrics import DRIFT_METRICS
     from inferwatch.exporters.metrics import HOST_SPECS, SPECS
     from inferwatch.serving.metrics import create_metrics
     from inferwatch.serving.vllm_metrics import VLLM_METRICS
-    from inferwatch.supervise import Supervisor
 
     out = {name: ("prometheus", "gauge") for name in PROMETHEUS_SERIES}
     out |= {name: ("prometheus", "counter") for name in PROMETHEUS_COUNTERS}
