@@ -39,10 +39,11 @@ from inferwatch.drift.binning import (  # noqa: E402
 from inferwatch.drift.calibration import STATISTICS, holm, null_distribution, size_band, statistics as stat_rows  # noqa: E402
 from inferwatch.drift.methods import METHODS, chi_square, evaluate  # noqa: E402
 from inferwatch.drift.schema import FEATURES  # noqa: E402
-from inferwatch.drift.service import DriftCollector  # noqa: E402
-from inferwatch.drift.state import DriftState, WindowConfig  # noqa: E402
+from inferwatch.drift.service.collector import DriftCollector  # noqa: E402
+from inferwatch.drift.service.state import DriftState  # noqa: E402
 from inferwatch.drift.store import Store  # noqa: E402
 from inferwatch.drift.verdicts import CalibrationCache, Policy, method_results, score  # noqa: E402
+from inferwatch.drift.window_config import WindowConfig  # noqa: E402
 from tests.support.feature_records import body, records  # noqa: E402
 
 ALPHA = 0.01
@@ -129,10 +130,10 @@ def median_time(fn, runs: int) -> float:
 def scoring_rows(runs: int) -> list[str]:
     clock = [1e9]
     state = DriftState(Store(":memory:"), WindowConfig(), clock=lambda: clock[0])
-    state.ingest(body(records(5000, clock[0] - 7200, clock[0] - 5400, seed=1)))
-    baseline = state.freeze_baseline(("m", "v1"), clock[0] - 7200, clock[0] - 5400)
-    state.ingest(body(records(3000, clock[0] - 600, clock[0], seed=2)))
-    current = state.current(("m", "v1"))
+    state.ingest.add(body(records(5000, clock[0] - 7200, clock[0] - 5400, seed=1)))
+    baseline = state.baselines.freeze(("m", "v1"), clock[0] - 7200, clock[0] - 5400)
+    state.ingest.add(body(records(3000, clock[0] - 600, clock[0], seed=2)))
+    current = state.ingest.current(("m", "v1"))
     policy = Policy(ALPHA)
 
     def cold() -> None:
@@ -176,9 +177,9 @@ def flood_rows(runs: int) -> list[str]:
         rec["model"] = f"model-{i}"
     import orjson
     t0 = time.perf_counter()
-    state.ingest(orjson.dumps({"records": batch}))
+    state.ingest.add(orjson.dumps({"records": batch}))
     t_ingest = time.perf_counter() - t0
-    windows = state.memory_bytes()
+    windows = state.ingest.memory_bytes()
     grown = rss_mb() - before
     registry = CollectorRegistry()
     registry.register(DriftCollector(state))
@@ -187,9 +188,9 @@ def flood_rows(runs: int) -> list[str]:
     # baselines on 200 of them, each with a window of 60 records: scored at scrape time
     for i in range(200):
         seg = (f"model-{i}", "v1")
-        state.ingest(body(records(200, clock[0] - 7200, clock[0] - 5400, seed=10 + i, model=seg[0])))
-        state.ingest(body(records(60, clock[0] - 60, clock[0], seed=1000 + i, model=seg[0])))
-        state.freeze_baseline(seg, clock[0] - 7200, clock[0] - 5400)
+        state.ingest.add(body(records(200, clock[0] - 7200, clock[0] - 5400, seed=10 + i, model=seg[0])))
+        state.ingest.add(body(records(60, clock[0] - 60, clock[0], seed=1000 + i, model=seg[0])))
+        state.baselines.freeze(seg, clock[0] - 7200, clock[0] - 5400)
     t_first = median_time(lambda: generate_latest(registry), 1)
     state.calibrator.wait()  # the background worker calibrates what the first scrape asked for
     generate_latest(registry)  # verdicts computed once, then cached until a window changes

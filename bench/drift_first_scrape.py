@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 import orjson  # noqa: E402
 import requests  # noqa: E402
 
-from inferwatch.drift.service import DriftSettings, create_app  # noqa: E402
+from inferwatch.drift.service.app import DriftSettings, create_app  # noqa: E402
 from tests.support.feature_records import records  # noqa: E402
 from tests.support.servers import AppServer  # noqa: E402
 

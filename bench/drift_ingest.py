@@ -26,8 +26,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench.procs import running  # noqa: E402
 from inferwatch.drift.schema import parse_batch  # noqa: E402
-from inferwatch.drift.state import DriftState, WindowConfig  # noqa: E402
+from inferwatch.drift.service.state import DriftState  # noqa: E402
 from inferwatch.drift.store import Store  # noqa: E402
+from inferwatch.drift.window_config import WindowConfig  # noqa: E402
 from inferwatch.drift.windows import segments_of  # noqa: E402
 from tests.support.feature_records import body, records  # noqa: E402
 from tests.support.sockets import free_port  # noqa: E402
@@ -86,12 +87,12 @@ def step_rows(repeats: int = 200) -> list[str]:
         return (time.perf_counter() - t0) / repeats
 
     parse = timed(lambda: parse_batch(raw, now))
-    count = timed(lambda: state._count(batch, now))
+    count = timed(lambda: state.ingest.count(batch, now))
     store = timed(lambda: state.store.append(raw, now - 60, now, now))
     group = timed(lambda: segments_of(batch))
     assigned = parse_batch(body([r | {"experiment": "canary", "epoch": 0, "weight": 0.5, "unit": f"{i % 300:016x}"}
                                  for i, r in enumerate(records(1000, now - 60, now, seed=2))]), now)
-    ledger = timed(lambda: state.ledgers.add_batch(assigned))
+    ledger = timed(lambda: state.ledgers.ledgers.add_batch(assigned))
     total = parse + count + store
     return [f"| in-process: parse + validate | {parse * 1e3:.2f} ms | {parse / total:.0%} of a batch | |",
             f"| in-process: bin into windows (incl. grouping {group * 1e3:.2f} ms) | {count * 1e3:.2f} ms | "
@@ -110,9 +111,9 @@ def memory_rows() -> list[str]:
     absorbed = 0
     for target in (1_000, 10_000, 100_000, 1_000_000):
         while absorbed < target:
-            state.ingest(raw)
+            state.ingest.add(raw)
             absorbed += 1000
-        rows.append(f"| window memory after {absorbed:,} records | {state.windows[('m', 'v1')].nbytes():,} bytes | "
+        rows.append(f"| window memory after {absorbed:,} records | {state.ingest.windows[('m', 'v1')].nbytes():,} bytes | "
                     "— | must not grow |")
     return rows
 

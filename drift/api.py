@@ -13,11 +13,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from inferwatch.drift.baseline import MAX_COUNT
 from inferwatch.drift.feature_record import CROSS_FIELD_RULES, FIELDS, MAX_BATCH, TEXT_MAX, UNIX_S, FieldRule
 from inferwatch.drift.json_int import json_int
 from inferwatch.drift.methods import METHODS
 from inferwatch.drift.schema import FEATURES, NumericFeature
-from inferwatch.drift.state import MAX_COUNT
 
 Text = Field(min_length=1, max_length=TEXT_MAX)
 

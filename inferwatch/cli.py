@@ -409,7 +409,7 @@ def drift_serve(
     """Run the drift service: ingest feature records, serve drift as JSON, /metrics and /report."""
     import uvicorn
 
-    from inferwatch.drift.service import DriftSettings, create_app
+    from inferwatch.drift.service.app import DriftSettings, create_app
 
     settings = _settings(DriftSettings, "drift", host=host, port=port, db_path=db_path, window_s=window,
                          prometheus_url=prometheus_url)

@@ -16,10 +16,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from inferwatch.drift import metrics as m
+from inferwatch.drift.ab.book import LedgerBook
 from inferwatch.drift.ab.cost import CostSource, priced
 from inferwatch.drift.ab.decision import DECISIONS, AbResult
 from inferwatch.drift.ab.verdict import AbRequest, InputError, Reading, judge, read
-from inferwatch.drift.state import DriftState
 
 
 @dataclass(frozen=True)
@@ -48,12 +48,12 @@ class Watchlist:
             return sorted(self._items.values(), key=lambda w: w.model)
 
 
-def evaluate(state: DriftState, watched: Watched, cost: CostSource | None = None
+def evaluate(ledgers: LedgerBook, watched: Watched, cost: CostSource | None = None
              ) -> tuple[Reading, AbResult, dict[str, Any]] | None:
     """The watched experiment's verdict now, with what it read and its JSON; None once its
     ledger is gone."""
     try:
-        reading = state.with_ledgers(lambda ledgers: read(ledgers, watched.model, watched.request))
+        reading = ledgers.read(lambda book: read(book, watched.model, watched.request))
     except InputError:
         return None
     reading = priced(reading, watched.model, cost)
@@ -61,13 +61,13 @@ def evaluate(state: DriftState, watched: Watched, cost: CostSource | None = None
 
 
 class AbCollector(Collector):
-    def __init__(self, state: DriftState, watchlist: Watchlist) -> None:
-        self.state, self.watchlist = state, watchlist
+    def __init__(self, ledgers: LedgerBook, watchlist: Watchlist) -> None:
+        self.ledgers, self.watchlist = ledgers, watchlist
 
     def collect(self) -> Iterator[Metric]:
         families = {spec: GaugeMetricFamily(spec.name, spec.doc, labels=list(spec.labels)) for spec in m.AB_METRICS}
         for watched in self.watchlist.items():
-            evaluated = evaluate(self.state, watched, self.watchlist.cost)
+            evaluated = evaluate(self.ledgers, watched, self.watchlist.cost)
             if evaluated is None:
                 continue
             _, result, doc = evaluated
@@ -95,9 +95,9 @@ class AbCollector(Collector):
                         families[m.AB_EFFECT_BOUND].add_metric([*key, name, bound], value)
         yield from families.values()
         not_kept = CounterMetricFamily(m.AB_NOT_KEPT.name, m.AB_NOT_KEPT.doc, labels=list(m.AB_NOT_KEPT.labels))
-        counts, held = self.state.with_ledgers(lambda ledgers: (
-            {"experiments": ledgers.overflow, "no_epoch": ledgers.without_epoch, "too_old": ledgers.too_old,
-             "rating_unknown_experiment": ledgers.unjoined}, ledgers.nbytes()))
+        counts, held = self.ledgers.read(lambda book: (
+            {"experiments": book.overflow, "no_epoch": book.without_epoch, "too_old": book.too_old,
+             "rating_unknown_experiment": book.unjoined}, book.nbytes()))
         for reason, count in counts.items():
             not_kept.add_metric([reason], count)
         yield not_kept

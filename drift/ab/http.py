@@ -34,6 +34,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from inferwatch.drift.ab.book import LedgerBook
 from inferwatch.drift.ab.cost import priced
 from inferwatch.drift.ab.exposition import Watchlist
 from inferwatch.drift.ab.verdict import (
@@ -49,7 +50,6 @@ from inferwatch.drift.ab.verdict import (
 from inferwatch.drift.api import ErrorResponse, optional_not_null
 from inferwatch.drift.errors import error_response
 from inferwatch.drift.feature_record import TEXT_MAX
-from inferwatch.drift.state import DriftState
 
 
 def _omittable(f: FieldInfo) -> FieldInfo:
@@ -173,9 +173,9 @@ class AbResponse(BaseModel):
     metrics: dict[str, MetricJson]
 
 
-def verdict(state: DriftState, watchlist: Watchlist, model: str, req: AbRequest) -> Response:
+def verdict(ledgers: LedgerBook, watchlist: Watchlist, model: str, req: AbRequest) -> Response:
     experiment_of(req, req.alpha)
-    reading = state.with_ledgers(lambda ledgers: read(ledgers, model, req))
+    reading = ledgers.read(lambda book: read(book, model, req))
     _, doc = judge(model, req, priced(reading, model, watchlist.cost))
     watchlist.watch(model, req)
     status = 200 if doc["decision"] in req.pass_on else 412
@@ -211,14 +211,14 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
     **{code: {"model": ErrorResponse} for code in (400, 404, 422)}}
 
 
-def install(app: FastAPI, state: DriftState, watchlist: Watchlist) -> None:
+def install(app: FastAPI, ledgers: LedgerBook, watchlist: Watchlist) -> None:
     """Declare the routes (plain functions: FastAPI runs them on its thread pool, so the
     event loop never waits on an analysis)."""
 
     @app.get("/v1/ab/{model}", responses=RESPONSES, summary="A/B verdict: rollback, hold, continue or promote")
     def ab_get(model: ModelPath, query: Annotated[AbRequest, Query()]) -> Response:
         try:
-            return verdict(state, watchlist, model, query)
+            return verdict(ledgers, watchlist, model, query)
         except InputError as exc:
             return error_response(400 if exc.status == 422 else exc.status, str(exc), "invalid_experiment",
                                   field=exc.field)
@@ -245,6 +245,6 @@ def install(app: FastAPI, state: DriftState, watchlist: Watchlist) -> None:
         except ValidationError as exc:
             return _validation_error(exc, 422)
         try:
-            return await run_in_threadpool(verdict, state, watchlist, model, req)
+            return await run_in_threadpool(verdict, ledgers, watchlist, model, req)
         except InputError as exc:
             return error_response(exc.status, str(exc), "invalid_experiment", field=exc.field)

@@ -13,12 +13,12 @@ from typing import Any, cast
 
 import numpy as np
 
+from inferwatch.drift.ab.book import LedgerBook
 from inferwatch.drift.ab.decision import AbResult, Arm, MetricResult
 from inferwatch.drift.ab.exposition import Watched, Watchlist, evaluate
 from inferwatch.drift.ab.units import unit_means
 from inferwatch.drift.binning import histogram
 from inferwatch.drift.schema import FEATURES, NumericFeature
-from inferwatch.drift.state import DriftState
 
 W, LEFT, RIGHT = 620, 150, 16
 CONTROL, TREATMENT, WORSE, BETTER = "#80868b", "#1a73e8", "#c5221f", "#188038"
@@ -209,8 +209,8 @@ class AbEntry:
     html: str
 
 
-def _entry(state: DriftState, watched: Watched, watchlist: Watchlist) -> AbEntry | None:
-    evaluated = evaluate(state, watched, watchlist.cost)
+def _entry(ledgers: LedgerBook, watched: Watched, watchlist: Watchlist) -> AbEntry | None:
+    evaluated = evaluate(ledgers, watched, watchlist.cost)
     if evaluated is None:
         return None
     reading, result, doc = evaluated
@@ -219,7 +219,7 @@ def _entry(state: DriftState, watched: Watched, watchlist: Watchlist) -> AbEntry
                    section(watched.model, result, doc, view.control, view.treatment))
 
 
-def sections(state: DriftState, watchlist: Watchlist, model: str | None = None) -> list[AbEntry]:
+def sections(ledgers: LedgerBook, watchlist: Watchlist, model: str | None = None) -> list[AbEntry]:
     """Every watched experiment (or one model's) that still has a ledger."""
-    entries = (_entry(state, w, watchlist) for w in watchlist.items() if model is None or w.model == model)
+    entries = (_entry(ledgers, w, watchlist) for w in watchlist.items() if model is None or w.model == model)
     return [e for e in entries if e is not None]

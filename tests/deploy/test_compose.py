@@ -18,7 +18,7 @@ import requests
 import yaml
 
 from inferwatch.alerts.pager import create_app as pager_app
-from inferwatch.drift.service import DriftSettings, create_app as drift_app
+from inferwatch.drift.service.app import DriftSettings, create_app as drift_app
 from inferwatch.serving.settings import GatewaySettings
 from tests.support.servers import AppServer, GatewayServer
 

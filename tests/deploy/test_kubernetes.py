@@ -346,7 +346,7 @@ def test_the_gateways_resolve_their_models_headless_service_and_the_drift_pair()
 def test_ports_and_settings_are_the_components_own():
     """The manifests' ports are each component's default, and every INFERWATCH_* variable
     they set is a setting of the component that reads it."""
-    from inferwatch.drift.service import DriftSettings
+    from inferwatch.drift.service.app import DriftSettings
     from inferwatch.exporters.server import ExporterSettings
     from inferwatch.serving.settings import GatewaySettings
 

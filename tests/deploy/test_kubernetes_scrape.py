@@ -15,7 +15,7 @@ import requests
 from inferwatch.alerts import spec
 from inferwatch.deploy.kube import autoscaling
 from inferwatch.deploy.kube.settings import DEFAULT as KUBE, NAMESPACE
-from inferwatch.drift.service import DriftSettings, create_app as drift_app
+from inferwatch.drift.service.app import DriftSettings, create_app as drift_app
 from inferwatch.exporters.server import Exporter, ExporterSettings, make_server
 from inferwatch.serving.settings import GatewaySettings
 from tests.conftest import TINY_MODEL_NAME

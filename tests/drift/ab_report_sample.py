@@ -13,7 +13,7 @@ import numpy as np
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
-from inferwatch.drift.service import DriftSettings, create_app
+from inferwatch.drift.service.app import DriftSettings, create_app
 from tests.support import ab_simulation as sim
 
 

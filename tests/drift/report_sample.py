@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import sys
 
-from inferwatch.drift import report
-from inferwatch.drift.state import DriftState, WindowConfig
+from inferwatch.drift.service import report
+from inferwatch.drift.service.state import DriftState
 from inferwatch.drift.store import Store
+from inferwatch.drift.window_config import WindowConfig
 from tests.support.clock import Clock
 from tests.support.feature_records import body, records
 
@@ -18,21 +19,22 @@ def sample_html() -> str:
     clock = Clock(T0)
     state = DriftState(Store(":memory:"), WindowConfig(window_s=3600, buckets=60), clock=clock)
     for variant in ("stable", "canary"):
-        state.ingest(body(records(4000, T0 - 7200, T0 - 5400, seed=1, model="llama-3.1-8b", variant=variant)))
-        state.freeze_baseline(("llama-3.1-8b", variant), T0 - 7200, T0 - 5400)
+        state.ingest.add(body(records(4000, T0 - 7200, T0 - 5400, seed=1, model="llama-3.1-8b", variant=variant)))
+        state.baselines.freeze(("llama-3.1-8b", variant), T0 - 7200, T0 - 5400)
     for step in range(40):  # 40 minutes of traffic; the canary's answers get longer after 20
         clock.now = T0 + 60 * step
         shift = step >= 20
-        state.ingest(body(records(150, clock.now - 60, clock.now, seed=100 + step, model="llama-3.1-8b",
+        state.ingest.add(body(records(150, clock.now - 60, clock.now, seed=100 + step, model="llama-3.1-8b",
                                   variant="stable")))
-        state.ingest(body(records(150, clock.now - 60, clock.now, seed=200 + step, model="llama-3.1-8b",
+        state.ingest.add(body(records(150, clock.now - 60, clock.now, seed=200 + step, model="llama-3.1-8b",
                                   variant="canary",
                                   prompt_mu=5.4 if shift else 5.0, ttft_scale=0.13 if shift else 0.1,
                                   length_share=0.35 if shift else 0.2)))
-        for segment in state.segments():
-            state.calibrated_verdict(segment)
-    rows = [report.SegmentReport(s, state.baselines[s], state.current(s), state.calibrated_verdict(s), state.history(s),
-                                 state.drifting_since(s), state.window_records(s)) for s in state.segments()]
+        for segment in state.ingest.segments():
+            state.verdicts.calibrated(segment)
+    rows = [report.SegmentReport(s, state.baselines.held[s], state.ingest.current(s), state.verdicts.calibrated(s),
+                                 state.verdicts.history(s), state.verdicts.drifting_since(s), state.ingest.records(s))
+            for s in state.ingest.segments()]
     return report.render(rows, clock.now)
 
 

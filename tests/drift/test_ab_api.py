@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
 from inferwatch.alerts.catalog import exposed
-from inferwatch.drift.service import DriftSettings, create_app
+from inferwatch.drift.service.app import DriftSettings, create_app
 from tests.support import ab_simulation as sim
 from tests.support.feature_records import body, records
 from tests.support.servers import metric_sum

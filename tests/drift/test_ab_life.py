@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 from inferwatch.drift.ab.verdict import AbRequest, judge, read
-from inferwatch.drift.state import DriftState, WindowConfig
+from inferwatch.drift.service.state import DriftState
 from inferwatch.drift.store import Store
+from inferwatch.drift.window_config import WindowConfig
 from tests.support import ab_simulation as sim
 
 T0 = 1.8e9
@@ -32,7 +33,7 @@ def _state(path, clock) -> DriftState:
 
 
 def _look(state: DriftState) -> dict:
-    _, doc = judge(sim.MODEL, QUESTION, state.with_ledgers(lambda ledgers: read(ledgers, sim.MODEL, QUESTION)))
+    _, doc = judge(sim.MODEL, QUESTION, state.ledgers.read(lambda ledgers: read(ledgers, sim.MODEL, QUESTION)))
     return doc
 
 
@@ -51,11 +52,11 @@ def life(tmp_path, effect: float, restart_at: int | None = None, checkpoint_ever
             r = sim.requests(users, split, T0 + hour * 3600, T0 + (hour + 1) * 3600, rng, effect)
             clock[0] = T0 + (hour + 1) * 3600
             for body in sim.bodies(sim.feature_records(r)):
-                main.ingest(body)
+                main.ingest.add(body)
                 if other is not None:
-                    other.ingest(body)
+                    other.ingest.add(body)
             if other is not None and (hour + 1) % checkpoint_every == 0:
-                other.checkpoint_ledgers()
+                other.ledgers.checkpoint()
             if other is not None and hour + 1 == restart_at:
                 other.store.close()  # no final checkpoint: as after a kill
                 other = _state(tmp_path / "other.sqlite3", clock)

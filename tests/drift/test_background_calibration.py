@@ -14,10 +14,11 @@ import requests
 from inferwatch.drift.calibration import next_band, size_band
 from inferwatch.drift.calibrator import BackgroundCalibrator
 from inferwatch.drift.schema import NUMERIC_FEATURES
-from inferwatch.drift.service import DriftSettings, create_app
-from inferwatch.drift.state import DriftState, WindowConfig
+from inferwatch.drift.service.app import DriftSettings, create_app
+from inferwatch.drift.service.state import DriftState
 from inferwatch.drift.store import Store
 from inferwatch.drift.verdicts import CalibrationCache, calibrate, reference_of
+from inferwatch.drift.window_config import WindowConfig
 from tests.support.clock import Clock
 from tests.support.feature_records import body, records
 from tests.support.servers import AppServer, metric_sum
@@ -100,8 +101,8 @@ def test_requests_never_calibrate_and_verdicts_arrive_when_the_worker_is_done(tm
 def _reference():
     clock = 1e9
     state = DriftState(Store(":memory:"), WindowConfig(), clock=lambda: clock)
-    state.ingest(body(records(1000, clock - 600, clock, seed=3)))
-    return reference_of(state.current(("m", "v1")), "test")
+    state.ingest.add(body(records(1000, clock - 600, clock, seed=3)))
+    return reference_of(state.ingest.current(("m", "v1")), "test")
 
 
 def test_the_queue_is_bounded_and_refused_work_is_asked_for_again():
@@ -161,9 +162,9 @@ def test_a_restart_queues_the_calibrations_its_baselines_need(tmp_path):
     clock = Clock(2e9)
     path = tmp_path / "drift.sqlite3"
     first = DriftState(Store(path), WindowConfig(), clock=clock)
-    first.ingest(body(records(2000, clock.now - 2 * HOUR, clock.now - 1.5 * HOUR, seed=4)))
-    first.ingest(body(records(500, clock.now - 600, clock.now, seed=5)))
-    first.freeze_baseline(("m", "v1"), clock.now - 2 * HOUR, clock.now - 1.5 * HOUR)
+    first.ingest.add(body(records(2000, clock.now - 2 * HOUR, clock.now - 1.5 * HOUR, seed=4)))
+    first.ingest.add(body(records(500, clock.now - 600, clock.now, seed=5)))
+    first.baselines.freeze(("m", "v1"), clock.now - 2 * HOUR, clock.now - 1.5 * HOUR)
     first.store.close()
     held = HeldWorker()
     again = DriftState(Store(path), WindowConfig(), clock=clock,
@@ -171,4 +172,4 @@ def test_a_restart_queues_the_calibrations_its_baselines_need(tmp_path):
     again.restore()
     assert held.entered.wait(10) and again.calibrator.pending == len(NUMERIC_FEATURES)  # before any request asked
     held.release.set()
-    assert again.calibrated_verdict(("m", "v1")).status == "no_drift"
+    assert again.verdicts.calibrated(("m", "v1")).status == "no_drift"

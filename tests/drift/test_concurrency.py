@@ -9,9 +9,10 @@ import time
 
 import requests
 
-from inferwatch.drift.service import DriftSettings, create_app
-from inferwatch.drift.state import DriftState, WindowConfig
+from inferwatch.drift.service.app import DriftSettings, create_app
+from inferwatch.drift.service.state import DriftState
 from inferwatch.drift.store import Store
+from inferwatch.drift.window_config import WindowConfig
 from tests.support.clock import Clock
 from tests.support.feature_records import body, records
 from tests.support.servers import AppServer
@@ -21,15 +22,15 @@ def test_health_answers_while_an_ingest_holds_the_state(tmp_path):
     app = create_app(DriftSettings(db_path=str(tmp_path / "drift.sqlite3")))
     state = app.state.drift
     inside, release = threading.Event(), threading.Event()
-    count = state._count
+    count = state.ingest.count
 
     def held(batch, now):
-        with state._lock:
+        with state.ingest._lock:
             inside.set()
             release.wait(30)
             return count(batch, now)
 
-    state._count = held
+    state.ingest.count = held
     with AppServer(app) as server:
         now = time.time()
         ingest = threading.Thread(target=requests.post, args=(server.url + "/v1/ingest",),
@@ -48,8 +49,8 @@ def test_health_answers_while_an_ingest_holds_the_state(tmp_path):
 def test_idle_segments_expire_on_read_without_further_ingest():
     clock = Clock(1_700_000_000.0)
     state = DriftState(Store(":memory:"), WindowConfig(window_s=600, buckets=10), clock=clock)
-    state.ingest(body(records(20, clock.now - 60, clock.now - 1, seed=2)))
-    assert state.segments() == [("m", "v1")]
+    state.ingest.add(body(records(20, clock.now - 60, clock.now - 1, seed=2)))
+    assert state.ingest.segments() == [("m", "v1")]
     clock.now += 700  # a whole window without records, and no ingest since
-    assert state.segments() == []
-    assert state.expired == 1
+    assert state.ingest.segments() == []
+    assert state.ingest.expired == 1

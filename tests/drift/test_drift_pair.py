@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from inferwatch.drift.service import DriftSettings, create_app
+from inferwatch.drift.service.app import DriftSettings, create_app
 from inferwatch.serving.settings import GatewaySettings
 from tests.support.servers import AppServer, GatewayServer, metric_sum
 from tests.support.sockets import free_port

@@ -10,7 +10,7 @@ import logging
 
 import pytest
 
-from inferwatch.drift.service import DriftSettings, create_app
+from inferwatch.drift.service.app import DriftSettings, create_app
 from tests.support.servers import AppServer, metric_sum
 
 
@@ -29,8 +29,8 @@ def test_an_unexpected_exception_is_a_json_500_and_the_connection_stays_usable(s
         if bugs:
             raise bugs.pop()
 
-    state.segments = lambda: [("m", "v1")]
-    state.verdict = broken
+    state.ingest.segments = lambda: [("m", "v1")]
+    state.verdicts.verdict = broken
     conn = http.client.HTTPConnection("127.0.0.1", service.port, timeout=10)
     with caplog.at_level(logging.ERROR, logger="inferwatch.drift.errors"):
         conn.request("GET", "/v1/drift")

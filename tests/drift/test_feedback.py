@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
-from inferwatch.drift.service import DriftSettings, create_app
+from inferwatch.drift.service.app import DriftSettings, create_app
 from tests.support import ab_simulation as sim
 from tests.support.feature_records import records
 

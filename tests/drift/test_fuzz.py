@@ -33,7 +33,7 @@ from schemathesis.specs.openapi.checks import (
 
 from inferwatch.drift.api import bins
 from inferwatch.drift.feature_record import FIELDS, TEXT_MAX
-from inferwatch.drift.service import DriftSettings, create_app
+from inferwatch.drift.service.app import DriftSettings, create_app
 from tests.support.errors import error_names_what_was_wrong
 from tests.support.feature_records import body, records
 from tests.support.servers import AppServer
@@ -67,11 +67,11 @@ def drift_service(tmp_path_factory):
         with AppServer(app) as server:
             state = app.state.drift
             for variant in ("v1", "v2"):
-                state.ingest(body(records(600, *BASELINE_RANGE, seed=1, variant=variant)))
-                state.ingest(body([r | {"experiment": "exp", "epoch": 0, "weight": 0.5, "unit": f"u{i % 97}"}
+                state.ingest.add(body(records(600, *BASELINE_RANGE, seed=1, variant=variant)))
+                state.ingest.add(body([r | {"experiment": "exp", "epoch": 0, "weight": 0.5, "unit": f"u{i % 97}"}
                                    for i, r in enumerate(records(300, NOW - 600, NOW, seed=2, variant=variant))]))
-                state.freeze_baseline(("m", variant), *BASELINE_RANGE)
-                state.calibrated_verdict(("m", variant))
+                state.baselines.freeze(("m", variant), *BASELINE_RANGE)
+                state.verdicts.calibrated(("m", variant))
             yield server
 
 

@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from inferwatch.drift.feature_record import FIELDS, MAX_FUTURE_S, TEXT_FIELDS, TEXT_MAX, FeatureRecord, ingest_body
-from inferwatch.drift.service import DriftSettings, create_app
+from inferwatch.drift.service.app import DriftSettings, create_app
 from inferwatch.serving.settings import GatewaySettings
 from tests.support.servers import AppServer, GatewayServer, metric_sum
 from tests.support.stub_upstream import StubUpstream

@@ -10,9 +10,10 @@ import pytest
 import requests
 
 from inferwatch.drift.schema import FEATURES
-from inferwatch.drift.service import DriftSettings, create_app
-from inferwatch.drift.state import OTHER_SEGMENT, DriftState, WindowConfig
+from inferwatch.drift.service.app import DriftSettings, create_app
+from inferwatch.drift.service.state import DriftState
 from inferwatch.drift.store import Store
+from inferwatch.drift.window_config import OTHER_SEGMENT, WindowConfig
 from tests.support.clock import Clock
 from tests.support.feature_records import body, records
 from tests.support.servers import AppServer, metric_sum
@@ -110,11 +111,11 @@ def test_idle_segments_expire_with_their_series(tmp_path):
     state = DriftState(Store(":memory:"), WindowConfig(window_s=600, buckets=6, max_segments=3),
                        clock=clock)
     for model in ("a", "b", "c", "d"):
-        state.ingest(body(records(10, clock.now - 30, clock.now, seed=5, model=model)))
-    assert state.segments() == [("a", "v1"), ("b", "v1"), OTHER_SEGMENT]
+        state.ingest.add(body(records(10, clock.now - 30, clock.now, seed=5, model=model)))
+    assert state.ingest.segments() == [("a", "v1"), ("b", "v1"), OTHER_SEGMENT]
     clock.now += 700  # everything slid out
-    state.ingest(body(records(10, clock.now - 30, clock.now, seed=6, model="e")))
-    assert state.segments() == [("e", "v1")] and state.expired == 3
+    state.ingest.add(body(records(10, clock.now - 30, clock.now, seed=6, model="e")))
+    assert state.ingest.segments() == [("e", "v1")] and state.ingest.expired == 3
 
 
 def test_openapi_lists_every_path_with_schemas(service):

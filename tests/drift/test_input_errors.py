@@ -9,7 +9,7 @@ import time
 import pytest
 import requests
 
-from inferwatch.drift.service import DriftSettings, create_app
+from inferwatch.drift.service.app import DriftSettings, create_app
 from tests.support.feature_records import records
 from tests.support.servers import AppServer
 

@@ -13,7 +13,7 @@ import requests
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
 
 from inferwatch.drift.prometheus_source import PrometheusSource, SourceError, buckets_to_histogram
-from inferwatch.drift.service import DriftSettings, create_app
+from inferwatch.drift.service.app import DriftSettings, create_app
 from tests.support.prometheus_server import running_prometheus
 from tests.support.servers import AppServer
 from tests.support.sockets import free_port

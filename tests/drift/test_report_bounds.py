@@ -12,11 +12,12 @@ from dataclasses import replace
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from inferwatch.drift import report
 from inferwatch.drift.ab.report import AbEntry
-from inferwatch.drift.service import DriftCollector
-from inferwatch.drift.state import DriftState, WindowConfig
+from inferwatch.drift.service import report
+from inferwatch.drift.service.collector import DriftCollector
+from inferwatch.drift.service.state import DriftState
 from inferwatch.drift.store import Store
+from inferwatch.drift.window_config import WindowConfig
 from tests.support.feature_records import body, records
 
 T0 = 1_800_000_000.0
@@ -27,12 +28,12 @@ def scored():
     """A quiet segment and a drifting one (longer prompts), each with a calibrated verdict."""
     state = DriftState(Store(":memory:"), WindowConfig(), clock=lambda: T0)
     for variant, mu in (("quiet", 5.0), ("drifting", 5.6)):
-        state.ingest(body(records(1000, T0 - 7200, T0 - 5400, seed=1, variant=variant)))
-        state.freeze_baseline(("m", variant), T0 - 7200, T0 - 5400)
-        state.ingest(body(records(400, T0 - 600, T0 - 1, seed=2, variant=variant, prompt_mu=mu)))
-    rows = [report.SegmentReport(s, state.baselines[s], state.current(s), state.calibrated_verdict(s),
-                                 state.history(s), state.drifting_since(s), state.window_records(s))
-            for s in state.segments()]
+        state.ingest.add(body(records(1000, T0 - 7200, T0 - 5400, seed=1, variant=variant)))
+        state.baselines.freeze(("m", variant), T0 - 7200, T0 - 5400)
+        state.ingest.add(body(records(400, T0 - 600, T0 - 1, seed=2, variant=variant, prompt_mu=mu)))
+    rows = [report.SegmentReport(s, state.baselines.held[s], state.ingest.current(s), state.verdicts.calibrated(s),
+                                 state.verdicts.history(s), state.verdicts.drifting_since(s), state.ingest.records(s))
+            for s in state.ingest.segments()]
     assert {r.segment[1]: r.verdict.status for r in rows} == {"quiet": "no_drift", "drifting": "drift"}
     return state, rows
 

@@ -6,8 +6,9 @@ clock; the restart is a new state on the killed one's SQLite file, as a restarte
 
 from __future__ import annotations
 
-from inferwatch.drift.state import DriftState, WindowConfig
+from inferwatch.drift.service.state import DriftState
 from inferwatch.drift.store import Store
+from inferwatch.drift.window_config import WindowConfig
 from tests.support.clock import Clock
 from tests.support.feature_records import body, records
 
@@ -33,16 +34,16 @@ def test_a_restarted_replica_dates_its_drift_as_its_twin_does_once_caught_up(tmp
     a, b = replica(str(tmp_path / "a.sqlite3"), clock), replica(str(tmp_path / "b.sqlite3"), clock)
     reference = body(records(4000, T0 - 7200, T0 - 5400, seed=1))
     for state in (a, b):
-        state.ingest(reference)
-        state.freeze_baseline(SEGMENT, T0 - 7200, T0 - 5400)
+        state.ingest.add(reference)
+        state.baselines.freeze(SEGMENT, T0 - 7200, T0 - 5400)
     for step in range(25):  # drift from minute 10; both see every minute
         clock.now = T0 + 60 * step + 5
         batch = minute(step, shifted=step >= 10)
         for state in (a, b):
-            state.ingest(batch)
-            state.calibrated_verdict(SEGMENT)
-    since = a.drifting_since(SEGMENT)
-    assert since is not None and b.drifting_since(SEGMENT) == since
+            state.ingest.add(batch)
+            state.verdicts.calibrated(SEGMENT)
+    since = a.verdicts.drifting_since(SEGMENT)
+    assert since is not None and b.verdicts.drifting_since(SEGMENT) == since
     assert T0 + 60 * 10 <= since <= T0 + 60 * 25
 
     b.store.close()  # b is killed; a goes on alone for five minutes, the gateway holds b's records
@@ -50,30 +51,30 @@ def test_a_restarted_replica_dates_its_drift_as_its_twin_does_once_caught_up(tmp
     for step in range(25, 30):
         clock.now = T0 + 60 * step + 5
         missed.append(minute(step, shifted=True))
-        a.ingest(missed[-1])
-        a.calibrated_verdict(SEGMENT)
+        a.ingest.add(missed[-1])
+        a.verdicts.calibrated(SEGMENT)
 
     clock.now = T0 + 60 * 30 + 5
     b = replica(str(tmp_path / "b.sqlite3"), clock)  # restarted on its own file
-    b.calibrated_verdict(SEGMENT)  # asked before the records it missed reach it
+    b.verdicts.calibrated(SEGMENT)  # asked before the records it missed reach it
     for batch in missed:  # the gateway's queue delivers them
-        b.ingest(batch)
-    verdicts = [state.calibrated_verdict(SEGMENT).status for state in (a, b)]
+        b.ingest.add(batch)
+    verdicts = [state.verdicts.calibrated(SEGMENT).status for state in (a, b)]
     assert verdicts == ["drift", "drift"]
-    assert b.drifting_since(SEGMENT) == a.drifting_since(SEGMENT) == since
-    assert b.history(SEGMENT)[-1].t == a.history(SEGMENT)[-1].t  # one point per bucket, at its start
+    assert b.verdicts.drifting_since(SEGMENT) == a.verdicts.drifting_since(SEGMENT) == since
+    assert b.verdicts.history(SEGMENT)[-1].t == a.verdicts.history(SEGMENT)[-1].t  # one point per bucket, at its start
 
 
 def test_a_new_baseline_starts_a_new_history_also_after_a_restart(tmp_path):
     clock = Clock(T0)
     path = str(tmp_path / "a.sqlite3")
     a = replica(path, clock)
-    a.ingest(body(records(4000, T0 - 7200, T0 - 5400, seed=1)))
-    a.freeze_baseline(SEGMENT, T0 - 7200, T0 - 5400)
+    a.ingest.add(body(records(4000, T0 - 7200, T0 - 5400, seed=1)))
+    a.baselines.freeze(SEGMENT, T0 - 7200, T0 - 5400)
     for step in range(5):
         clock.now = T0 + 60 * step + 5
-        a.ingest(minute(step, shifted=True))
-        a.calibrated_verdict(SEGMENT)
-    assert a.history(SEGMENT)
-    a.freeze_baseline(SEGMENT, T0 - 7200, T0 - 5400)  # a new baseline: the old verdicts are not its
-    assert replica(path, clock).history(SEGMENT) == []
+        a.ingest.add(minute(step, shifted=True))
+        a.verdicts.calibrated(SEGMENT)
+    assert a.verdicts.history(SEGMENT)
+    a.baselines.freeze(SEGMENT, T0 - 7200, T0 - 5400)  # a new baseline: the old verdicts are not its
+    assert replica(path, clock).verdicts.history(SEGMENT) == []

@@ -13,9 +13,10 @@ import pytest
 import requests
 
 from inferwatch.drift.schema import NUMERIC_FEATURES
-from inferwatch.drift.service import DriftSettings, create_app
-from inferwatch.drift.state import DriftState, WindowConfig
+from inferwatch.drift.service.app import DriftSettings, create_app
+from inferwatch.drift.service.state import DriftState
 from inferwatch.drift.store import Store
+from inferwatch.drift.window_config import WindowConfig
 from tests.support.clock import Clock
 from tests.support.feature_records import body, records
 from tests.support.servers import AppServer, metric_sum
@@ -145,16 +146,16 @@ def test_false_positive_rate_over_repeated_windows(tmp_path):
     test_calibration.py draw fresh references); 5 of 20 would be far off."""
     clock = Clock(1_000_000.0)
     state = DriftState(Store(tmp_path / "fp.sqlite3"), WindowConfig(window_s=600, buckets=10), clock=clock)
-    state.ingest(body(records(5000, clock.now - 3000, clock.now - 2000, seed=100)))
-    state.freeze_baseline(("m", "v1"), clock.now - 3000, clock.now - 2000)
+    state.ingest.add(body(records(5000, clock.now - 3000, clock.now - 2000, seed=100)))
+    state.baselines.freeze(("m", "v1"), clock.now - 3000, clock.now - 2000)
     alarms: dict[tuple[str, str], int] = {}
     for trial in range(20):
         clock.now += 1200  # the previous window has slid out entirely
-        state.ingest(body(records(2000, clock.now - 500, clock.now, seed=200 + trial)))
-        assert state.window_records(("m", "v1")) == 2000
-        verdict = state.calibrated_verdict(("m", "v1"))
+        state.ingest.add(body(records(2000, clock.now - 500, clock.now, seed=200 + trial)))
+        assert state.ingest.records(("m", "v1")) == 2000
+        verdict = state.verdicts.calibrated(("m", "v1"))
         alarms[("segment", "holm")] = alarms.get(("segment", "holm"), 0) + (verdict.status == "drift")
-        for feature, methods in state.results(("m", "v1")).items():
+        for feature, methods in state.verdicts.results(("m", "v1")).items():
             for name, r in methods.items():
                 assert r.status == "ok"
                 alarms[(feature, name)] = alarms.get((feature, name), 0) + r.drifted
@@ -291,16 +292,16 @@ def test_window_memory_does_not_grow_with_traffic(tmp_path):
     clock = Clock(2_000_000.0)
     state = DriftState(Store(":memory:"), WindowConfig(window_s=600, buckets=10, reservoir=500),
                        clock=clock)
-    state.ingest(body(records(1000, clock.now - 500, clock.now, seed=7)))
+    state.ingest.add(body(records(1000, clock.now - 500, clock.now, seed=7)))
     sizes = []
     for i in range(20):
-        state.ingest(body(records(5000, clock.now - 500, clock.now, seed=8 + i)))
-        sizes.append(state.windows[("m", "v1")].nbytes())
+        state.ingest.add(body(records(5000, clock.now - 500, clock.now, seed=8 + i)))
+        sizes.append(state.ingest.windows[("m", "v1")].nbytes())
     # buckets x (counts + R keys, values per numeric feature)
     bound = 10 * (WIDTH * 8 + len(NUMERIC_FEATURES) * 500 * 16)
     assert max(sizes) <= bound
-    assert state.window_records(("m", "v1")) == 101_000
-    assert state.windows[("m", "v1")].samples("ttft_s", clock.now).size == 500
+    assert state.ingest.records(("m", "v1")) == 101_000
+    assert state.ingest.windows[("m", "v1")].samples("ttft_s", clock.now).size == 500
 
 
 def test_kill_9_and_restart_keep_every_acknowledged_batch(tmp_path):
@@ -367,12 +368,12 @@ def test_window_slides(tmp_path):
     clock = Clock(3_000_000.0)
     state = DriftState(Store(":memory:"), WindowConfig(window_s=600, buckets=6), clock=clock)
     # buckets are 100 s; the window holds the 6 newest, so between 500 and 600 s of history
-    state.ingest(body(records(100, clock.now - 450, clock.now - 400, seed=12)))
-    state.ingest(body(records(50, clock.now - 50, clock.now, seed=13)))
-    assert state.window_records(("m", "v1")) == 150
+    state.ingest.add(body(records(100, clock.now - 450, clock.now - 400, seed=12)))
+    state.ingest.add(body(records(50, clock.now - 50, clock.now, seed=13)))
+    assert state.ingest.records(("m", "v1")) == 150
     clock.now += 200  # the first 100 slid out of the 600 s window
-    assert state.window_records(("m", "v1")) == 50
-    assert int(np.sum(state.current(("m", "v1"))["prompt_tokens"].counts)) == 50
+    assert state.ingest.records(("m", "v1")) == 50
+    assert int(np.sum(state.ingest.current(("m", "v1"))["prompt_tokens"].counts)) == 50
 
 
 def test_settings_refuse_an_alpha_the_resamples_cannot_resolve():

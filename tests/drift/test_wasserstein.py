@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from inferwatch.drift.state import DriftState, WindowConfig
+from inferwatch.drift.service.state import DriftState
 from inferwatch.drift.store import Store
+from inferwatch.drift.window_config import WindowConfig
 from tests.support.feature_records import body, records
 
 HOUR = 3600.0
@@ -37,13 +38,13 @@ def _with_ttft(recs: list[dict], ttft: np.ndarray) -> list[dict]:
 def _scores(reference: np.ndarray, current: np.ndarray) -> tuple[float, float, float]:
     """(/v1/drift's wasserstein, /v1/drift/exact's, scipy's) for ttft_s."""
     state = DriftState(Store(":memory:"), WindowConfig(reservoir=current.size), clock=lambda: NOW)
-    state.ingest(body(_with_ttft(records(reference.size, NOW - 3 * HOUR, NOW - 2 * HOUR, seed=1), reference)))
-    state.freeze_baseline(("m", "v1"), NOW - 3 * HOUR, NOW - 2 * HOUR)
-    state.ingest(body(_with_ttft(records(current.size, NOW - HOUR / 2, NOW - 1, seed=2), current)))
-    verdict = state.calibrated_verdict(("m", "v1"))
+    state.ingest.add(body(_with_ttft(records(reference.size, NOW - 3 * HOUR, NOW - 2 * HOUR, seed=1), reference)))
+    state.baselines.freeze(("m", "v1"), NOW - 3 * HOUR, NOW - 2 * HOUR)
+    state.ingest.add(body(_with_ttft(records(current.size, NOW - HOUR / 2, NOW - 1, seed=2), current)))
+    verdict = state.verdicts.calibrated(("m", "v1"))
     assert verdict is not None and verdict.status in ("drift", "no_drift")
     binned = verdict.features["ttft_s"].methods["wasserstein"].score
-    exact = state.exact(("m", "v1"), "ttft_s")["wasserstein"]
+    exact = state.verdicts.exact(("m", "v1"), "ttft_s")["wasserstein"]
     truth = stats.wasserstein_distance(reference, current) / np.std(reference)
     assert binned is not None
     return binned, exact, truth

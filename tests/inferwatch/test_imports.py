@@ -155,3 +155,17 @@ def test_common_and_config_import_no_component():
         found = sorted(f"{m} -> {t}" for m, targets in graph.items() if _layer(m) == layer
                        for t in targets if _layer(t) not in allowed)
         assert found == [], layer
+
+
+def _package(module: str, modules: dict[str, Path]) -> str:
+    return module if modules[module].name == "__init__.py" else module.rpartition(".")[0]
+
+
+def test_drift_and_its_ab_package_import_each_other_one_way_only():
+    """``drift.ab`` stands on ``drift``; the service (``drift.service``) on both. Nothing in
+    ``drift`` itself imports ``drift.ab`` or the service."""
+    modules, graph = _modules(), _graph()
+    edges = {(_package(m, modules), _package(t, modules)) for m, targets in graph.items() for t in targets}
+    drift, ab, service = "inferwatch.drift", "inferwatch.drift.ab", "inferwatch.drift.service"
+    assert (ab, drift) in edges and (drift, ab) not in edges
+    assert {(drift, service), (ab, service)}.isdisjoint(edges)

@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
-from inferwatch.drift.service import DriftSettings
+from inferwatch.drift.service.app import DriftSettings
 from inferwatch.serving.settings import GatewaySettings
 
 VALUES = {"api_keys": "key-one,key-two", "admin_token": "t0ken with spaces", "upstream_api_key": "sk-upstream",

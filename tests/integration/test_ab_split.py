@@ -30,7 +30,7 @@ import orjson
 import pytest
 import requests
 
-from inferwatch.drift.service import DriftSettings, create_app as create_drift_app
+from inferwatch.drift.service.app import DriftSettings, create_app as create_drift_app
 from inferwatch.serving.settings import GatewaySettings
 from tests.conftest import running_vllms, suite_vllm
 from tests.support.servers import AppServer, GatewayServer, metric_sum

@@ -22,7 +22,7 @@ from inferwatch.alerts.spec import JOB_DRIFT, JOB_EXPORTER, JOB_GATEWAY, JOB_VLL
 from inferwatch.dashboards.generate import dashboards
 from inferwatch.dashboards.preview import render
 from inferwatch.dashboards.queries import TimeRange, panel_results, resolve_variables, substitute
-from inferwatch.drift.service import DriftSettings, create_app as drift_app
+from inferwatch.drift.service.app import DriftSettings, create_app as drift_app
 from inferwatch.exporters.server import Exporter, ExporterSettings, make_server
 from inferwatch.serving.settings import GatewaySettings
 from tests.conftest import TINY_MODEL_NAME

@@ -7,7 +7,7 @@ import openai
 import pytest
 import requests
 
-from inferwatch.drift.service import DriftSettings, create_app as create_drift_app
+from inferwatch.drift.service.app import DriftSettings, create_app as create_drift_app
 from inferwatch.serving.settings import GatewaySettings
 from tests.conftest import TINY_MODEL_NAME
 from tests.support.servers import AppServer, GatewayServer, metric_sum
@@ -46,7 +46,7 @@ def test_gateway_records_reach_drift_windows(vllm_server, tmp_path):
             assert [(s["model"], s["variant"], s["window_records"]) for s in segs] == [(TINY_MODEL_NAME, "v7", 6)]
             assert metric_sum(gw.metrics_text(), "inferwatch_gateway_feature_records_total", outcome="sent") == 6
             state = drift.state.drift
-            current = state.current((TINY_MODEL_NAME, "v7"))
+            current = state.ingest.current((TINY_MODEL_NAME, "v7"))
             assert current["ttft_s"].total == 3  # only the streamed requests have a TTFT
             assert current["prompt_tokens"].total == 6 and current["finish_reason"].counts[1] == 6  # "length"
 

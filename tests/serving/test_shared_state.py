@@ -18,7 +18,7 @@ import pytest
 import requests
 from pydantic import ValidationError
 
-from inferwatch.drift.service import DriftSettings, create_app as create_drift_app
+from inferwatch.drift.service.app import DriftSettings, create_app as create_drift_app
 from inferwatch.serving.admission import key_id
 from inferwatch.serving.settings import GatewaySettings
 from tests.serving.test_gateway_experiment import ADMIN, AUTH, MemoryFeedback, chat

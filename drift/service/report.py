@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from inferwatch.drift.ab.report import AbEntry
+from inferwatch.drift.baseline import Baseline
 from inferwatch.drift.binning import CategoricalCounts, Histogram, merge
 from inferwatch.drift.methods import DriftResult
 from inferwatch.drift.schema import FEATURES, UNITS
-from inferwatch.drift.state import Baseline, HistoryPoint, headline
+from inferwatch.drift.segment_verdicts import HistoryPoint, headline
 from inferwatch.drift.verdicts import SegmentVerdict
 
 W, H = 900, 170  # chart area
