@@ -18,15 +18,11 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
-from inferwatch.common.latency_buckets import INTER_TOKEN_BUCKETS, REQUEST_DURATION_BUCKETS, TTFT_BUCKETS
+from inferwatch.common.latency_buckets import REQUEST_DURATION_BUCKETS
 from inferwatch.drift.sampling_params import PARAMS, SamplingBins
+from inferwatch.serving.signals import OBSERVED, Signal
 
 NAMESPACE = "inferwatch_gateway"
-
-TOKEN_COUNT_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 131072)
-# share of repeated 4-grams in an answer (serving/output_quality.py): fluent text sits under
-# 0.05, a looping answer above 0.5
-REPETITION_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0)
 
 REQUEST_LABELS = ("model", "variant", "route", "status_class")
 UNROUTED = "none"  # the route label of a request refused before any route matched (bounded: never the path)
@@ -65,14 +61,9 @@ ENDPOINT_ERROR_REASONS = (
 class GatewayMetrics:
     requests: Counter
     request_duration: Histogram
-    time_to_first_token: Histogram
-    inter_token_latency: Histogram
-    time_per_output_token: Histogram
+    signals: dict[str, Histogram]  # per-request signals, by name (serving/signals.py)
     input_tokens: Counter
     output_tokens: Counter
-    prompt_tokens_per_request: Histogram
-    completion_tokens_per_request: Histogram
-    output_repetition: Histogram
     abnormal_outputs: Counter
     sampling: Counter
     in_flight: Gauge
@@ -120,20 +111,8 @@ def create_metrics(registry: CollectorRegistry, shared_state: bool = True) -> Ga
             "request_duration_seconds", "Time from request received to last byte sent.",
             REQUEST_LABELS, REQUEST_DURATION_BUCKETS,
         ),
-        time_to_first_token=hist(
-            "time_to_first_token_seconds",
-            "Time from request received to the first generated token relayed to the client.",
-            TOKEN_LABELS, TTFT_BUCKETS,
-        ),
-        inter_token_latency=hist(
-            "inter_token_latency_seconds", "Gap between consecutive streamed token chunks.",
-            TOKEN_LABELS, INTER_TOKEN_BUCKETS,
-        ),
-        time_per_output_token=hist(
-            "time_per_output_token_seconds",
-            "Per request: (end - first token) / (output tokens - 1), the decode speed a user sees.",
-            TOKEN_LABELS, INTER_TOKEN_BUCKETS,
-        ),
+        signals={signal.name: hist(signal.metric, signal.doc, TOKEN_LABELS, signal.buckets)
+                 for signal in OBSERVED if signal.metric is not None},
         input_tokens=Counter(
             "input_tokens", "Prompt tokens of answered requests, from the upstream usage.",
             TOKEN_LABELS, namespace=NAMESPACE, registry=registry,
@@ -141,18 +120,6 @@ def create_metrics(registry: CollectorRegistry, shared_state: bool = True) -> Ga
         output_tokens=Counter(
             "output_tokens", "Generated tokens of answered requests, from the upstream usage.",
             TOKEN_LABELS, namespace=NAMESPACE, registry=registry,
-        ),
-        prompt_tokens_per_request=hist(
-            "request_prompt_tokens", "Prompt length per request, in tokens.", TOKEN_LABELS, TOKEN_COUNT_BUCKETS,
-        ),
-        completion_tokens_per_request=hist(
-            "request_completion_tokens", "Completion length per request, in tokens.",
-            TOKEN_LABELS, TOKEN_COUNT_BUCKETS,
-        ),
-        output_repetition=hist(
-            "output_repetition_ratio", "Per answer: the share of its 4-grams (of tokens when streamed, of words "
-            "when not) that repeat an earlier one; answers of at least 8 such units.", TOKEN_LABELS,
-            REPETITION_BUCKETS,
         ),
         abnormal_outputs=Counter(
             "abnormal_outputs", "Answers (2xx) by what is wrong with them: " + ", ".join(ABNORMAL_KINDS) + ".",
@@ -317,35 +284,18 @@ class RouteSeries:
     leads to; the gateway records about ten series per request, so it looks them up once
     per label set (bounded: models are validated, variants configured, routes two)."""
 
-    __slots__ = (
-        "_abnormal",
-        "_by_status",
-        "_key",
-        "_m",
-        "_sampling",
-        "completion_tokens",
-        "in_flight",
-        "input_tokens",
-        "itl",
-        "output_tokens",
-        "prompt_tokens",
-        "repetition",
-        "tpot",
-        "ttft",
-    )
+    __slots__ = ("_abnormal", "_by_status", "_key", "_m", "_sampling", "in_flight", "input_tokens", "output_tokens",
+                 "signals")
 
     def __init__(self, m: GatewayMetrics, model: str, variant: str, route: str) -> None:
         self._m, self._key = m, (model, variant, route)
         self._by_status: dict[str, tuple] = {}
         self.in_flight = m.in_flight.labels(model, variant)
-        self.ttft = m.time_to_first_token.labels(model, variant, route)
-        self.itl = m.inter_token_latency.labels(model, variant, route)
-        self.tpot = m.time_per_output_token.labels(model, variant, route)
         self.input_tokens = m.input_tokens.labels(model, variant, route)
         self.output_tokens = m.output_tokens.labels(model, variant, route)
-        self.prompt_tokens = m.prompt_tokens_per_request.labels(model, variant, route)
-        self.completion_tokens = m.completion_tokens_per_request.labels(model, variant, route)
-        self.repetition = m.output_repetition.labels(model, variant, route)
+        # each observed signal with its child, in declaration order
+        self.signals: tuple[tuple[Signal, Histogram], ...] = tuple(
+            (signal, m.signals[signal.name].labels(model, variant, route)) for signal in OBSERVED)
         self._abnormal = {kind: m.abnormal_outputs.labels(model, variant, route, kind) for kind in ABNORMAL_KINDS}
         self._sampling: dict[tuple[str, str], Counter] = {}
 

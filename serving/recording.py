@@ -20,9 +20,12 @@ from inferwatch.serving.feedback import AnswerMemory
 from inferwatch.serving.metrics import ABNORMAL_KINDS, GatewayMetrics, RouteSeries, observe_many
 from inferwatch.serving.output_quality import assess
 from inferwatch.serving.request import RequestState
+from inferwatch.serving.signals import RECORDED
 from inferwatch.serving.sse import StreamAccount
 from inferwatch.serving.tracing import end_span, exemplar, usage_attributes
 from inferwatch.serving.validation import ROUTE_PATHS
+
+NOTHING_READ = {field: None for field, _ in RECORDED}  # a request that never reached vLLM
 
 
 class Recorder:
@@ -69,29 +72,26 @@ class Recorder:
         requests.inc()
         duration.observe(e2e, ex)
         ok = account is not None and status < 400
-        if account is not None and ok:
-            ttft = account.ttft
-            if ttft is not None:
-                series.ttft.observe(ttft, ex)
-                observe_many(series.itl, account.gaps)
-            tpot = account.tpot()
-            if tpot is not None:
-                series.tpot.observe(tpot)
-            if account.prompt_tokens is not None:
-                series.prompt_tokens.observe(account.prompt_tokens)
-            if account.completion_tokens is not None:
-                series.completion_tokens.observe(account.completion_tokens)
         quality = None
         # an echoed prompt comes back as the answer's start: judging it would judge the prompt
         if account is not None and ok and account.finish_reasons and state.req is not None and state.req.n == 1 and \
                 not state.req.payload.get("echo"):
             quality = assess(account.units, account.text_seen, account.finish_reasons[0], account.completion_tokens,
                              account.tool_called)
-            if quality.repetition is not None:
-                series.repetition.observe(quality.repetition)
             for kind in ABNORMAL_KINDS:
                 if getattr(quality, kind):
                     series.abnormal(kind)
+        if account is not None and ok:
+            for signal, child in series.signals:
+                value = signal.read(account, quality)
+                if value is None:
+                    continue
+                if signal.per_token:
+                    observe_many(child, value)
+                elif signal.exemplar:
+                    child.observe(value, ex)
+                else:
+                    child.observe(value)
         bins = None
         if state.req is not None:
             req = state.req
@@ -110,20 +110,14 @@ class Recorder:
         # A/B arms (read per model and variant) and in drift's windows
         a = state.assignment
         if self.features is not None and state.req is not None and bins is not None and not state.forced:
+            values = {field: read(account, quality) for field, read in RECORDED} if account else NOTHING_READ
             self.features.submit(FeatureRecord(
                 model=state.model, variant=variant, route=state.route, stream=state.req.stream,
-                started_at=state.started_at, finished_at=state.started_at + e2e, status=status,
-                prompt_tokens=account.prompt_tokens if account else None,
-                completion_tokens=account.completion_tokens if account else None,
-                ttft_s=account.ttft if account else None, tpot_s=account.tpot() if account else None, e2e_s=e2e,
-                finish_reason=account.finish_reasons[0] if account and account.finish_reasons else None,
-                mean_logprob=account.mean_logprob if account else None,
-                repetition=quality.repetition if quality else None, loop=quality.loop if quality else None,
-                empty=quality.empty if quality else None,
+                started_at=state.started_at, finished_at=state.started_at + e2e, status=status, e2e_s=e2e,
                 temperature_bin=bins.temperature, top_p_bin=bins.top_p, max_tokens_bin=bins.max_tokens,
                 n_bin=bins.n, tools=bins.tools == "true", response_format=bins.response_format,
                 experiment=a.experiment if a else None, unit=a.unit if a else None,
-                epoch=a.epoch if a else None, weight=a.weight if a else None,
+                epoch=a.epoch if a else None, weight=a.weight if a else None, **values,
             ))
         if state.response_id is not None and status < 400 and self.answers is not None and not state.forced:
             self.answers.remember(state.response_id, state.model, variant, a)

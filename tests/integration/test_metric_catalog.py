@@ -25,7 +25,7 @@ def test_every_vllm_metric_we_read_is_exported_by_the_pinned_vllm(vllm_server):
 def test_latency_slo_buckets_are_boundaries_the_gateway_exposes():
     registry = CollectorRegistry()
     m = create_metrics(registry)
-    m.time_to_first_token.labels("m", "v", "/v1/chat/completions").observe(0.3)
+    m.signals["ttft"].labels("m", "v", "/v1/chat/completions").observe(0.3)
     m.request_duration.labels("m", "v", "/v1/chat/completions", "2xx").observe(3)
     buckets = {(s.name, s.labels["le"]) for f in text_string_to_metric_families(generate_latest(registry).decode())
                for s in f.samples if s.name.endswith("_bucket")}

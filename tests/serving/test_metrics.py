@@ -7,7 +7,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.exposition import generate_latest
 
-from inferwatch.serving.metrics import INTER_TOKEN_BUCKETS, observe_many
+from inferwatch.common.latency_buckets import INTER_TOKEN_BUCKETS
+from inferwatch.serving.metrics import observe_many
 
 
 def _pair():

@@ -21,11 +21,11 @@ def populated_registry(models: int, variants: int) -> CollectorRegistry:
                     for i in range(50):
                         m.request_duration.labels(*tok, sc).observe(0.01 * i, {"trace_id": f"{i:032x}"})
                 for i in range(200):
-                    m.time_to_first_token.labels(*tok).observe(0.005 * i, {"trace_id": f"{i:032x}"})
-                    m.inter_token_latency.labels(*tok).observe(0.001 * i)
-                    m.time_per_output_token.labels(*tok).observe(0.001 * i)
-                    m.prompt_tokens_per_request.labels(*tok).observe(i * 10)
-                    m.completion_tokens_per_request.labels(*tok).observe(i * 3)
+                    m.signals["ttft"].labels(*tok).observe(0.005 * i, {"trace_id": f"{i:032x}"})
+                    m.signals["itl"].labels(*tok).observe(0.001 * i)
+                    m.signals["tpot"].labels(*tok).observe(0.001 * i)
+                    m.signals["prompt_tokens"].labels(*tok).observe(i * 10)
+                    m.signals["completion_tokens"].labels(*tok).observe(i * 3)
                 m.input_tokens.labels(*tok).inc(1e6)
                 m.output_tokens.labels(*tok).inc(1e6)
             m.in_flight.labels(model, variant).set(3)
