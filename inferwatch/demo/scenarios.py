@@ -123,7 +123,9 @@ BURST_CLIENTS = 12  # 24 starved vLLM's own /metrics past a 1 s scrape timeout o
 def burst(demo: Demo) -> list[Seen]:
     s = demo.stack
     start = time.time()
-    asks = lambda i: Ask(s.model, 8 + i % 8, 64, True)  # noqa: E731
+    # prompts as the steady traffic's (3 to 12 words): the drift scenario's baseline is the steady
+    # traffic, and its window holds the burst too, so longer prompts here would be a drift of their own
+    asks = lambda i: Ask(s.model, 3 + i % 10, 64, True)  # noqa: E731
     counts = demo.load.run(demo.seconds(45), clients=BURST_CLIENTS, asks=asks)
     expr = (f'max_over_time(sum(inferwatch_gateway_requests_in_flight{{model="{s.model}"}})'
             f'[{_window(start)}:1s])')
