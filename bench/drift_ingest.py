@@ -52,8 +52,12 @@ def wrk_post(url: str, payload: Path, seconds: int, connections: int) -> dict:
 
 
 def http_rows(seconds: int, runs: int) -> list[str]:
+    with tempfile.TemporaryDirectory(prefix="inferwatch-bench-drift-") as tmp:
+        return _http_rows(Path(tmp), seconds, runs)
+
+
+def _http_rows(tmp: Path, seconds: int, runs: int) -> list[str]:
     port = free_port()
-    tmp = Path(tempfile.mkdtemp())
     now = time.time()
     payload = tmp / "batch.json"
     payload.write_bytes(body(records(1000, now - 60, now, seed=1)))
@@ -73,9 +77,13 @@ def http_rows(seconds: int, runs: int) -> list[str]:
 
 
 def step_rows(repeats: int = 200) -> list[str]:
+    with tempfile.TemporaryDirectory(prefix="inferwatch-bench-drift-") as tmp:
+        return _step_rows(Path(tmp), repeats)
+
+
+def _step_rows(tmp: Path, repeats: int) -> list[str]:
     now = time.time()
     raw = body(records(1000, now - 60, now, seed=2))
-    tmp = Path(tempfile.mkdtemp())
     state = DriftState(Store(tmp / "s.sqlite3"), WindowConfig())
     batch = parse_batch(raw, now)
 
