@@ -44,6 +44,8 @@ def _exposed() -> dict[str, tuple[str, str]]:
     from inferwatch.common.supervise import Supervisor
     from inferwatch.drift.metrics import DRIFT_METRICS
     from inferwatch.exporters.metrics import HOST_SPECS, SPECS
+    from inferwatch.serving.admission import Policy
+    from inferwatch.serving.budgets import BudgetCollector, Budgets
     from inferwatch.serving.metrics import create_metrics
     from inferwatch.serving.vllm_metrics import VLLM_METRICS
 
@@ -52,6 +54,7 @@ def _exposed() -> dict[str, tuple[str, str]]:
     out |= {name: ("alertmanager", "counter") for name in ALERTMANAGER_COUNTERS}
     gateway = CollectorRegistry()
     create_metrics(gateway)
+    gateway.register(BudgetCollector(Budgets(), Policy))  # registered by a gateway with a limits file
     out |= {s: ("gateway", kind) for s, kind in _registry_series(gateway)}
     supervisor = CollectorRegistry()
     Supervisor(supervisor)

@@ -89,6 +89,10 @@ MODEL_DOLLARS = "inferwatch_cost:model_gpu_hour_price:dollars"  # {model}
 # per A/B variant {model (the public name), variant}: what the A/B cost guardrail reads
 VARIANT_TOKENS_PER_GPU_SECOND = f"inferwatch_cost:variant_output_tokens_per_gpu_second:rate{WINDOW}"
 _VARIANT_SERVED = m("inferwatch_gateway_variant_served_model_info")
+# per tenant {tenant, model}: its output tokens at the model's dollars per token; a day's sum {tenant}
+TENANT_DOLLARS = f"inferwatch_cost:tenant_dollars_per_second:rate{WINDOW}"
+TENANT_DOLLARS_DAY = "inferwatch_cost:tenant_dollars:sum1d"
+_TENANT_OUTPUT = m("inferwatch_gateway_tenant_output_tokens_total")
 
 
 def hosted(expr: Callable[[str], str]) -> str:
@@ -182,6 +186,11 @@ def records(prices: Cost = Cost()) -> tuple[Record, ...]:
         Record(GPU_HOUR_PRICE, f"vector({price!r})"),
         # -- per A/B variant: its served name's number, if no other variant shares that name --
         Record(VARIANT_TOKENS_PER_GPU_SECOND, _of("max by (model, variant)", _per_variant(TOKENS_PER_GPU_SECOND))),
+        # -- per tenant: its share of a model's output tokens carries that share of its GPUs --
+        Record(TENANT_DOLLARS, f"sum by (tenant, model) (rate({_TENANT_OUTPUT}[{WINDOW}]))\n"
+                               f"* on (model) group_left () {DOLLARS_PER_1M} / 1e6"),
+        # each 5-minute sample is a rate in dollars per second: times 300 s, that window's dollars
+        Record(TENANT_DOLLARS_DAY, f"sum by (tenant) (sum_over_time({TENANT_DOLLARS}[1d:{WINDOW}])) * 300"),
     )
 
 

@@ -119,7 +119,7 @@ def alertmanager_config(receivers: Receivers, templates_dir: str | Path, policy:
         },
         "inhibit_rules": [
             {"source_matchers": ['severity="critical"'], "target_matchers": ['severity="warning"'],
-             "equal": ["alertname", "model", "slo", "cluster"]},
+             "equal": ["alertname", "model", "slo", "tenant", "cluster"]},
             {"source_matchers": ['alertname="VLLMModelUnavailable"'],
              "target_matchers": [f'alertname=~"{"|".join(CAUSED_BY_MODEL_DOWN)}"'], "equal": ["model", "cluster"]},
             {"source_matchers": ['alertname="VLLMDown"'],

@@ -127,6 +127,11 @@ def _vllm_service(expr: str, source: str, regex: str) -> str:
 # discovery has no `up` and is forgotten; a target that serves a new model is re-mapped.
 # vLLM's own series win over a target's `model` label, so one target maps to one model.
 SERVED_MODEL = "inferwatch:vllm_served_model:info"
+# goodput over throughput: requests within every objective of their model together (serving/goodput.py)
+TENANT_GOODPUT = "inferwatch_tenant:goodput_requests:ratio_rate5m"  # {tenant, model}
+MODEL_GOODPUT = "inferwatch_model:goodput_requests:ratio_rate5m"  # {model}
+_GOOD = m("inferwatch_gateway_goodput_requests_total")
+_TENANT_REQUESTS = m("inferwatch_gateway_tenant_requests_total")
 MODEL_UNAVAILABLE = "inferwatch:vllm_model_unavailable:info"
 _SERVING_NOW = f'group by (job, instance, model) ({m("vllm:num_requests_running")})'
 # a target discovered with its model as a label (`inferwatch up`, a labelled target file) is
@@ -138,6 +143,9 @@ RECORDS = (
            f"  last_over_time({SERVED_MODEL}[1h])\n"
            f"  unless on (job, instance) ({_SERVING_NOW} or {_LABELLED})\n"
            f"  and on (job, instance) {_VLLM_UP}\n)"),
+    Record(TENANT_GOODPUT, f"sum by (tenant, model) (rate({_GOOD}[5m]))\n"
+                           f"/ sum by (tenant, model) (rate({_TENANT_REQUESTS}[5m]) > 0)"),
+    Record(MODEL_GOODPUT, f"sum by (model) (rate({_GOOD}[5m]))\n/ sum by (model) (rate({_TENANT_REQUESTS}[5m]) > 0)"),
     # models none of whose vLLM replicas is serving: each failed VLLMDown's count of scrapes
     # (one missed scrape of a busy vLLM must not hold its model's SLO pages back)
     Record(MODEL_UNAVAILABLE,
@@ -158,6 +166,10 @@ def _with_served_model(down: str) -> str:
 
 
 GPU = "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.instance }}"
+# Each gateway replica reports the fleet's spend as it last learned it (serving/budgets.py): the largest is the latest.
+_BUDGET_LIMIT = "inferwatch_gateway_tenant_budget_limit"
+_BUDGET_SPENT = (f'max by (tenant, unit, period) ({m("inferwatch_gateway_tenant_budget_used")})\n'
+                 f'/ max by (tenant, unit, period) ({m(_BUDGET_LIMIT)})')
 
 def _alerts(t: Thresholds, outage_shadow: str) -> tuple[Alert, ...]:
     """Every alert that is not an SLO burn, with the thresholds of ``t``."""
@@ -226,6 +238,14 @@ def _alerts(t: Thresholds, outage_shadow: str) -> tuple[Alert, ...]:
               summary="{{ $labels.child }} keeps crashing ({{ $value }} restarts in 15m)",
               description="The supervisor on {{ $labels.instance }} restarted {{ $labels.child }} "
                           "{{ $value }} times in 15 minutes; it is crashing on start or soon after."),
+        Alert("TenantBudgetSpent", f'{_BUDGET_SPENT}\n>= 1 and on (tenant, unit, period) '
+                                   f'{_BUDGET_LIMIT}{{critical="true"}}',
+              "critical", dashboard=uids.TENANTS,
+              summary="Critical tenant {{ $labels.tenant }} has spent its budget: its requests are refused",
+              description="Tenant {{ $labels.tenant }}, marked critical, has spent all of its {{ $labels.unit }} "
+                          "budget for this {{ $labels.period }} (UTC): the gateways answer its requests 429 "
+                          "(insufficient_quota) until the period resets. Raise the budget in the limits file (it "
+                          "applies within a second) or tell the team."),
         Alert("GPUFatalXID", _increased(f'{_XID}{{xid=~"{"|".join(map(str, FATAL_XIDS))}"}}', "10m"), "critical",
               dashboard=uids.GPUS,
               summary=f"Fatal XID {{{{ $labels.xid }}}} on {GPU}",
@@ -368,6 +388,13 @@ def _alerts(t: Thresholds, outage_shadow: str) -> tuple[Alert, ...]:
               "warning", for_="5m",
               summary="{{ $labels.job }} {{ $labels.instance }} is down",
               description="Prometheus has not scraped {{ $labels.job }} at {{ $labels.instance }} for 5m."),
+        # One name for both tiers, so the page inhibits the tenant's ticket (routing.py)
+        Alert("TenantBudgetSpent", f"{_BUDGET_SPENT}\n>= {t.tenant_budget_ticket!r}", "warning",
+              dashboard=uids.TENANTS,
+              summary="Tenant {{ $labels.tenant }} has spent {{ $value | humanizePercentage }} of its budget",
+              description="Tenant {{ $labels.tenant }} has spent {{ $value | humanizePercentage }} of its "
+                          "{{ $labels.unit }} budget for this {{ $labels.period }} (UTC); at all of it, the gateways "
+                          "answer its requests 429 (insufficient_quota) until the period resets."),
         # -- info: context for the other alerts, routed to nobody -----------------------------------
         Alert("GPUPowerCapped", f'{m("inferwatch_gpu_throttle_active")}{{reason="sw_power_cap"}} == 1', "info",
               for_="30m", dashboard=uids.GPUS,

@@ -10,10 +10,10 @@ from typing import Any
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
 from inferwatch.alerts.spec import DEFAULT, Spec
-from inferwatch.dashboards import drift, gpus, serving, slos
+from inferwatch.dashboards import drift, gpus, serving, slos, tenants
 
 JSON_DIR = Path(__file__).resolve().parent / "json"
-MODULES = (serving, gpus, drift, slos)
+MODULES = (serving, gpus, drift, slos, tenants)
 
 
 # Written by the SDK on every variable, read by Grafana only on interval variables, and not

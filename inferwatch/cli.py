@@ -200,6 +200,9 @@ def gateway(
         help="YAML limits per API key and model, re-read when it changes [INFERWATCH_GATEWAY_LIMITS_FILE].")] = None,
     experiment_file: Annotated[Path | None, typer.Option(
         help="YAML experiments: variants and weights per public model [INFERWATCH_GATEWAY_EXPERIMENT_FILE].")] = None,
+    config: Annotated[Path | None, typer.Option(
+        help="inferwatch.yaml, whose SLOs goodput is judged by; their defaults without one "
+             "[INFERWATCH_GATEWAY_CONFIG_FILE].")] = None,
     redis_url: Annotated[str | None, typer.Option(
         help="Redis shared by the gateway's replicas: weights, feedback memory, limits "
              "[INFERWATCH_GATEWAY_REDIS_URL]; none keeps them in this process.")] = None,
@@ -215,7 +218,7 @@ def gateway(
     settings = _settings(GatewaySettings, "gateway", host=host, port=port, upstream_url=upstream_url,
                          variant=variant, otlp_endpoint=otlp_endpoint, otlp_protocol=otlp_protocol,
                          trace_sample_ratio=trace_sample_ratio, drift_urls=drift_url or None, limits_file=limits_file,
-                         experiment_file=experiment_file, redis_url=redis_url, workers=workers)
+                         experiment_file=experiment_file, config_file=config, redis_url=redis_url, workers=workers)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if settings.workers == 1:
         raise typer.Exit(_serve_gateway(settings, log_level))
@@ -239,6 +242,7 @@ def _serve_gateway(settings: GatewaySettings, log_level: str, worker: WorkerSlot
 
     import uvicorn
 
+    from inferwatch.config.errors import SettingsInvalid
     from inferwatch.serving.admission import PolicyError
     from inferwatch.serving.gateway import create_app
     from inferwatch.serving.server import uvicorn_options
@@ -251,6 +255,8 @@ def _serve_gateway(settings: GatewaySettings, log_level: str, worker: WorkerSlot
         _fail(f"gateway: cannot use the limits or experiment file: {exc}")
     except ExperimentError as exc:
         _fail(f"gateway: cannot use the experiment file: {exc}")
+    except SettingsInvalid as exc:
+        _fail(f"gateway: cannot use the settings file (its SLOs are goodput's objectives):\n{exc}")
     _tune_gc()
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
                             **uvicorn_options(app.state.gateway.proxy, settings.limit_concurrency))
@@ -647,7 +653,7 @@ def up(
         model if monitoring_only else _resolve_model(model), served_model_name, vllm_port, gateway_port, exporter_port,
         drift_port, prometheus_port, alertmanager_port, pager_port, supervisor_port, canary_port, canary_delay, host,
         dtype, max_model_len, _vllm_args(vllm_args), otlp_endpoint, pagerduty_routing_key_file, heartbeat_url,
-        rules_dir, fast_alerting, startup_timeout, run_dir, monitoring_only)
+        rules_dir, fast_alerting, startup_timeout, run_dir, monitoring_only, config)
     try:
         run(options, settings)
     except StackError as exc:

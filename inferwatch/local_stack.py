@@ -54,6 +54,7 @@ class StackOptions:
     startup_timeout: float
     run_dir: Path
     monitoring_only: bool
+    config: Path | None = None  # inferwatch.yaml: the gateway judges goodput by its SLOs
 
 
 def run(o: StackOptions, settings: Settings) -> None:
@@ -80,6 +81,8 @@ def run(o: StackOptions, settings: Settings) -> None:
         gw_argv = ["gateway", "--host", o.host, "--port", str(o.gateway_port), "--upstream-url", cfg.base_url]
         if o.otlp_endpoint:
             gw_argv += ["--otlp-endpoint", o.otlp_endpoint]
+        if o.config is not None:
+            gw_argv += ["--config", str(o.config.resolve())]
         children.append((vllm_process(cfg, run_dir / "vllm.log"), o.startup_timeout))
         gw_env = _admin_token_env(run_dir)
         if canary_port and os.environ.get("INFERWATCH_GATEWAY_EXPERIMENT_FILE"):

@@ -25,13 +25,14 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+
+from inferwatch.serving.tenants import ANONYMOUS, OTHER, Price, Tenant, TenantName, check_tenants
 
 log = logging.getLogger(__name__)
 
 Scope = Literal["key", "model"]
 Limit = Literal["requests_per_minute", "tokens_per_minute", "in_flight"]
-ANONYMOUS = "anonymous"  # the key id of every request when the gateway has no API keys
 RELOAD_CHECK_S = 1.0  # how often the file's mtime is looked at
 
 
@@ -52,7 +53,8 @@ class Limits(BaseModel):
 
 class Policy(BaseModel):
     """The limits file. ``keys`` and ``models`` override, limit by limit, the defaults for the
-    ids they name; each key and each model has its own allowance."""
+    ids they name; each key and each model has its own allowance. ``tenants`` name sets of
+    keys and their budgets (serving/tenants.py); ``prices`` are what dollar budgets charge."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -60,6 +62,26 @@ class Policy(BaseModel):
     keys: dict[str, Limits] = {}
     default_model: Limits = Limits()
     models: dict[str, Limits] = {}
+    tenants: dict[TenantName, Tenant] = {}
+    default_price: Price | None = None
+    prices: dict[str, Price] = {}
+    _owner: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _tenants(self) -> Policy:
+        self._owner = check_tenants(self.tenants)
+        if self.default_price is None and any(t.budget is not None and t.budget.dollars is not None
+                                              for t in self.tenants.values()):
+            raise ValueError("a dollar budget needs default_price (dollars per 1M input and output tokens; "
+                             "prices may name models that differ)")
+        return self
+
+    def tenant_of(self, kid: str) -> str:
+        """The tenant a key id belongs to: declared, else ``other`` (``anonymous`` for no key)."""
+        return ANONYMOUS if kid == ANONYMOUS else self._owner.get(kid, OTHER)
+
+    def price_of(self, model: str) -> Price | None:
+        return self.prices.get(model, self.default_price)
 
     def for_key(self, kid: str) -> Limits:
         return _over(self.default_key, self.keys.get(kid))

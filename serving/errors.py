@@ -7,6 +7,7 @@ import orjson
 # error.type values, as the OpenAI API and vLLM use them.
 INVALID_REQUEST = "invalid_request_error"
 RATE_LIMIT = "rate_limit_error"
+INSUFFICIENT_QUOTA = "insufficient_quota"  # a budget is spent (OpenAI's error when a plan's quota is)
 AUTHENTICATION = "authentication_error"
 NOT_FOUND = "not_found_error"
 UPSTREAM = "upstream_error"
@@ -47,6 +48,9 @@ def stream_error_event(message: str, code: str) -> bytes:
     client learns the stream failed instead of mistaking a truncated answer for a short one.
     """
     return b"data: " + error_body(message, UPSTREAM, code) + b"\n\n"
+
+
+STATUS_CLASSES = ("2xx", "4xx", "5xx")  # what the gateway answers (499 included); series made at 0
 
 
 def status_class(status: int) -> str:

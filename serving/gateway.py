@@ -26,11 +26,15 @@ from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from inferwatch import __version__
+from inferwatch.config.load import read as read_settings
+from inferwatch.config.settings import Settings
 from inferwatch.serving.access import Access
+from inferwatch.serving.budgets import SYNC_S as BUDGETS_SYNC_S, SharedBudgets
 from inferwatch.serving.endpoints import Endpoints
 from inferwatch.serving.exposition import render
 from inferwatch.serving.features import FeatureFanout, FeatureQueue, FeatureSink, HttpSink
 from inferwatch.serving.feedback import AnswerMemory, FeedbackFanout, FeedbackSink, RatingSink
+from inferwatch.serving.goodput import Goodput
 from inferwatch.serving.metrics import GatewayMetrics, create_metrics
 from inferwatch.serving.proxy import Proxy
 from inferwatch.serving.recording import Recorder
@@ -84,9 +88,10 @@ class Gateway:
                                shared=SharedAnswers(self.shared, settings.feedback_ttl_s) if self.shared else None) \
             if settings.feedback_memory else None
         self.answers = answers
-        self.access = Access(settings, self.metrics, self.shared)
-        self._limits_sync: asyncio.Task | None = None
-        self.recorder = Recorder(self.metrics, self.features, answers)
+        self.access = Access(settings, self.metrics, self.shared, registry)
+        self._syncs: list[asyncio.Task] = []
+        objectives = read_settings(settings.config_file)[0] if settings.config_file is not None else Settings()
+        self.recorder = Recorder(self.metrics, self.features, answers, Goodput(objectives))
         self.upstream.on_models = lambda models: self.recorder.served(models, settings.variant)
         self.proxy = Proxy(settings, self.upstream, self.experiments, self.access, self.recorder, tracer,
                            ServerSpans(tracer, settings.trace_sample_ratio, self.tracer_provider is not None))
@@ -103,7 +108,10 @@ class Gateway:
         if self.shared is not None:
             await self.shared.start()
             if isinstance(self.access.admission, SharedAdmission):
-                self._limits_sync = asyncio.create_task(every(SYNC_S, self.access.admission.sync, "limits sync"))
+                self._syncs.append(asyncio.create_task(every(SYNC_S, self.access.admission.sync, "limits sync")))
+            if isinstance(self.access.budgets, SharedBudgets):
+                self._syncs.append(asyncio.create_task(every(BUDGETS_SYNC_S, self.access.budgets.sync,
+                                                             "budgets sync")))
         await self.upstream.start()
         if self.experiments is not None:
             await self.experiments.start()
@@ -116,8 +124,8 @@ class Gateway:
         if self.features is not None:
             await self.features.stop()
         if self.shared is not None:
-            if self._limits_sync is not None:
-                self._limits_sync.cancel()
+            for sync in self._syncs:
+                sync.cancel()
             if self.answers is not None and self.answers.shared is not None:
                 await self.answers.shared.flush()
         await self.upstream.close()

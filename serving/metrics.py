@@ -20,7 +20,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from inferwatch.common.latency_buckets import REQUEST_DURATION_BUCKETS
 from inferwatch.drift.sampling_params import PARAMS, SamplingBins
+from inferwatch.serving.errors import STATUS_CLASSES
 from inferwatch.serving.signals import OBSERVED, Signal
+from inferwatch.serving.tenant_metrics import TenantMetrics, create_tenant_metrics
 
 NAMESPACE = "inferwatch_gateway"
 
@@ -93,6 +95,7 @@ class GatewayMetrics:
     shared_state_up: Gauge
     shared_state_errors: Counter
     build: Info
+    tenants: TenantMetrics
 
 
 def create_metrics(registry: CollectorRegistry, shared_state: bool = True) -> GatewayMetrics:
@@ -253,6 +256,7 @@ def create_metrics(registry: CollectorRegistry, shared_state: bool = True) -> Ga
             ("model", "variant", "outcome"), namespace=NAMESPACE, registry=registry,
         ),
         build=Info("build", "Gateway version and configuration.", namespace=NAMESPACE, registry=registry),
+        tenants=create_tenant_metrics(registry),
     )
 
 
@@ -272,9 +276,6 @@ def observe_many(child: Histogram, values: list[float]) -> None:
     for index, count in tally.items():
         buckets[index].inc(count)
 
-
-
-STATUS_CLASSES = ("2xx", "4xx", "5xx")
 
 
 class RouteSeries:

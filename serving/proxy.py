@@ -114,6 +114,7 @@ class Proxy:
 
     async def preprocess(self, exchange: Exchange, state: RequestState) -> tuple[ParsedRequest, bytes]:
         state.key = self.access.authorize(exchange.headers)
+        state.tenant = self.access.tenant_of(state.key)
         body = await exchange.read_body(self.settings.max_body_bytes)
         state.body_bytes = len(body)
         models = self.upstream.models if self.experiments is None else self.experiments.catalog

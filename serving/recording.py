@@ -17,11 +17,13 @@ from inferwatch.drift.sampling_params import sampling_bins
 from inferwatch.serving.errors import CLIENT_CLOSED, status_class
 from inferwatch.serving.features import FeatureFanout, FeatureQueue
 from inferwatch.serving.feedback import AnswerMemory
+from inferwatch.serving.goodput import Goodput
 from inferwatch.serving.metrics import ABNORMAL_KINDS, GatewayMetrics, RouteSeries, observe_many
 from inferwatch.serving.output_quality import assess
 from inferwatch.serving.request import RequestState
 from inferwatch.serving.signals import RECORDED
 from inferwatch.serving.sse import StreamAccount
+from inferwatch.serving.tenant_metrics import TenantSeries
 from inferwatch.serving.tracing import end_span, exemplar, usage_attributes
 from inferwatch.serving.validation import ROUTE_PATHS
 
@@ -30,14 +32,21 @@ NOTHING_READ = {field: None for field, _ in RECORDED}  # a request that never re
 
 class Recorder:
     def __init__(self, metrics: GatewayMetrics, features: FeatureQueue | FeatureFanout | None,
-                 answers: AnswerMemory | None) -> None:
-        self.metrics, self.features, self.answers = metrics, features, answers
+                 answers: AnswerMemory | None, goodput: Goodput) -> None:
+        self.metrics, self.features, self.answers, self.goodput = metrics, features, answers, goodput
         self._route_series: dict[tuple[str, str, str], RouteSeries] = {}
+        self._tenant_series: dict[tuple[str, str], TenantSeries] = {}
 
     def series(self, model: str, variant: str, route: str) -> RouteSeries:
         series = self._route_series.get((model, variant, route))
         if series is None:
             series = self._route_series[(model, variant, route)] = RouteSeries(self.metrics, model, variant, route)
+        return series
+
+    def tenant_series(self, tenant: str, model: str) -> TenantSeries:
+        series = self._tenant_series.get((tenant, model))
+        if series is None:
+            series = self._tenant_series[(tenant, model)] = TenantSeries(self.metrics.tenants, tenant, model)
         return series
 
     def served(self, models: Iterable[str], variant: str) -> None:
@@ -97,15 +106,32 @@ class Recorder:
             req = state.req
             bins = sampling_bins(req.payload, stream=req.stream, default_max_tokens=req.default_max_tokens)
             series.sampled(bins)
+        tenant = self.tenant_series(state.tenant, state.model)
+        tenant.answered(status_class(status)).inc()
+        tenant.duration.observe(e2e)
+        output = None
         if account is not None and (ok or status == CLIENT_CLOSED):
             # what vLLM spent, as its own counters count it: the prompt once per choice, and
             # for an abandoned stream the tokens relayed before the client left
             if account.prompt_tokens is not None:
-                series.input_tokens.inc(account.prompt_tokens * (state.req.n if state.req else 1))
+                n = state.req.n if state.req else 1
+                series.input_tokens.inc(account.prompt_tokens * n)
+                tenant.input_tokens.inc(account.prompt_tokens * n)
+                if account.cached_tokens:
+                    tenant.cached_tokens.inc(account.cached_tokens)
             output = account.completion_tokens if account.completion_tokens is not None else (
                 account.token_events if status == CLIENT_CLOSED else None)
             if output:
                 series.output_tokens.inc(output)
+                tenant.output_tokens.inc(output)
+        if account is not None and ok:
+            ttft = account.ttft
+            if ttft is not None:
+                tenant.ttft.observe(ttft)
+            if self.goodput.objectives(state.model).met(status, ttft, account.tpot(), e2e):
+                tenant.good.inc()
+                if output:
+                    tenant.good_tokens.inc(output)
         # forced requests are test traffic, not assignments: a record would count them in the
         # A/B arms (read per model and variant) and in drift's windows
         a = state.assignment

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from opentelemetry import trace
 from opentelemetry.context import Context
 
-from inferwatch.serving.admission import ANONYMOUS, Ticket
+from inferwatch.serving.admission import Ticket
 from inferwatch.serving.metrics import UNKNOWN_MODEL
 from inferwatch.serving.split import Assignment
+from inferwatch.serving.tenants import ANONYMOUS
 from inferwatch.serving.upstream import Upstream
 from inferwatch.serving.upstream_balancer import Endpoint
 from inferwatch.serving.validation import ParsedRequest, Route
@@ -35,6 +36,7 @@ class RequestState:
     model: str = UNKNOWN_MODEL
     req: ParsedRequest | None = None
     key: str = ANONYMOUS  # the API key's id (serving/admission.py), never the key
+    tenant: str = ANONYMOUS  # the key's tenant (serving/tenants.py)
     body_bytes: int = 0  # of the client's request: a prompt's size when vLLM's count never came
     ticket: Ticket | None = None  # admission's, given back when the request ends
     assignment: Assignment | None = None  # set when an experiment's split assigned the request

@@ -17,7 +17,6 @@ import orjson
 from prometheus_client import Counter
 
 from inferwatch.serving import errors
-from inferwatch.serving.admission import ANONYMOUS
 from inferwatch.serving.errors import GatewayError
 from inferwatch.serving.metrics import GatewayMetrics
 from inferwatch.serving.request import RequestState
@@ -32,6 +31,7 @@ from inferwatch.serving.split import (
     parse_experiments,
     resolve_weights,
 )
+from inferwatch.serving.tenants import ANONYMOUS
 from inferwatch.serving.upstream import Upstream
 from inferwatch.serving.validation import ModelInfo, ParsedRequest
 from inferwatch.serving.weights_store import describe_change, load_splits, save_weights

@@ -71,9 +71,13 @@ class GatewaySettings(SecretFileSettings):
 
     # Auth: empty means open. Comma-separated in the environment.
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
-    # Admission control: a YAML file of per-key and per-model limits (serving/admission.py),
-    # re-read when it changes. None: no limits beyond max_tokens_limit.
+    # Admission control: a YAML file of per-key and per-model limits, tenants and their budgets
+    # (serving/admission.py, serving/tenants.py), re-read when it changes. None: no limits
+    # beyond max_tokens_limit, no tenants.
     limits_file: Path | None = None
+    # inferwatch.yaml: its SLOs are the objectives goodput is judged by (serving/goodput.py).
+    # None: their defaults, which the committed rules hold too.
+    config_file: Path | None = Field(None, description="inferwatch.yaml, whose SLOs goodput is judged by")
 
     # A/B: a YAML file of experiments (serving/split.py); None routes every model to
     # upstream_url as the one variant above. Sticky assignment reads the request's `user`,

@@ -36,7 +36,7 @@ BACKGROUND_TIMEOUT_S = 1.0  # syncing, flushing, admin calls: nothing waits on t
 BEAT_S = 1.0
 REPLICA_STALE_S = 5.0
 OPERATIONS = ("heartbeat", "weights_load", "weights_poll", "weights_set", "answers_write", "answers_find", "rating_claim",
-              "limits_lease", "limits_sync")
+              "limits_lease", "limits_sync", "budgets_sync")
 
 
 class SharedStateUnavailable(Exception):

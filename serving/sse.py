@@ -86,6 +86,7 @@ class StreamAccount:
     gaps: list[float] = field(default_factory=list)
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    cached_tokens: int | None = None  # of the prompt, found in vLLM's prefix cache (when vLLM reports it)
     finish_reasons: list[str] = field(default_factory=list)
     logprob_sum: float = 0.0
     logprob_count: int = 0
@@ -113,6 +114,9 @@ class StreamAccount:
     def on_usage(self, usage: dict) -> None:
         self.prompt_tokens = _int_or_none(usage.get("prompt_tokens"))
         self.completion_tokens = _int_or_none(usage.get("completion_tokens"))
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict):
+            self.cached_tokens = _int_or_none(details.get("cached_tokens"))
 
     def add_logprobs(self, values: list[float]) -> None:
         self.logprob_sum += sum(values)

@@ -160,6 +160,8 @@ class Thresholds(Section):
     snapshot_stale_s: int = Field(60, ge=10, description="Age of the exporter's snapshot (GPUExporterSnapshotStale)")
     drift_min_window_records: int = Field(100, ge=1, description="Records a segment needs for DriftDetected")
     drift_for: Duration = Field("15m", description="How long drift must last for DriftDetected")
+    tenant_budget_ticket: float = Field(0.8, gt=0, lt=1, description="Share of a tenant's budget spent that opens "
+                                        "a ticket (TenantBudgetSpent); all of it pages for a critical tenant")
 
 
 class Alerts(Section):

@@ -64,6 +64,7 @@ def test_pages_are_what_the_issue_lists():
     pages = {r["alert"] for r in alerting_rules() if r["labels"]["severity"] == "critical"}
     assert {"SLOErrorBudgetBurn", "VLLMDown", "GatewayDown", "GatewayUpstreamDown", "GPUFatalXID", "GPUDeviceFailed",
             "GPUUncorrectableECC", "GPURowRemapFailure", "InferwatchCrashLooping", "ABCanaryHurtingUsers",
+            "TenantBudgetSpent",  # a tenant marked critical whose budget is spent: its requests are refused
             # the monitoring itself: rules that fail, alerts that cannot leave, a disk about to fill
             "PrometheusRuleFailures", "PrometheusErrorSendingAlertsToAnyAlertmanager",
             "AlertmanagerClusterFailedToSendAlerts", "HostFilesystemFillingUpFast"} == pages

@@ -35,6 +35,7 @@ K8S_UPSTREAM = "http://vllm-m1:8000"
 K8S_VLLM_POD = {"job": "vllm", "instance": "10.1.2.3:8000", "model": "m1", "service": "vllm-m1",
                 "namespace": "inferwatch"}
 AB = {"model": "m1", "control": "v1", "treatment": "v2"}
+BUDGET = {"tenant": "search", "unit": "tokens", "period": "day"}
 
 
 def ab(name: str, **labels: str) -> str:
@@ -198,6 +199,21 @@ SCENARIOS = [
     Scenario("gateway without its shared state", "GatewaySharedStateDown",
              {selector("inferwatch_gateway_shared_state_up", GW): "1x3 0x3 1x2 0x10 1x3"},
              quiet_at=("5m", "9m", "14m"), fires_at="17m", labels=warn(**GW), value="0", resolved_at="23m"),
+    # two replicas report the fleet's spend as each last learned it: the latest (largest) counts
+    Scenario("a tenant spends 80 % of its budget: a ticket, not a page", "TenantBudgetSpent",
+             {**{selector("inferwatch_gateway_tenant_budget_limit", {**GW, "instance": f"gw{i}:8080", **BUDGET,
+                                                                      "critical": "false"}): "1000x20"
+                 for i in (0, 1)},
+              selector("inferwatch_gateway_tenant_budget_used", {**GW, "instance": "gw0:8080", **BUDGET}):
+                  "0+100x20",
+              selector("inferwatch_gateway_tenant_budget_used", {**GW, "instance": "gw1:8080", **BUDGET}):
+                  "0 0+100x19"},
+             quiet_at=("7m",), fires_at="8m", labels=warn(**BUDGET), value="80%"),
+    Scenario("a critical tenant spends all of its budget: a page, with its ticket", "TenantBudgetSpent",
+             {selector("inferwatch_gateway_tenant_budget_limit", {**GW, **BUDGET, "critical": "true"}): "1000x20",
+              selector("inferwatch_gateway_tenant_budget_used", {**GW, **BUDGET}): "0+100x9 1000x10 0x1"},
+             quiet_at=("7m",), fires_at="10m", labels=crit(**BUDGET), value="100%",
+             extra_firing=[expected("TenantBudgetSpent", warn(**BUDGET), "100%")]),
     Scenario("drift service ingests nothing", "DriftIngestStalled",
              {selector("inferwatch_gateway_feature_records_total", {**GW, "outcome": "queued"}): "0+60x40",
               selector("inferwatch_drift_ingested_records_total", {"job": "inferwatch-drift", "instance": "d:8090"}):

@@ -30,7 +30,7 @@ def exprs(doc: dict) -> list[str]:
 
 
 def test_uids_are_the_ones_alerts_link_to():
-    assert set(DOCS) == {uids.SERVING, uids.GPUS, uids.DRIFT, uids.SLOS}
+    assert set(DOCS) == {uids.SERVING, uids.GPUS, uids.DRIFT, uids.SLOS, uids.TENANTS}
     linked = {a.dashboard for a in DEFAULT.alerts if a.dashboard}
     assert linked <= set(DOCS)
 
