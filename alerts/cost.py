@@ -189,8 +189,9 @@ def records(prices: Cost = Cost()) -> tuple[Record, ...]:
         # -- per tenant: its share of a model's output tokens carries that share of its GPUs --
         Record(TENANT_DOLLARS, f"sum by (tenant, model) (rate({_TENANT_OUTPUT}[{WINDOW}]))\n"
                                f"* on (model) group_left () {DOLLARS_PER_1M} / 1e6"),
-        # each 5-minute sample is a rate in dollars per second: times 300 s, that window's dollars
-        Record(TENANT_DOLLARS_DAY, f"sum by (tenant) (sum_over_time({TENANT_DOLLARS}[1d:{WINDOW}])) * 300"),
+        # the last day's output tokens at the model's dollars per token now
+        Record(TENANT_DOLLARS_DAY, f"sum by (tenant) (\n  increase({_TENANT_OUTPUT}[1d])\n"
+                                   f"  * on (model) group_left () {DOLLARS_PER_1M} / 1e6\n)"),
     )
 
 

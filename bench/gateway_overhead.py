@@ -82,7 +82,7 @@ BASELINE: Path | None = None  # --baseline: another checkout whose gateway runs 
 
 def gateway(port: int, upstream_port: int, otlp: str | None = None, sample_ratio: float = 1.0,
             production_sink: str | None = None, tree: Path | None = None, limits: Path | None = None,
-            redis_url: str | None = None, more_replicas: tuple[int, ...] = ()):
+            redis_url: str | None = None, more_replicas: tuple[int, ...] = (), api_keys: str | None = None):
     """This checkout's gateway, or with ``tree`` that checkout's (run from its own folder);
     ``more_replicas``: ports of more upstream replicas beside ``upstream_port``."""
     env = {"INFERWATCH_GATEWAY_UPSTREAM_URL": ",".join(f"http://127.0.0.1:{p}"
@@ -90,6 +90,8 @@ def gateway(port: int, upstream_port: int, otlp: str | None = None, sample_ratio
            "INFERWATCH_GATEWAY_MAX_TOKENS_LIMIT": "32768"}
     if limits:
         env["INFERWATCH_GATEWAY_LIMITS_FILE"] = str(limits)
+    if api_keys:
+        env["INFERWATCH_GATEWAY_API_KEYS"] = api_keys
     if redis_url:
         env["INFERWATCH_GATEWAY_REDIS_URL"] = redis_url
     if otlp:
@@ -115,6 +117,21 @@ SHARED_LIMITS = """
 default_key: {requests_per_minute: 600000, tokens_per_minute: 600000000, max_in_flight: 10000}
 default_model: {requests_per_minute: 600000, tokens_per_minute: 600000000, max_in_flight: 10000}
 """
+
+
+# 1,000 keys over 50 tenants, each with a token budget no request here reaches: the key's
+# lookup, its tenant, the budget's check and charge, and the per-tenant series per request.
+TENANT_KEYS = [API_KEY, *(f"bench-key-{i}" for i in range(1, 1000))]
+
+
+def tenant_limits() -> str:
+    from inferwatch.serving.admission import key_id
+
+    lines = ["tenants:"]
+    for t in range(50):
+        ids = ", ".join(key_id(k) for k in TENANT_KEYS[t * 20:(t + 1) * 20])
+        lines.append(f"  tenant-{t:02d}: {{keys: [{ids}], budget: {{tokens: 1.0e+15, period: month}}}}")
+    return "\n".join(lines) + "\n"
 
 
 @contextmanager
@@ -241,7 +258,7 @@ def latency_table(runs: int, seconds: float) -> list[str]:
                                             "replicas",
                                             "production",
                                             "traced", "litellm", "baseline", "baseline-production", "limits",
-                                            "shared")}
+                                            "shared", "keyed", "tenants")}
     sink = OTLPSink()
     rows = ["| concurrency | path | p50 | p99 | added p50 | added p99 | req/s | proxy CPU/req (user + sys) "
             "| CPU/req vs nginx |", "|---|---|---|---|---|---|---|---|---|"]
@@ -269,7 +286,14 @@ def latency_table(runs: int, seconds: float) -> list[str]:
                    ("gateway (production)", ports["production"],
                     stack.enter_context(production(ports["production"], two, sink, redis_url)).pid, True),
                    ("gateway + tracing (all)", ports["traced"],
-                    stack.enter_context(gateway(ports["traced"], ports["mock"], otlp=sink.endpoint)).pid, False)]
+                    stack.enter_context(gateway(ports["traced"], ports["mock"], otlp=sink.endpoint)).pid, False),
+                   ("gateway + API key", ports["keyed"],
+                    stack.enter_context(gateway(ports["keyed"], ports["mock"], api_keys=API_KEY)).pid, True)]
+        tenants = Path(tempfile.mkdtemp(prefix="inferwatch-bench-tenants-")) / "limits.yaml"
+        tenants.write_text(tenant_limits())
+        targets.append(("gateway + 50 tenants, 1,000 keys, budgets", ports["tenants"],
+                        stack.enter_context(gateway(ports["tenants"], ports["mock"], limits=tenants,
+                                                    api_keys=",".join(TENANT_KEYS))).pid, True))
         if redis is not None:
             limits = Path(tempfile.mkdtemp(prefix="inferwatch-bench-limits-")) / "limits.yaml"
             limits.write_text(SHARED_LIMITS)
@@ -308,6 +332,9 @@ def latency_table(runs: int, seconds: float) -> list[str]:
                             f"{added[1]} | {med(r, 'rps'):,.0f} | {cpu} | {ratio} |")
             change = med(results["gateway over 3 replicas"], "cpu_per_req") / med(results["gateway"], "cpu_per_req") - 1
             rows.append(f"| {conns} | 3 replicas vs 1 (least outstanding) | | | | | | {change:+.1%} CPU/req | |")
+            change = (med(results["gateway + 50 tenants, 1,000 keys, budgets"], "cpu_per_req")
+                      / med(results["gateway + API key"], "cpu_per_req") - 1)
+            rows.append(f"| {conns} | tenants vs one key (tenant series, budget) | | | | | | {change:+.1%} CPU/req | |")
             if "gateway + limits, shared in Redis" in results:
                 text = urllib.request.urlopen(f"http://127.0.0.1:{ports['shared']}/metrics").read().decode()
                 if metric_sum(text, "inferwatch_gateway_shared_state_up") != 1 \
@@ -434,8 +461,8 @@ def render_table(repeats: int = 50) -> list[str]:
 
     rows = ["| label set | format | series | bytes | prometheus_client median | ours median | ours p99 | ratio |",
             "|---|---|---|---|---|---|---|---|"]
-    for models, variants in ((1, 1), (1, 2), (4, 2)):
-        registry = populated_registry(models, variants)
+    for models, variants, tenants in ((1, 1, 0), (1, 2, 0), (4, 2, 0), (4, 2, 50)):
+        registry = populated_registry(models, variants, tenants)
         for name, accept in (("Prometheus text", ""), ("OpenMetrics", "application/openmetrics-text")):
             encoder = choose_encoder(accept)[0]
             theirs, ours = [], []
@@ -449,7 +476,8 @@ def render_table(repeats: int = 50) -> list[str]:
             assert body == out, "serving.exposition differs from prometheus_client"
             ours.sort()
             series = sum(1 for line in out.splitlines() if line and not line.startswith(b"#"))
-            rows.append(f"| {models} model x {variants} variant | {name} | {series:,} | {len(out):,} | "
+            label = f"{models} model x {variants} variant" + (f" x {tenants} tenants (+2)" if tenants else "")
+            rows.append(f"| {label} | {name} | {series:,} | {len(out):,} | "
                         f"{statistics.median(theirs) * 1e3:.2f} ms | {statistics.median(ours) * 1e3:.2f} ms | "
                         f"{ours[int(len(ours) * 0.99) - 1] * 1e3:.2f} ms | "
                         f"{statistics.median(theirs) / statistics.median(ours):.1f}x |")

@@ -43,7 +43,7 @@ def _health(spec: Spec) -> list[object]:
                                         "tenant declares) and anonymous (no valid key)."),
         stat_panel("Goodput, all tenants", "percentunit",
                    q(f"sum(rate({m('inferwatch_gateway_goodput_requests_total')}{{{SEL}}}[{RATE}])) / "
-                     f"sum(rate({_REQUESTS}{{{SEL}}}[{RATE}]))", "goodput"),
+                     f"(sum(rate({_REQUESTS}{{{SEL}}}[{RATE}])) > 0)", "goodput"),
                    thresholds=[(None, "red"), (0.95, "orange"), (0.99, "green")], width=6,
                    description="Share of requests answered 2xx within every latency objective of their model."),
     ]
@@ -76,9 +76,10 @@ def _goodput(spec: Spec) -> list[object]:
                          description="Requests within every objective of their model together" + objective
                                      + ", over all requests: the joint condition no per-SLI histogram keeps."),
         timeseries_panel("Tokens served within objective", "percentunit",
-                         q(f"{_rate(_GOOD_TOKENS, 'tenant, model')} / ({_rate(_OUTPUT, 'tenant, model')} > 0)",
-                           "{{tenant}} {{model}}"), width=12,
-                         description="Output tokens of good requests over all output tokens."),
+                         q(f"clamp_max({_rate(_GOOD_TOKENS, 'tenant, model')} / "
+                           f"({_rate(_OUTPUT, 'tenant, model')} > 0), 1)", "{{tenant}} {{model}}"), width=12,
+                         description="Output tokens of good requests over all output tokens (two counters scraped "
+                                     "a moment apart can put the ratio of their rates past 1 for a step)."),
     ]
 
 

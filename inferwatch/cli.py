@@ -578,7 +578,12 @@ def demo(
             stack.experiment()
         except (DemoError, requests.RequestException) as exc:
             _fail(f"The canary scenario cannot run: {exc}\n(--scenario picks the others)")
-    load = Load(stack.gateway, Budget(max_requests), api_key)
+    # the tenants `inferwatch up` declares (and requests without a key): each takes its turn
+    tenant_keys = run_dir / "demo_tenant_keys"
+    keys: tuple[str | None, ...] = ()
+    if api_key is None and tenant_keys.is_file():
+        keys = (*tenant_keys.read_text().split(), None)
+    load = Load(stack.gateway, Budget(max_requests), api_key, api_keys=keys)
     try:
         results = run(Demo(stack, load, pace, say=typer.echo), chosen)
     except KeyboardInterrupt:

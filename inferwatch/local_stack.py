@@ -84,7 +84,7 @@ def run(o: StackOptions, settings: Settings) -> None:
         if o.config is not None:
             gw_argv += ["--config", str(o.config.resolve())]
         children.append((vllm_process(cfg, run_dir / "vllm.log"), o.startup_timeout))
-        gw_env = _admin_token_env(run_dir)
+        gw_env = {**(_admin_token_env(run_dir) or {}), **(_tenants_env(run_dir) or {})} or None
         if canary_port and os.environ.get("INFERWATCH_GATEWAY_EXPERIMENT_FILE"):
             typer.echo("INFERWATCH_GATEWAY_EXPERIMENT_FILE is set: the gateway runs those experiments, without the "
                        "demo's slow canary")
@@ -155,6 +155,41 @@ def _admin_token_env(run_dir: Path) -> dict[str, str] | None:
         path.write_text(secrets.token_urlsafe(32) + "\n")
     path.chmod(0o600)
     return {"INFERWATCH_GATEWAY_ADMIN_TOKEN_FILE": str(path)}
+
+
+DEMO_TENANTS = ("search", "support-bot", "research")
+
+
+def _tenants_env(run_dir: Path) -> dict[str, str] | None:
+    """Three demo tenants, one key each (<run-dir>/demo_tenant_keys, this user's only), in a
+    limits file of their own: search is critical with a daily token budget, support-bot has
+    a monthly dollar budget, research none; requests without a key stay served (anonymous).
+    Not when the environment gives the gateway keys or a limits file of its own."""
+    import secrets
+
+    from inferwatch.serving.admission import key_id
+
+    if any(os.environ.get(f"INFERWATCH_GATEWAY_{name}") for name in ("API_KEYS", "API_KEYS_FILE", "LIMITS_FILE")):
+        return None
+    run_dir.mkdir(parents=True, exist_ok=True)
+    keys_path = run_dir / "demo_tenant_keys"
+    keys = keys_path.read_text().split() if keys_path.is_file() else []
+    if len(keys) != len(DEMO_TENANTS):
+        keys_path.touch(mode=0o600)
+        keys = [f"sk-demo-{tenant}-{secrets.token_urlsafe(12)}" for tenant in DEMO_TENANTS]
+        keys_path.write_text("\n".join(keys) + "\n")
+    keys_path.chmod(0o600)
+    ids = dict(zip(DEMO_TENANTS, (key_id(k) for k in keys)))
+    limits = run_dir / "limits.yaml"
+    limits.write_text(f"""# written by `inferwatch up`: the demo's tenants (docs/tenants.md); keys in demo_tenant_keys
+default_price: {{input: 0.2, output: 0.6}}
+tenants:
+  search: {{keys: [{ids['search']}], critical: true, budget: {{tokens: 5000000, period: day}}}}
+  support-bot: {{keys: [{ids['support-bot']}], budget: {{dollars: 5, period: month}}}}
+  research: {{keys: [{ids['research']}]}}
+""")
+    return {"INFERWATCH_GATEWAY_API_KEYS_FILE": str(keys_path), "INFERWATCH_GATEWAY_ALLOW_ANONYMOUS": "true",
+            "INFERWATCH_GATEWAY_LIMITS_FILE": str(limits)}
 
 
 def _demo_experiment(run_dir: Path, served: str, stable_url: str, canary_url: str) -> Path:

@@ -2,8 +2,9 @@
 forcing a variant, the tenant a key belongs to, and admission (tenants' budgets; rate, token
 and in-flight limits per key and model).
 
-Tokens are compared with ``hmac.compare_digest``, every key every time, so timing says
-nothing about which key (if any) came close.
+A presented key is found by its id (a SHA-256 prefix, ``key_id``) and then compared with
+``hmac.compare_digest``: the lookup's timing can only tell how a hash begins, which says
+nothing about any key, and a thousand keys cost what one does.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Awaitable, Mapping
 from prometheus_client import CollectorRegistry
 
 from inferwatch.serving import errors
-from inferwatch.serving.admission import Admission, Policy, PolicyFile, Rejection, Ticket, key_id
+from inferwatch.serving.admission import Admission, Policy, PolicyFile, Rejection, Ticket, key_id, key_id_of
 from inferwatch.serving.budgets import BudgetCollector, Budgets, SharedBudgets
 from inferwatch.serving.errors import CLIENT_CLOSED, GatewayError
 from inferwatch.serving.metrics import GatewayMetrics
@@ -35,13 +36,14 @@ class Access:
     def __init__(self, settings: GatewaySettings, metrics: GatewayMetrics, shared: SharedState | None = None,
                  registry: CollectorRegistry | None = None) -> None:
         self.metrics = metrics
-        self._keys = [k.get_secret_value().encode() for k in settings.api_keys]
-        self._key_ids = [key_id(k.get_secret_value()) for k in settings.api_keys]
+        self._keys = {key_id(k.get_secret_value()): k.get_secret_value().encode() for k in settings.api_keys}
+        self._allow_anonymous = settings.allow_anonymous
         self._admin_token = settings.admin_token.get_secret_value().encode() if settings.admin_token else None
         self.limits: PolicyFile | None = None
         self.admission: Admission | SharedAdmission | None = None
         self.budgets: Budgets | None = None
         self._policy: Policy | None = None  # the policy the budgets last followed
+        self._owners: tuple[Policy | None, dict[str, str]] = (None, {})  # key id -> tenant, of that policy
         if settings.limits_file is not None:
             self.limits = PolicyFile(settings.limits_file, self._limits_error)
             self.admission = (Admission(self.limits.policy) if shared is None
@@ -59,23 +61,31 @@ class Access:
         """The id of the API key presented (``ANONYMOUS`` when the gateway has none)."""
         if not self._keys:
             return ANONYMOUS
-        scheme, _, token = headers.get("authorization", "").partition(" ")
+        authorization = headers.get("authorization")
+        if authorization is None and self._allow_anonymous:
+            return ANONYMOUS
+        scheme, _, token = (authorization or "").partition(" ")
         presented = token.strip().encode()
-        matched = -1
-        for i, key in enumerate(self._keys):
-            if hmac.compare_digest(key, presented):
-                matched = i
-        if matched < 0 or scheme.lower() != "bearer":
+        # found by its SHA-256 id, so a thousand keys cost one hash; the key itself is then
+        # compared in constant time (the lookup's timing tells only about a hash's prefix)
+        kid = key_id_of(presented)
+        key = self._keys.get(kid)
+        if key is None or not hmac.compare_digest(key, presented) or scheme.lower() != "bearer":
             raise GatewayError(401, "invalid_api_key",
                                "Missing or invalid API key: send 'Authorization: Bearer <key>'.",
                                error_type=errors.AUTHENTICATION)
-        return self._key_ids[matched]
+        return kid
 
     def tenant_of(self, kid: str) -> str:
         """The tenant of a key id (serving/tenants.py): declared in the limits file, else ``other``."""
-        if self.limits is not None:
-            return self.limits.current().tenant_of(kid)
-        return ANONYMOUS if kid == ANONYMOUS else OTHER
+        if kid == ANONYMOUS:
+            return ANONYMOUS
+        if self.limits is None:
+            return OTHER
+        policy = self.limits.current()
+        if policy is not self._owners[0]:  # a pydantic private attribute costs microseconds a read
+            self._owners = (policy, policy.owners)
+        return self._owners[1].get(kid, OTHER)
 
     def authorize_admin(self, headers: Mapping[str, str]) -> None:
         if self._admin_token is None:

@@ -38,7 +38,11 @@ RELOAD_CHECK_S = 1.0  # how often the file's mtime is looked at
 
 def key_id(key: str) -> str:
     """What limits files, logs and metrics call an API key: never the key itself."""
-    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:12]
+    return key_id_of(key.encode())
+
+
+def key_id_of(key: bytes) -> str:
+    return "key-" + hashlib.sha256(key).hexdigest()[:12]
 
 
 class Limits(BaseModel):
@@ -79,6 +83,11 @@ class Policy(BaseModel):
     def tenant_of(self, kid: str) -> str:
         """The tenant a key id belongs to: declared, else ``other`` (``anonymous`` for no key)."""
         return ANONYMOUS if kid == ANONYMOUS else self._owner.get(kid, OTHER)
+
+    @property
+    def owners(self) -> dict[str, str]:
+        """Key id -> tenant, of the declared keys."""
+        return self._owner
 
     def price_of(self, model: str) -> Price | None:
         return self.prices.get(model, self.default_price)

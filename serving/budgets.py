@@ -76,7 +76,8 @@ class Spend:
     """One tenant's spend in its current period, as this replica knows it."""
 
     unit: str
-    period: str
+    kind: Period
+    period: str  # its id: the day or month
     resets_at: float
     known: float = 0.0  # the fleet's total when last learned (one gateway: everything)
     learned_at: float = -math.inf  # time.monotonic() of that
@@ -96,11 +97,14 @@ class Budgets:
 
     def spend(self, tenant: str, budget: Budget) -> Spend:
         """The tenant's spend in the period holding now: a new one when the period, the unit
-        or the tenant is new."""
-        period, resets_at = period_of(budget.period, self.clock())
+        or the tenant is new. (The calendar is read only when the period may have ended.)"""
         spend = self.spends.get(tenant)
-        if spend is None or spend.period != period or spend.unit != budget.unit:
-            spend = self.spends[tenant] = Spend(budget.unit, period, resets_at)
+        now = self.clock()
+        if spend is not None and now < spend.resets_at and spend.kind == budget.period and spend.unit == budget.unit:
+            return spend
+        period, resets_at = period_of(budget.period, now)
+        if spend is None or spend.period != period or spend.unit != budget.unit or spend.kind != budget.period:
+            spend = self.spends[tenant] = Spend(budget.unit, budget.period, period, resets_at)
         return spend
 
     def used(self, spend: Spend) -> float:
@@ -110,7 +114,7 @@ class Budgets:
     def used_now(self, tenant: str, budget: Budget) -> float:
         """``used`` of the tenant's current period, changing nothing (read from /metrics' thread)."""
         spend = self.spends.get(tenant)
-        if spend is None or spend.unit != budget.unit or spend.period != period_of(budget.period, self.clock())[0]:
+        if spend is None or spend.unit != budget.unit or spend.kind != budget.period or self.clock() >= spend.resets_at:
             return 0.0
         return self.used(spend)
 

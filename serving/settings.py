@@ -71,6 +71,9 @@ class GatewaySettings(SecretFileSettings):
 
     # Auth: empty means open. Comma-separated in the environment.
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
+    # With keys: a request that sends no Authorization header at all is served as tenant
+    # anonymous (a wrong key is still refused). For a fleet moving its clients onto keys.
+    allow_anonymous: bool = Field(False, description="with API keys, serve requests without any as anonymous")
     # Admission control: a YAML file of per-key and per-model limits, tenants and their budgets
     # (serving/admission.py, serving/tenants.py), re-read when it changes. None: no limits
     # beyond max_tokens_limit, no tenants.

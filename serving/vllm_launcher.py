@@ -53,6 +53,9 @@ def command(cfg: VLLMConfig) -> list[str]:
     ]
     if cfg.otlp_traces_endpoint:
         argv += ["--otlp-traces-endpoint", cfg.otlp_traces_endpoint]
+    # the prompt tokens found in the prefix cache, in every answer's usage: the gateway counts
+    # them per tenant (serving/tenant_metrics.py)
+    argv.append("--enable-prompt-tokens-details")
     return argv + list(cfg.extra_args)
 
 

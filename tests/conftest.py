@@ -90,10 +90,9 @@ def running_vllms(configs: Sequence[VLLMConfig], log_dir: Path) -> Iterator[list
 def vllm_server(tiny_model: Path, otlp_receiver: OTLPReceiver, tmp_path_factory: pytest.TempPathFactory):
     """The shared real vLLM server, exporting its spans to ``otlp_receiver``."""
     # a tool parser (vLLM takes one only with auto tool choice), or vLLM refuses tool_choice naming a
-    # function; pythonic needs no special tokens. Cached prompt tokens in the usage, for the tenants' metrics.
+    # function; pythonic needs no special tokens
     cfg = suite_vllm(tiny_model, port=free_port(), otlp_traces_endpoint=otlp_receiver.endpoint,
-                     extra_args=("--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
-                                 "--enable-prompt-tokens-details"))
+                     extra_args=("--enable-auto-tool-choice", "--tool-call-parser", "pythonic"))
     with running_vllms([cfg], tmp_path_factory.mktemp("vllm")) as (server,):
         yield server
 

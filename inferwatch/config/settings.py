@@ -305,7 +305,8 @@ def _default_models() -> list[Model]:
         Model(name="llama-3.1-8b", kubernetes=VLLMDeployment(
             image="vllm/vllm-openai:v0.32.0",
             args=["meta-llama/Llama-3.1-8B-Instruct", "--served-model-name", "llama-3.1-8b", "--port", "8000",
-                  "--gpu-memory-utilization", "0.90", "--max-model-len", "8192", "--enable-prefix-caching"],
+                  "--gpu-memory-utilization", "0.90", "--max-model-len", "8192", "--enable-prefix-caching",
+                  "--enable-prompt-tokens-details"],
             resources=Resources(requests={"cpu": "4", "memory": "24Gi", "nvidia.com/gpu": "1",
                                           "ephemeral-storage": "40Gi"},
                                 limits={"memory": "32Gi", "nvidia.com/gpu": "1"}),

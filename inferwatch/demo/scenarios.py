@@ -184,7 +184,7 @@ def outage(demo: Demo) -> list[Seen]:
     start = time.time()
     stop = threading.Event()
     result: dict[str, Counter[int]] = {}
-    client = Load(demo.load.gateway, demo.load.budget, s.api_key, timeout_s=5)  # gives up as a user would
+    client = Load(demo.load.gateway, demo.load.budget, timeout_s=5, api_keys=demo.load.keys)  # gives up as a user would
     light = threading.Thread(target=lambda: result.setdefault("c", client.run(
         RESTART_MAX_S, clients=1, asks=short_asks(s.model, seed=3), per_client_rps=1, stop=stop.is_set)))
     os.killpg(os.getpgid(server.pid), signal.SIGKILL)  # the API server and its engine core, as an OOM kill would

@@ -57,23 +57,30 @@ def short_asks(model: str, seed: int = 0) -> Callable[[int], Ask]:
 
 
 class Load:
-    def __init__(self, gateway: str, budget: Budget, api_key: str | None = None, timeout_s: float = 30.0) -> None:
+    """``api_keys``: request i sends the i-th key, round the list (None: no key), so every
+    tenant of the stack takes part in every scenario."""
+
+    def __init__(self, gateway: str, budget: Budget, api_key: str | None = None, timeout_s: float = 30.0,
+                 api_keys: tuple[str | None, ...] = ()) -> None:
         self.gateway = gateway.rstrip("/")
         self.budget = budget
-        self.headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self.keys = api_keys or (api_key,)
         self.timeout_s = timeout_s
         self._local = threading.local()
+        self._sent = iter(range(1 << 62))
 
     def send(self, ask: Ask, rng: random.Random) -> int:
         """One chat completion, read to its end; its status, 0 when none came."""
         session = getattr(self._local, "session", None) or requests.Session()
         self._local.session = session
+        key = self.keys[next(self._sent) % len(self.keys)]
+        headers = {"authorization": f"Bearer {key}"} if key else {}
         body = {"model": ask.model, "max_tokens": ask.max_tokens, "stream": ask.stream,
                 "messages": [{"role": "user", "content": prompt(ask.prompt_words, rng)}]}
         if ask.user:
             body["user"] = ask.user
         try:
-            with session.post(f"{self.gateway}/v1/chat/completions", json=body, headers=self.headers,
+            with session.post(f"{self.gateway}/v1/chat/completions", json=body, headers=headers,
                               stream=ask.stream, timeout=self.timeout_s) as r:
                 for _ in r.iter_content(chunk_size=None):
                     pass

@@ -24,6 +24,7 @@ from inferwatch.dashboards.preview import render
 from inferwatch.dashboards.queries import TimeRange, panel_results, resolve_variables, substitute
 from inferwatch.drift.service.app import DriftSettings, create_app as drift_app
 from inferwatch.exporters.server import Exporter, ExporterSettings, make_server
+from inferwatch.serving.admission import key_id
 from inferwatch.serving.settings import GatewaySettings
 from tests.conftest import TINY_MODEL_NAME
 from tests.support.feature_records import body, records
@@ -35,6 +36,10 @@ from tests.support.sockets import free_port
 from tests.support.waiting import eventually
 
 AB_MODEL = "tiny-ab"  # the model clients ask for that the live experiment splits
+# two tenants, and requests without a key (anonymous: the experiment's, whose units must be
+# many for its verdict); one tenant's budget runs out on the way, so the budget and refusal
+# panels have something to show
+TENANT_KEYS = ("sk-live-search", "sk-live-batch")
 
 pytestmark = pytest.mark.vllm
 DOCS = dashboards()
@@ -63,10 +68,17 @@ experiments:
       - {{name: v1, upstream_url: "{vllm_server.url}", model: {TINY_MODEL_NAME}, weight: 0.5}}
       - {{name: v2, upstream_url: "{vllm_server.url}", model: {TINY_MODEL_NAME}, weight: 0.5}}
 """)
+    limits = tmp / "limits.yaml"
+    limits.write_text(f"""
+tenants:
+  search: {{keys: [{key_id(TENANT_KEYS[0])}], critical: true, budget: {{tokens: 100000000, period: day}}}}
+  batch: {{keys: [{key_id(TENANT_KEYS[1])}], budget: {{tokens: 600, period: month}}}}
+""")
     with RedisServer(tmp / "redis") as redis, AppServer(drift_app(DriftSettings(db_path=":memory:"))) as drift, \
             GatewayServer(GatewaySettings(upstream_url=vllm_server.url, drift_url=drift.url, feature_flush_s=0.2,
                                           capture_logprobs=True, otlp_endpoint=otlp_receiver.endpoint,
-                                          experiment_file=experiments, redis_url=redis.url)) as gateway:
+                                          experiment_file=experiments, redis_url=redis.url, limits_file=limits,
+                                          api_keys=list(TENANT_KEYS), allow_anonymous=True)) as gateway:
         rules = tmp / "rules"
         write(cap_interval(rule_files(), "5s"), rules)
         target = lambda url: url.removeprefix("http://")  # noqa: E731
@@ -111,8 +123,10 @@ def _drive(gateway: str, drift: str, nvml) -> None:
         for k, dev in enumerate(nvml.devices):  # the GPUs work with the traffic: busy, drawing power
             busy = 0.5 + 0.4 * math.sin((deadline - time.monotonic()) / 3 + k)
             dev.gpu_util, dev.power_mw = round(100 * busy), round(100_000 + 500_000 * busy)
-        requests.post(f"{gateway}/v1/chat/completions", timeout=30, json={
-            "model": AB_MODEL if i % 3 == 0 else TINY_MODEL_NAME, "max_tokens": 8 + i % 24, "stream": i % 2 == 0,
+        model = AB_MODEL if i % 3 == 0 else TINY_MODEL_NAME
+        auth = {} if model == AB_MODEL else {"authorization": f"Bearer {TENANT_KEYS[i % 2]}"}
+        requests.post(f"{gateway}/v1/chat/completions", timeout=30, headers=auth, json={
+            "model": model, "max_tokens": 8 + i % 24, "stream": i % 2 == 0,
             "messages": [{"role": "user", "content": "hello " * (1 + i % 7)}]})
         if i % 10 == 0:  # a refused request, so rejected-request panels have a real series too
             requests.post(f"{gateway}/v1/chat/completions", data=b"{not json", timeout=10)

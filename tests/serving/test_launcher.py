@@ -30,6 +30,7 @@ def test_command_uses_the_module_entry_point_and_passes_tracing():
     assert pairs["--port"] == "8123" and pairs["--dtype"] == "bfloat16"
     assert pairs["--otlp-traces-endpoint"] == "http://127.0.0.1:4318/v1/traces"
     assert argv[-2:] == ["--seed", "1"]
+    assert "--enable-prompt-tokens-details" in argv  # cached prompt tokens in the usage, per tenant
     assert "--disable-log-requests" not in argv  # current vLLM refuses to start with it
 
 

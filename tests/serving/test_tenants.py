@@ -23,7 +23,7 @@ from inferwatch.serving.settings import GatewaySettings
 from inferwatch.serving.tenants import Budget
 from tests.serving.test_shared_state import replica
 from tests.support.redis_server import RedisServer
-from tests.support.servers import GatewayServer, metric_sum
+from tests.support.servers import GatewayServer, metric_sum, samples
 from tests.support.stub_upstream import StubUpstream
 from tests.support.waiting import eventually
 
@@ -280,3 +280,41 @@ def test_a_tenant_renamed_in_the_file_counts_under_its_new_name(tmp_path, stubs)
         assert metric_sum(text, "inferwatch_gateway_tenant_budget_limit", tenant="search") == 0
         assert metric_sum(text, "inferwatch_gateway_tenant_budget_limit", tenant="search-v2") == 8
         assert metric_sum(text, "inferwatch_gateway_tenant_requests_total", tenant="search-v2", status_class="2xx") >= 1
+
+
+def test_a_thousand_keys_over_fifty_tenants_add_series_per_tenant_not_per_key(tmp_path, stubs):
+    keys = [f"sk-{i:04d}" for i in range(1000)]
+    f = tmp_path / "limits.yaml"
+    f.write_text("tenants:\n" + "".join(
+        f"  t{t:02d}: {{keys: [{', '.join(key_id(k) for k in keys[t * 20:(t + 1) * 20 - 2])}]}}\n" for t in range(50)))
+    settings = GatewaySettings(upstream_url=stubs[0].url, limits_file=f, api_keys=keys)
+    with GatewayServer(settings) as gw:
+        with ThreadPoolExecutor(4) as pool:
+            statuses = list(pool.map(lambda k: ask(gw, k).status_code, keys))
+        assert statuses == [200] * 1000
+        families = samples(gw.metrics_text())
+        tenants = {value for (name, labels) in families if name.startswith("inferwatch_gateway_tenant_")
+                   for label, value in labels if label == "tenant"}
+        assert tenants == {f"t{t:02d}" for t in range(50)} | {"other"}  # 2 keys of every 20 are undeclared
+        per_tenant = [n for (n, labels) in families if ("tenant", "t07") in labels]
+        # 3 status classes, 5 token and goodput counters, two histograms of 8 buckets (+Inf, count,
+        # sum): 30 samples, and the 10 _created of the counters and histograms
+        assert len(per_tenant) == 40, sorted(per_tenant)
+        assert metric_sum(gw.metrics_text(), "inferwatch_gateway_tenant_requests_total", tenant="other") == 100
+
+
+def test_with_allow_anonymous_a_request_without_a_key_is_served_as_anonymous_and_a_wrong_key_refused(tmp_path,
+                                                                                                    stubs):
+    settings = GatewaySettings(upstream_url=stubs[0].url, limits_file=limits_file(tmp_path, 1000),
+                               api_keys=list(KEYS.values()), allow_anonymous=True)
+    with GatewayServer(settings) as gw:
+        body = {"model": "ok", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+        assert requests.post(gw.url + "/v1/chat/completions", json=body, timeout=10).status_code == 200
+        assert ask(gw, "sk-wrong").status_code == 401
+        assert requests.post(gw.url + "/v1/chat/completions", json=body, headers={"authorization": ""},
+                             timeout=10).status_code == 401  # a header sent empty is a key that is wrong
+        assert ask(gw, KEYS["search"]).status_code == 200
+        text = gw.metrics_text()
+        assert metric_sum(text, "inferwatch_gateway_tenant_requests_total", tenant="anonymous", status_class="2xx") == 1
+        assert metric_sum(text, "inferwatch_gateway_tenant_requests_total", tenant="anonymous", status_class="4xx") == 2
+        assert metric_sum(text, "inferwatch_gateway_tenant_requests_total", tenant="search", status_class="2xx") == 1
