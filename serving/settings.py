@@ -71,9 +71,11 @@ class GatewaySettings(SecretFileSettings):
 
     # Auth: empty means open. Comma-separated in the environment.
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
-    # With keys: a request that sends no Authorization header at all is served as tenant
-    # anonymous (a wrong key is still refused). For a fleet moving its clients onto keys.
-    allow_anonymous: bool = Field(False, description="with API keys, serve requests without any as anonymous")
+    # With keys: a request without a valid key (none, or one the gateway does not have) is served
+    # as tenant anonymous instead of refused. Keys then name tenants and do not guard the gateway:
+    # for a local stack, or a fleet moving its clients onto keys (the openai client always sends one).
+    allow_anonymous: bool = Field(False, description="with API keys, serve requests without a valid one as "
+                                                      "tenant anonymous instead of refusing them (401)")
     # Admission control: a YAML file of per-key and per-model limits, tenants and their budgets
     # (serving/admission.py, serving/tenants.py), re-read when it changes. None: no limits
     # beyond max_tokens_limit, no tenants.
