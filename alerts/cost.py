@@ -93,6 +93,9 @@ _VARIANT_SERVED = m("inferwatch_gateway_variant_served_model_info")
 TENANT_DOLLARS = f"inferwatch_cost:tenant_dollars_per_second:rate{WINDOW}"
 TENANT_DOLLARS_DAY = "inferwatch_cost:tenant_dollars:sum1d"
 _TENANT_OUTPUT = m("inferwatch_gateway_tenant_output_tokens_total")
+# per LoRA adapter {model (its base), adapter}: its output tokens at its base model's dollars per token
+ADAPTER_DOLLARS = f"inferwatch_cost:adapter_dollars_per_second:rate{WINDOW}"
+_ADAPTER_OUTPUT = m("inferwatch_gateway_adapter_output_tokens_total")
 
 
 def hosted(expr: Callable[[str], str]) -> str:
@@ -192,6 +195,10 @@ def records(prices: Cost = Cost()) -> tuple[Record, ...]:
         # the last day's output tokens at the model's dollars per token now
         Record(TENANT_DOLLARS_DAY, f"sum by (tenant) (\n  increase({_TENANT_OUTPUT}[1d])\n"
                                    f"  * on (model) group_left () {DOLLARS_PER_1M} / 1e6\n)"),
+        # -- per LoRA adapter: it runs on its base's GPUs, counted in the base's tokens (vLLM's
+        # model_name is the base's), so its share of them is its share of the base's cost --
+        Record(ADAPTER_DOLLARS, f"sum by (model, adapter) (rate({_ADAPTER_OUTPUT}[{WINDOW}]))\n"
+                                f"* on (model) group_left () {DOLLARS_PER_1M} / 1e6"),
     )
 
 

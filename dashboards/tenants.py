@@ -1,12 +1,13 @@
 """Tenants: who sends the load, whether it is served within its objectives, what it costs and
-how much of its budget is left, and whose prompts reuse vLLM's prefix cache."""
+how much of its budget is left, whose prompts reuse vLLM's prefix cache, and which LoRA
+adapters of a model carry its traffic."""
 
 from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard as dash_b
 
 from inferwatch.alerts.catalog import metric as m
-from inferwatch.alerts.cost import TENANT_DOLLARS, TENANT_DOLLARS_DAY
+from inferwatch.alerts.cost import ADAPTER_DOLLARS, TENANT_DOLLARS, TENANT_DOLLARS_DAY
 from inferwatch.alerts.spec import JOB_GATEWAY, TENANT_GOODPUT, Spec
 from inferwatch.dashboards import uids
 from inferwatch.dashboards.health import alerts_firing, targets_up
@@ -24,6 +25,11 @@ _TTFT = m("inferwatch_gateway_tenant_time_to_first_token_seconds_bucket")
 _LIMIT = m("inferwatch_gateway_tenant_budget_limit")
 _USED = m("inferwatch_gateway_tenant_budget_used")
 _REFUSED = m("inferwatch_gateway_admission_rejected_total")
+_ADAPTER_REQUESTS = m("inferwatch_gateway_adapter_requests_total")
+_ADAPTER_OUTPUT = m("inferwatch_gateway_adapter_output_tokens_total")
+_ADAPTER_GOOD = m("inferwatch_gateway_adapter_goodput_requests_total")
+_MODEL_OUTPUT = m("inferwatch_gateway_output_tokens_total")
+ADAPTERS = 'model=~"$model"'
 
 
 def _rate(metric: str, by: str = "tenant", selector: str = SEL) -> str:
@@ -124,10 +130,32 @@ def _cache() -> list[object]:
     ]
 
 
+def _adapters() -> list[object]:
+    by = "model, adapter"
+    legend = "{{adapter}} ({{model}})"
+    return [
+        timeseries_panel("Requests by LoRA adapter", "reqps", q(_rate(_ADAPTER_REQUESTS, by, ADAPTERS), legend),
+                         width=6, description="Requests to adapters vLLM serves under names of their own; every "
+                                              "other panel counts them under their base model, as vLLM does."),
+        timeseries_panel("Adapter's share of its model's tokens", "percentunit",
+                         q(f"{_rate(_ADAPTER_OUTPUT, by, ADAPTERS)} / on (model) group_left () "
+                           f"({_rate(_MODEL_OUTPUT, 'model', ADAPTERS)} > 0)", legend), width=6,
+                         description="Output tokens of the adapter over all its base model's, through the gateway."),
+        timeseries_panel("Goodput by adapter", "percentunit",
+                         q(f"{_rate(_ADAPTER_GOOD, by, ADAPTERS)} / ({_rate(_ADAPTER_REQUESTS, by, ADAPTERS)} > 0)",
+                           legend), width=6, thresholds=[(None, "red"), (0.95, "orange"), (0.99, "green")],
+                         description="Within every objective of the base model, over all the adapter's requests."),
+        timeseries_panel("Cost by adapter", "currencyUSD", q(f"{ADAPTER_DOLLARS}{{{ADAPTERS}}} * 3600", legend),
+                         width=6, description="Dollars per hour: the adapter's share of its base model's output "
+                                              "tokens at the base's price. Absent where GPUs are not attributable."),
+    ]
+
+
 def build(spec: Spec) -> dash_b.Dashboard:
     return dashboard(
-        uids.TENANTS, "inferwatch / Tenants", "Per tenant: load, goodput, cost, budgets and prefix-cache reuse.",
+        uids.TENANTS, "inferwatch / Tenants",
+        "Per tenant: load, goodput, cost, budgets and prefix-cache reuse; per LoRA adapter: load, goodput, cost.",
         [query_variable("tenant", "Tenant", f"label_values({_REQUESTS}, tenant)", all_value=None),
          query_variable("model", "Model", f"label_values({_REQUESTS}, model)", all_value=None)],
         [("Health", _health(spec)), ("Load", _load()), ("Goodput", _goodput(spec)), ("Cost", _cost()),
-         ("Budgets", _budgets()), ("Prefix cache", _cache())])
+         ("Budgets", _budgets()), ("Prefix cache", _cache()), ("LoRA adapters", _adapters())])

@@ -143,6 +143,17 @@ def _vllm_args(text: str) -> tuple[str, ...]:
         _fail(f"--vllm-args / INFERWATCH_VLLM_ARGS cannot be split into arguments ({exc}): {text[:200]!r}")
 
 
+def _tiny_adapter(model: str) -> tuple[tuple[str, str], ...]:
+    """The tiny model's LoRA adapter, served beside it (``model`` resolved: 'tiny', or the
+    tiny model's folder) so the stack shows adapters; none for any other model, whose adapters
+    are the user's to give with --vllm-args."""
+    from inferwatch.serving.tiny_model import ADAPTER_NAME, build_tiny_adapter, is_built
+
+    if not is_built(Path(model)):
+        return ()
+    return ((ADAPTER_NAME, str(build_tiny_adapter(Path(model)))),)
+
+
 def _resolve_model(model: str) -> str:
     if model != "tiny":
         return model
@@ -654,11 +665,13 @@ def up(
 
     from inferwatch.local_stack import StackError, StackOptions, run
 
+    resolved = model if monitoring_only else _resolve_model(model)
     options = StackOptions(
-        model if monitoring_only else _resolve_model(model), served_model_name, vllm_port, gateway_port, exporter_port,
+        resolved, served_model_name, vllm_port, gateway_port, exporter_port,
         drift_port, prometheus_port, alertmanager_port, pager_port, supervisor_port, canary_port, canary_delay, host,
         dtype, max_model_len, _vllm_args(vllm_args), otlp_endpoint, pagerduty_routing_key_file, heartbeat_url,
-        rules_dir, fast_alerting, startup_timeout, run_dir, monitoring_only, config)
+        rules_dir, fast_alerting, startup_timeout, run_dir, monitoring_only, config,
+        () if monitoring_only else _tiny_adapter(resolved))
     try:
         run(options, settings)
     except StackError as exc:

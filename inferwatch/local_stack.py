@@ -55,6 +55,7 @@ class StackOptions:
     run_dir: Path
     monitoring_only: bool
     config: Path | None = None  # inferwatch.yaml: the gateway judges goodput by its SLOs
+    lora_modules: tuple[tuple[str, str], ...] = ()  # LoRA adapters vLLM serves beside the model: (name, folder)
 
 
 def run(o: StackOptions, settings: Settings) -> None:
@@ -77,7 +78,7 @@ def run(o: StackOptions, settings: Settings) -> None:
     if not o.monitoring_only:
         cfg = VLLMConfig(o.model, o.served_model_name, o.host, o.vllm_port, o.max_model_len, o.dtype,
                          otlp_traces_endpoint=o.otlp_endpoint, startup_timeout_s=o.startup_timeout,
-                         extra_args=o.vllm_args)
+                         extra_args=o.vllm_args, lora_modules=o.lora_modules)
         gw_argv = ["gateway", "--host", o.host, "--port", str(o.gateway_port), "--upstream-url", cfg.base_url]
         if o.otlp_endpoint:
             gw_argv += ["--otlp-endpoint", o.otlp_endpoint]

@@ -153,7 +153,7 @@ class Access:
             declared = policy.tenants.get(state.tenant)
             budget = declared.budget if declared else None
             if budget is not None:
-                price = policy.price_of(state.model)
+                price = policy.price_of(state.model, state.base_model)
                 amount = prompt + completion if budget.tokens is not None else \
                     price.dollars(prompt, completion) if price is not None else 0.0
                 self.budgets.charge(state.tenant, budget, amount)

@@ -89,8 +89,12 @@ class Policy(BaseModel):
         """Key id -> tenant, of the declared keys."""
         return self._owner
 
-    def price_of(self, model: str) -> Price | None:
-        return self.prices.get(model, self.default_price)
+    def price_of(self, model: str, base: str | None = None) -> Price | None:
+        """The model's price, else (a LoRA adapter) its base model's, else the default."""
+        found = self.prices.get(model)
+        if found is None and base is not None:
+            found = self.prices.get(base)
+        return found if found is not None else self.default_price
 
     def for_key(self, kid: str) -> Limits:
         return _over(self.default_key, self.keys.get(kid))

@@ -20,11 +20,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from inferwatch.common.latency_buckets import REQUEST_DURATION_BUCKETS
 from inferwatch.drift.sampling_params import PARAMS, SamplingBins
+from inferwatch.serving.adapter_metrics import AdapterMetrics, create_adapter_metrics
 from inferwatch.serving.errors import STATUS_CLASSES
 from inferwatch.serving.signals import OBSERVED, Signal
-from inferwatch.serving.tenant_metrics import TenantMetrics, create_tenant_metrics
-
-NAMESPACE = "inferwatch_gateway"
+from inferwatch.serving.tenant_metrics import NAMESPACE, TenantMetrics, create_tenant_metrics
 
 REQUEST_LABELS = ("model", "variant", "route", "status_class")
 UNROUTED = "none"  # the route label of a request refused before any route matched (bounded: never the path)
@@ -96,6 +95,7 @@ class GatewayMetrics:
     shared_state_errors: Counter
     build: Info
     tenants: TenantMetrics
+    adapters: AdapterMetrics
 
 
 def create_metrics(registry: CollectorRegistry, shared_state: bool = True) -> GatewayMetrics:
@@ -257,6 +257,7 @@ def create_metrics(registry: CollectorRegistry, shared_state: bool = True) -> Ga
         ),
         build=Info("build", "Gateway version and configuration.", namespace=NAMESPACE, registry=registry),
         tenants=create_tenant_metrics(registry),
+        adapters=create_adapter_metrics(registry),
     )
 
 

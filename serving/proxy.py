@@ -131,7 +131,7 @@ class Proxy:
                                        "retry later.", error_type=errors.UPSTREAM) from None
                 raise
             req = parse_request(state.route, body, models, self.settings.max_tokens_limit)
-        state.model, state.req = req.model, req
+        state.model, state.base_model, state.req = req.model, req.base_model, req
         variant = None
         if self.experiments is not None:
             variant = self.experiments.route(exchange.headers, state, req, self.access.may_force)

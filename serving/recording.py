@@ -10,10 +10,11 @@ updates; the label children of each (model, variant, route) are looked up once a
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Mapping
 
 from inferwatch.drift.feature_record import FeatureRecord
 from inferwatch.drift.sampling_params import sampling_bins
+from inferwatch.serving.adapter_metrics import AdapterSeries
 from inferwatch.serving.errors import CLIENT_CLOSED, status_class
 from inferwatch.serving.features import FeatureFanout, FeatureQueue
 from inferwatch.serving.feedback import AnswerMemory
@@ -25,7 +26,7 @@ from inferwatch.serving.signals import RECORDED
 from inferwatch.serving.sse import StreamAccount
 from inferwatch.serving.tenant_metrics import TenantSeries
 from inferwatch.serving.tracing import end_span, exemplar, usage_attributes
-from inferwatch.serving.validation import ROUTE_PATHS
+from inferwatch.serving.validation import ROUTE_PATHS, ModelInfo
 
 NOTHING_READ = {field: None for field, _ in RECORDED}  # a request that never reached vLLM
 
@@ -36,6 +37,7 @@ class Recorder:
         self.metrics, self.features, self.answers, self.goodput = metrics, features, answers, goodput
         self._route_series: dict[tuple[str, str, str], RouteSeries] = {}
         self._tenant_series: dict[tuple[str, str], TenantSeries] = {}
+        self._adapter_series: dict[tuple[str, str], AdapterSeries] = {}
 
     def series(self, model: str, variant: str, route: str) -> RouteSeries:
         series = self._route_series.get((model, variant, route))
@@ -49,25 +51,32 @@ class Recorder:
             series = self._tenant_series[(tenant, model)] = TenantSeries(self.metrics.tenants, tenant, model)
         return series
 
-    def served(self, models: Iterable[str], variant: str) -> None:
-        """Models the gateway now serves: their request series exist from now on, at 0."""
-        for model in models:
+    def adapter_series(self, model: str, adapter: str) -> AdapterSeries:
+        series = self._adapter_series.get((model, adapter))
+        if series is None:
+            series = self._adapter_series[(model, adapter)] = AdapterSeries(self.metrics.adapters, model, adapter)
+        return series
+
+    def served(self, models: Mapping[str, ModelInfo], variant: str) -> None:
+        """Models the gateway now serves: their request series exist from now on, at 0 (an
+        adapter's are its base's)."""
+        for model in {info.base for info in models.values()}:
             for route in ROUTE_PATHS.values():
                 self.series(model, variant, route).answered_at_zero()
 
     def started(self, state: RequestState) -> None:
         """The request passed preprocessing: it is in flight until ``ended``."""
-        self.series(state.model, state.variant, state.path).in_flight.inc()
+        self.series(state.base_model, state.variant, state.path).in_flight.inc()
 
     def ended(self, state: RequestState, status: int, account: StreamAccount | None, error: str | None) -> None:
-        self.series(state.model, state.variant, state.path).in_flight.dec()
+        self.series(state.base_model, state.variant, state.path).in_flight.dec()
         self.finish(state, status, account, error=error)
 
     def rejected(self, path: str, code: str) -> None:
         self.metrics.rejected.labels(path, code).inc()
 
     def upstream_error(self, state: RequestState, reason: str, cause: BaseException | None = None) -> None:
-        self.metrics.upstream_errors.labels(state.model, state.variant, reason).inc()
+        self.metrics.upstream_errors.labels(state.base_model, state.variant, reason).inc()
         if reason == "connect":
             state.upstream.unreachable(cause)
 
@@ -76,7 +85,8 @@ class Recorder:
         e2e = time.perf_counter() - state.started
         variant, span = state.variant, state.span
         ex = exemplar(span)
-        series = self.series(state.model, variant, state.path)
+        series = self.series(state.base_model, variant, state.path)
+        adapter = self.adapter_series(state.base_model, state.model) if state.model != state.base_model else None
         requests, duration = series.answered(status_class(status))
         requests.inc()
         duration.observe(e2e, ex)
@@ -106,8 +116,10 @@ class Recorder:
             req = state.req
             bins = sampling_bins(req.payload, stream=req.stream, default_max_tokens=req.default_max_tokens)
             series.sampled(bins)
-        tenant = self.tenant_series(state.tenant, state.model)
+        tenant = self.tenant_series(state.tenant, state.base_model)
         tenant.answered(status_class(status)).inc()
+        if adapter is not None:
+            adapter.answered(status_class(status)).inc()
         tenant.duration.observe(e2e)
         output = None
         if account is not None and (ok or status == CLIENT_CLOSED):
@@ -117,6 +129,8 @@ class Recorder:
                 n = state.req.n if state.req else 1
                 series.input_tokens.inc(account.prompt_tokens * n)
                 tenant.input_tokens.inc(account.prompt_tokens * n)
+                if adapter is not None:
+                    adapter.input_tokens.inc(account.prompt_tokens * n)
                 if account.cached_tokens:
                     tenant.cached_tokens.inc(account.cached_tokens)
             output = account.completion_tokens if account.completion_tokens is not None else (
@@ -124,12 +138,16 @@ class Recorder:
             if output:
                 series.output_tokens.inc(output)
                 tenant.output_tokens.inc(output)
+                if adapter is not None:
+                    adapter.output_tokens.inc(output)
         if account is not None and ok:
             ttft = account.ttft
             if ttft is not None:
                 tenant.ttft.observe(ttft)
-            if self.goodput.objectives(state.model).met(status, ttft, account.tpot(), e2e):
+            if self.goodput.objectives(state.base_model).met(status, ttft, account.tpot(), e2e):
                 tenant.good.inc()
+                if adapter is not None:
+                    adapter.good.inc()
                 if output:
                     tenant.good_tokens.inc(output)
         # forced requests are test traffic, not assignments: a record would count them in the

@@ -33,7 +33,8 @@ class RequestState:
     ctx: Context
     variant: str  # the settings' one, or the variant an experiment routed the request to
     upstream: Upstream
-    model: str = UNKNOWN_MODEL
+    model: str = UNKNOWN_MODEL  # as the client asked: a model, an experiment's public name, or a LoRA adapter
+    base_model: str = UNKNOWN_MODEL  # what the request metrics count it under: an adapter's base, else ``model``
     req: ParsedRequest | None = None
     key: str = ANONYMOUS  # the API key's id (serving/admission.py), never the key
     tenant: str = ANONYMOUS  # the key's tenant (serving/tenants.py)

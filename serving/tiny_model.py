@@ -156,3 +156,58 @@ def _write_model(path: Path, spec: TinyModelSpec) -> None:
     )
     model = LlamaForCausalLM(config).to(torch.bfloat16)  # type: ignore[arg-type]  # transformers types .to() for devices only
     model.save_pretrained(path, safe_serialization=True)
+
+
+ADAPTER_NAME = "tiny-lora"
+ADAPTER_RANK = 8
+ADAPTER_TARGETS = ("q_proj", "v_proj")
+
+
+def build_tiny_adapter(base: Path, name: str = ADAPTER_NAME, force: bool = False) -> Path:
+    """A LoRA adapter of the tiny model, in PEFT's layout (what vLLM's ``--lora-modules``
+    loads), next to the model it adapts; rebuilt with it.
+
+    Its B matrices are random, not PEFT's zeros, so the adapter changes what the model says:
+    a request served without it would answer differently.
+    """
+    target = base.parent / f"{base.name}-{name}"
+    marker = {"base": json.loads((base / "inferwatch-build.json").read_text()), "rank": ADAPTER_RANK,
+              "targets": list(ADAPTER_TARGETS)}
+    try:
+        if not force and json.loads((target / "inferwatch-build.json").read_text()) == marker:
+            return target
+    except (OSError, ValueError):
+        pass
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        _write_adapter(staging, base)
+        (staging / "inferwatch-build.json").write_text(json.dumps(marker, indent=2))
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _write_adapter(path: Path, base: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    config = json.loads((base / "config.json").read_text())
+    hidden, heads, kv_heads = config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"]
+    out = {"q_proj": hidden, "v_proj": hidden // heads * kv_heads}
+    generator = torch.Generator().manual_seed(SEED + 1)
+    tensors = {}
+    for layer in range(config["num_hidden_layers"]):
+        for module in ADAPTER_TARGETS:
+            prefix = f"base_model.model.model.layers.{layer}.self_attn.{module}"
+            tensors[f"{prefix}.lora_A.weight"] = torch.randn(ADAPTER_RANK, hidden, generator=generator) * 0.1
+            tensors[f"{prefix}.lora_B.weight"] = torch.randn(out[module], ADAPTER_RANK, generator=generator) * 0.1
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in tensors.items()}, str(path / "adapter_model.safetensors"))
+    (path / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": str(base),
+        "r": ADAPTER_RANK, "lora_alpha": 2 * ADAPTER_RANK, "lora_dropout": 0.0, "bias": "none",
+        "target_modules": list(ADAPTER_TARGETS), "fan_in_fan_out": False, "modules_to_save": None,
+    }, indent=2))

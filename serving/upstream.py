@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Mapping
 
 import aiohttp
 import orjson
@@ -16,6 +16,22 @@ from inferwatch.serving.upstream_balancer import Balancer, Endpoint
 from inferwatch.serving.validation import ModelInfo
 
 log = logging.getLogger(__name__)
+
+
+def served_models(listing: object) -> dict[str, ModelInfo]:
+    """vLLM's /v1/models answer, by id. A LoRA adapter (``parent`` set, ``max_model_len``
+    null) takes its base model's context length: the adapter runs in the base's engine."""
+    data = listing.get("data") if isinstance(listing, dict) else None
+    if not isinstance(data, list):
+        raise ValueError("the model list is not an object with a list of models in 'data'")
+    cards = [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+    lengths = {m["id"]: m["max_model_len"] for m in cards if isinstance(m.get("max_model_len"), int)}
+    models = {}
+    for m in cards:
+        parent = m.get("parent") if isinstance(m.get("parent"), str) and m.get("parent") != m["id"] else None
+        length = lengths.get(m["id"], lengths.get(parent) if parent else None)
+        models[m["id"]] = ModelInfo(m["id"], length, parent)
+    return models
 
 
 class Upstream:
@@ -43,7 +59,7 @@ class Upstream:
         self._session: aiohttp.ClientSession | None = None
         self.balancer = Balancer(self.base_url, settings, metrics, self._probe)  # the proxy routes' own client
         self._refresh_task: asyncio.Task | None = None
-        self.on_models: Callable[[Iterable[str]], None] | None = None  # told each model list read
+        self.on_models: Callable[[Mapping[str, ModelInfo]], None] | None = None  # told each model list read
         self._refresh_lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self.headers = {"content-type": "application/json"}
@@ -79,11 +95,7 @@ class Upstream:
         async with self._refresh_lock:
             self._last_refresh = time.monotonic()
             try:
-                data = await self._read_models()
-                self.models = {
-                    m["id"]: ModelInfo(m["id"], m.get("max_model_len") if isinstance(m.get("max_model_len"), int) else None)
-                    for m in data.get("data", []) if isinstance(m, dict) and isinstance(m.get("id"), str)
-                }
+                self.models = served_models(await self._read_models())
             except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError) as exc:
                 if self.up:  # said once per outage, not at every retry
                     log.warning("upstream %s: model list unavailable: %s", self.base_url, str(exc) or type(exc).__name__)

@@ -24,6 +24,13 @@ ROUTE_PATHS: dict[Route, str] = {"chat": "/v1/chat/completions", "completions": 
 class ModelInfo:
     id: str
     max_model_len: int | None = None
+    # a LoRA adapter's base model (vLLM's /v1/models says it as ``parent``): the model the
+    # metrics count the adapter's requests under, as vLLM's own counters do
+    parent: str | None = None
+
+    @property
+    def base(self) -> str:
+        return self.parent or self.id
 
 
 @dataclass(frozen=True)
@@ -37,6 +44,7 @@ class ParsedRequest:
     payload: dict[str, Any]
     default_max_tokens: bool = False  # the client set no limit: the gateway sends max_tokens
     n: int = 1  # choices asked for: vLLM processes (and counts) the prompt once per choice
+    base_model: str = ""  # the adapter's base model, or the model itself (ModelInfo.base)
 
 
 MAX_CHOICES = 128  # OpenAI's own bound on n
@@ -102,7 +110,7 @@ def parse_request(route: Route, body: bytes, models: Mapping[str, ModelInfo], ma
     choices = n
 
     return ParsedRequest(route, model, stream, client_wants_usage, client_wants_logprobs, max_tokens, payload,
-                         default_max_tokens=default, n=choices)
+                         default_max_tokens=default, n=choices, base_model=info.base)
 
 
 # The fields that cap generation, in the order vLLM reads them (the first one set wins):

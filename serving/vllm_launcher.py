@@ -35,6 +35,8 @@ class VLLMConfig:
     # More names the same engine answers to (vLLM's --served-model-name takes several; its
     # metrics carry the first): two experiment variants on one engine are an exact A/A.
     aliases: tuple[str, ...] = ()
+    # LoRA adapters served under names of their own: (name, folder in PEFT's layout, rank 16 at most)
+    lora_modules: tuple[tuple[str, str], ...] = ()
 
     @property
     def base_url(self) -> str:
@@ -56,6 +58,8 @@ def command(cfg: VLLMConfig) -> list[str]:
     # the prompt tokens found in the prefix cache, in every answer's usage: the gateway counts
     # them per tenant (serving/tenant_metrics.py)
     argv.append("--enable-prompt-tokens-details")
+    if cfg.lora_modules:
+        argv += ["--enable-lora", "--lora-modules", *(f"{name}={path}" for name, path in cfg.lora_modules)]
     return argv + list(cfg.extra_args)
 
 

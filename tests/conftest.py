@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from inferwatch.common.supervise import ManagedProcess
-from inferwatch.serving.tiny_model import build_tiny_model
+from inferwatch.serving.tiny_model import ADAPTER_NAME, build_tiny_adapter, build_tiny_model
 from inferwatch.serving.vllm_launcher import VLLMConfig, vllm_process
 from tests.support.otlp import OTLPReceiver
 from tests.support.sockets import free_port
@@ -51,6 +51,11 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def model_cache() -> Path:
     return Path(os.environ.get("INFERWATCH_CACHE_DIR", Path.home() / ".cache" / "inferwatch"))
+
+
+@pytest.fixture(scope="session")
+def tiny_adapter(tiny_model: Path) -> Path:
+    return build_tiny_adapter(tiny_model)
 
 
 @pytest.fixture(scope="session")
@@ -87,12 +92,15 @@ def running_vllms(configs: Sequence[VLLMConfig], log_dir: Path) -> Iterator[list
 
 
 @pytest.fixture(scope="session")
-def vllm_server(tiny_model: Path, otlp_receiver: OTLPReceiver, tmp_path_factory: pytest.TempPathFactory):
-    """The shared real vLLM server, exporting its spans to ``otlp_receiver``."""
+def vllm_server(tiny_model: Path, tiny_adapter: Path, otlp_receiver: OTLPReceiver,
+                tmp_path_factory: pytest.TempPathFactory):
+    """The shared real vLLM server, exporting its spans to ``otlp_receiver``, serving the tiny
+    model and its LoRA adapter (``ADAPTER_NAME``)."""
     # a tool parser (vLLM takes one only with auto tool choice), or vLLM refuses tool_choice naming a
     # function; pythonic needs no special tokens
     cfg = suite_vllm(tiny_model, port=free_port(), otlp_traces_endpoint=otlp_receiver.endpoint,
-                     extra_args=("--enable-auto-tool-choice", "--tool-call-parser", "pythonic"))
+                     extra_args=("--enable-auto-tool-choice", "--tool-call-parser", "pythonic"),
+                     lora_modules=((ADAPTER_NAME, str(tiny_adapter)),))
     with running_vllms([cfg], tmp_path_factory.mktemp("vllm")) as (server,):
         yield server
 

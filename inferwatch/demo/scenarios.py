@@ -91,7 +91,8 @@ def _window(since: float) -> str:
 def steady(demo: Demo) -> list[Seen]:
     s = demo.stack
     start = time.time()
-    counts = demo.load.run(demo.seconds(90), clients=2, asks=short_asks(s.model, seed=1), per_client_rps=1.5)
+    counts = demo.load.run(demo.seconds(90), clients=2, asks=short_asks(s.model, seed=1, adapters=s.adapters()),
+                           per_client_rps=1.5)
     demo.marks["steady_from"], demo.marks["steady_to"] = start, time.time()
     ok = counts[200]
     expr = (f'sum(increase(inferwatch_gateway_requests_total{{model="{s.model}",status_class="2xx"}}'

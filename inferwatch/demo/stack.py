@@ -97,6 +97,14 @@ class Stack:
         raise DemoError(f"the gateway has no experiment for {self.ab_model!r}: `inferwatch up` configures one "
                         "unless started with --canary-port 0")
 
+    def adapters(self) -> list[str]:
+        """The LoRA adapters of ``model`` the gateway serves (`inferwatch up` loads one on the tiny
+        model): vLLM's model list names an adapter's base as its ``parent``."""
+        r = requests.get(f"{self.gateway}/v1/models", timeout=TIMEOUT_S,
+                         headers={"authorization": f"Bearer {self.api_key}"} if self.api_key else None)
+        r.raise_for_status()
+        return sorted(m["id"] for m in r.json().get("data", []) if m.get("parent") == self.model)
+
     def set_weights(self, weights: dict[str, float]) -> dict[str, Any]:
         return self.admin("PUT", f"/admin/experiments/{self.ab_model}/weights", {"weights": weights})
 

@@ -9,7 +9,7 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -50,10 +50,15 @@ def prompt(words: int, rng: random.Random) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(words))
 
 
-def short_asks(model: str, seed: int = 0) -> Callable[[int], Ask]:
-    """Everyday traffic: a handful of words, short answers, half of them streamed."""
+def short_asks(model: str, seed: int = 0, adapters: Sequence[str] = ()) -> Callable[[int], Ask]:
+    """Everyday traffic: a handful of words, short answers, half of them streamed; every fourth
+    request to one of the model's LoRA ``adapters`` in turn, if it has any."""
     rng = random.Random(seed)
-    return lambda i: Ask(model, rng.randint(3, 12), rng.randint(8, 32), i % 2 == 0)
+
+    def ask(i: int) -> Ask:
+        target = adapters[i // 4 % len(adapters)] if adapters and i % 4 == 3 else model
+        return Ask(target, rng.randint(3, 12), rng.randint(8, 32), i % 2 == 0)
+    return ask
 
 
 class Load:

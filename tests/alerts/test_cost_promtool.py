@@ -124,6 +124,31 @@ def test_a_host_of_two_models_gives_no_per_model_number(tmp_path):
     ])
 
 
+def gateway_tokens(name: str, per_s: float, **labels: str) -> dict:
+    """A gateway counter of output tokens moving at ``per_s``."""
+    return {selector(name, {"job": "inferwatch-gateway", "instance": "127.0.0.1:8080", **labels}): f"0+{60 * per_s:g}x30"}
+
+
+def test_tenants_and_adapters_pay_their_share_of_their_models_tokens(tmp_path):
+    """m1 costs $11.111 per 1M output tokens (as above). Tenant search takes 60 tokens/s of
+    it, chat 40 of which 30 go to the LoRA adapter m1-lora (counted under its base, m1, as
+    vLLM counts it): $666.667, $444.444 and $333.333 per 1M seconds. Over the 10 minutes
+    there are, search's 36,000 tokens cost $0.4 and chat's 24,000 $0.267."""
+    series = {**LOCAL,
+              **gateway_tokens("inferwatch_gateway_tenant_output_tokens_total", 60, tenant="search", model="m1"),
+              **gateway_tokens("inferwatch_gateway_tenant_output_tokens_total", 40, tenant="chat", model="m1"),
+              **gateway_tokens("inferwatch_gateway_adapter_output_tokens_total", 30, model="m1", adapter="m1-lora")}
+    def per_million_seconds(record: str, expected: dict[str, float]) -> dict:
+        return {**check(record, expected), "expr": f"round(1e6 * {record}, 0.001)"}
+
+    run(tmp_path, "tenant and adapter dollars", series, [
+        per_million_seconds(cost.TENANT_DOLLARS, {'{model="m1",tenant="search"}': 666.667,
+                                                  '{model="m1",tenant="chat"}': 444.444}),
+        per_million_seconds(cost.ADAPTER_DOLLARS, {'{adapter="m1-lora",model="m1"}': 333.333}),
+        check(cost.TENANT_DOLLARS_DAY, {'{tenant="search"}': 0.4, '{tenant="chat"}': 0.267}),
+    ])
+
+
 def served(model: str, variant: str, name: str, gateway: str) -> str:
     return selector("inferwatch_gateway_variant_served_model_info",
                     {"job": "inferwatch-gateway", "instance": gateway, "model": model, "variant": variant,

@@ -93,7 +93,13 @@ def test_the_relay_closes_a_client_when_vllm_is_not_there():
     with running(lambda ready: serve("127.0.0.1", port, ("127.0.0.1", free_port()), DELAY_S, ready)), \
             socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
         conn.sendall(b"GET /health HTTP/1.1\r\n\r\n")
-        assert conn.recv(100) == b""
+        # closed without an answer: a FIN, or a reset when the request reached the relay's socket
+        # before it closed unread (Linux answers a close with unread data so), as it may on a busy machine
+        try:
+            answer = conn.recv(100)
+        except ConnectionResetError:
+            answer = b""
+        assert answer == b""
 
 
 class Counting(BaseHTTPRequestHandler):

@@ -26,6 +26,7 @@ from inferwatch.drift.service.app import DriftSettings, create_app as drift_app
 from inferwatch.exporters.server import Exporter, ExporterSettings, make_server
 from inferwatch.serving.admission import key_id
 from inferwatch.serving.settings import GatewaySettings
+from inferwatch.serving.tiny_model import ADAPTER_NAME
 from tests.conftest import TINY_MODEL_NAME
 from tests.support.feature_records import body, records
 from tests.support.fleet import FakeProcess, fleet
@@ -38,7 +39,7 @@ from tests.support.waiting import eventually
 AB_MODEL = "tiny-ab"  # the model clients ask for that the live experiment splits
 # two tenants, and requests without a key (anonymous: the experiment's, whose units must be
 # many for its verdict); one tenant's budget runs out on the way, so the budget and refusal
-# panels have something to show
+# panels have something to show; some of the tenants' requests go to the LoRA adapter
 TENANT_KEYS = ("sk-live-search", "sk-live-batch")
 
 pytestmark = pytest.mark.vllm
@@ -123,7 +124,7 @@ def _drive(gateway: str, drift: str, nvml) -> None:
         for k, dev in enumerate(nvml.devices):  # the GPUs work with the traffic: busy, drawing power
             busy = 0.5 + 0.4 * math.sin((deadline - time.monotonic()) / 3 + k)
             dev.gpu_util, dev.power_mw = round(100 * busy), round(100_000 + 500_000 * busy)
-        model = AB_MODEL if i % 3 == 0 else TINY_MODEL_NAME
+        model = AB_MODEL if i % 3 == 0 else ADAPTER_NAME if i % 4 == 1 else TINY_MODEL_NAME
         auth = {} if model == AB_MODEL else {"authorization": f"Bearer {TENANT_KEYS[i % 2]}"}
         requests.post(f"{gateway}/v1/chat/completions", timeout=30, headers=auth, json={
             "model": model, "max_tokens": 8 + i % 24, "stream": i % 2 == 0,
@@ -132,10 +133,21 @@ def _drive(gateway: str, drift: str, nvml) -> None:
             requests.post(f"{gateway}/v1/chat/completions", data=b"{not json", timeout=10)
     # the A/B verdict panels show the experiments the drift service watches: judging one watches
     # it (200 or 412 by its decision; 404 until the gateway's records of the experiment arrive),
-    # and 10 units an arm (of ~20 s of traffic) let its guardrails be judged
-    eventually(lambda: requests.get(f"{drift}/v1/ab/{AB_MODEL}", params={"control": "v1", "treatment": "v2",
-                                                                             "min_units": 10},
-                                    timeout=30).status_code in (200, 412), timeout_s=30)
+    # and 10 units an arm (of ~20 s of traffic) let its guardrails be judged. Each probe sends
+    # one more request of the experiment, and a failure says what the drift service answered.
+    answers: list[str] = []
+
+    def judged() -> bool:
+        requests.post(f"{gateway}/v1/chat/completions", timeout=30, json={
+            "model": AB_MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "hello"}]})
+        r = requests.get(f"{drift}/v1/ab/{AB_MODEL}", params={"control": "v1", "treatment": "v2", "min_units": 10},
+                         timeout=30)
+        answers.append(f"{r.status_code} {r.text[:500]}")
+        return r.status_code in (200, 412)
+    try:
+        eventually(judged, timeout_s=45, interval_s=0.5)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nthe drift service last answered: {answers[-1:]}") from None
 
 
 # Series one panel may draw at the dashboard's defaults ("All") before it needs a repeat or a

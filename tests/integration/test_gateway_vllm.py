@@ -17,6 +17,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 
 from inferwatch.serving.features import MemorySink
 from inferwatch.serving.settings import GatewaySettings
+from inferwatch.serving.tiny_model import ADAPTER_NAME
 from tests.conftest import TINY_MODEL_NAME
 from tests.support.servers import GatewayServer, metric_sum
 from tests.support.waiting import eventually
@@ -69,7 +70,7 @@ def settled_vllm_metrics(vllm_server, timeout_s: float = 10.0) -> str:
 
 
 def test_models_endpoint_lists_vllm_models(gateway):
-    assert [m.id for m in client(gateway.url).models.list()] == [TINY_MODEL_NAME]
+    assert [m.id for m in client(gateway.url).models.list()] == [TINY_MODEL_NAME, ADAPTER_NAME]
 
 
 def test_non_streaming_answers_equal_vllm_direct(gateway, vllm_server):

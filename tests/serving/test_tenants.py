@@ -21,6 +21,8 @@ from inferwatch.serving.budgets import Budgets, period_of
 from inferwatch.serving.goodput import Goodput, Objectives
 from inferwatch.serving.settings import GatewaySettings
 from inferwatch.serving.tenants import Budget
+from inferwatch.serving.upstream import served_models
+from inferwatch.serving.validation import ModelInfo
 from tests.serving.test_shared_state import replica
 from tests.support.redis_server import RedisServer
 from tests.support.servers import GatewayServer, metric_sum, samples
@@ -105,6 +107,29 @@ tenants: {a: {budget: {dollars: 5, period: month}}}
 """, "limits.yaml")
     assert policy.price_of("small").dollars(1_000_000, 500_000) == pytest.approx(2.0)
     assert policy.price_of("big").dollars(100_000, 100_000) == pytest.approx(4.0)
+    # a LoRA adapter is charged at its own price if it has one, else at its base model's
+    assert policy.price_of("big-lora", "big").dollars(100_000, 100_000) == pytest.approx(4.0)
+    assert policy.price_of("small-lora", "small").dollars(1_000_000, 500_000) == pytest.approx(2.0)
+
+
+def test_vllms_model_list_gives_each_adapter_its_base_and_the_bases_context():
+    """vLLM 0.32's /v1/models (abridged): an adapter names its base as ``parent`` and has no
+    ``max_model_len``; anything not shaped like a model card is skipped."""
+    listing = {"object": "list", "data": [
+        {"id": "tiny-llama", "root": "/m/tiny", "parent": None, "max_model_len": 512},
+        {"id": "tiny-lora", "root": "/m/tiny-lora", "parent": "tiny-llama", "max_model_len": None},
+        {"id": "lora-of-unlisted", "parent": "gone", "max_model_len": None},
+        {"id": "self-parent", "parent": "self-parent", "max_model_len": 64},
+        {"id": 7}, "not a card",
+    ]}
+    models = served_models(listing)
+    assert models == {"tiny-llama": ModelInfo("tiny-llama", 512), "tiny-lora": ModelInfo("tiny-lora", 512, "tiny-llama"),
+                      "lora-of-unlisted": ModelInfo("lora-of-unlisted", None, "gone"),
+                      "self-parent": ModelInfo("self-parent", 64)}
+    assert [m.base for m in models.values()] == ["tiny-llama", "tiny-llama", "gone", "self-parent"]
+    for broken in ({"data": 7}, {}, ["tiny-llama"]):
+        with pytest.raises(ValueError, match="list of models"):
+            served_models(broken)
 
 
 # -- goodput's objectives ----------------------------------------------------------------
