@@ -34,6 +34,7 @@ from inferwatch.serving.endpoints import Endpoints
 from inferwatch.serving.exposition import render
 from inferwatch.serving.features import FeatureFanout, FeatureQueue, FeatureSink, HttpSink
 from inferwatch.serving.feedback import AnswerMemory, FeedbackFanout, FeedbackSink, RatingSink
+from inferwatch.serving.genai_metrics import genai_metrics
 from inferwatch.serving.goodput import Goodput
 from inferwatch.serving.metrics import GatewayMetrics, create_metrics
 from inferwatch.serving.proxy import Proxy
@@ -91,7 +92,8 @@ class Gateway:
         self.access = Access(settings, self.metrics, self.shared, registry)
         self._syncs: list[asyncio.Task] = []
         objectives = read_settings(settings.config_file)[0] if settings.config_file is not None else Settings()
-        self.recorder = Recorder(self.metrics, self.features, answers, Goodput(objectives))
+        self.genai = genai_metrics(settings)
+        self.recorder = Recorder(self.metrics, self.features, answers, Goodput(objectives), self.genai)
         self.upstream.on_models = lambda models: self.recorder.served(models, settings.variant)
         self.proxy = Proxy(settings, self.upstream, self.experiments, self.access, self.recorder, tracer,
                            ServerSpans(tracer, settings.trace_sample_ratio, self.tracer_provider is not None))
@@ -135,6 +137,8 @@ class Gateway:
             await self.feedback_sink.close()
         if self.tracer_provider is not None:
             self.tracer_provider.shutdown()
+        if self.genai is not None:
+            self.genai.shutdown()
         if self.shared is not None:
             await self.shared.close()
         if self._own_metrics is not None:

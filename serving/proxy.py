@@ -35,7 +35,15 @@ from inferwatch.serving.request import RequestState
 from inferwatch.serving.routing import Experiments
 from inferwatch.serving.settings import GatewaySettings
 from inferwatch.serving.sse import StreamAccount, chunk_logprobs, finish_reason_of, strip_logprobs
-from inferwatch.serving.tracing import OPERATION, PROPAGATOR, ServerSpans, end_span, inject_context, request_attributes
+from inferwatch.serving.tracing import (
+    OPERATION,
+    PROPAGATOR,
+    ServerSpans,
+    end_response_span,
+    end_span,
+    inject_context,
+    request_attributes,
+)
 from inferwatch.serving.upstream import Upstream
 from inferwatch.serving.validation import ROUTE_PATHS, ParsedRequest, parse_request, upstream_payload
 
@@ -141,6 +149,7 @@ class Proxy:
         payload, changed = upstream_payload(req, self.settings.capture_logprobs)
         if variant is not None and (variant.rename is not None or variant.params):
             payload, changed = {**payload, **variant.params, "model": variant.served_model}, True
+        state.response_model = payload.get("model", req.model)  # a stream's (vLLM answers under the name it is asked)
         span = state.span
         if span.is_recording():
             # the request's parameters are the client span's (GenAI conventions); the model is
@@ -169,10 +178,12 @@ class Proxy:
     async def _send(state: RequestState, span: trace.Span, body: bytes, headers: dict[str, str],
                     timeout_s: float) -> UpstreamResponse:
         """The request to one of the variant's replicas; ``settle`` tells the balancer how it ended."""
+        sent = time.perf_counter()
         resp, state.endpoint = await state.upstream.balancer.post(state.path, body, headers, timeout_s)
+        address = state.endpoint.address
+        state.sent = (address.ip, address.target.port, sent)
         if span.is_recording():
-            span.set_attributes({"server.address": state.endpoint.address.ip,
-                                 "server.port": state.endpoint.address.target.port})
+            span.set_attributes({"server.address": address.ip, "server.port": address.target.port})
         return resp
 
     async def _unary(self, exchange: Exchange, state: RequestState, req: ParsedRequest, body: bytes) -> None:
@@ -202,8 +213,8 @@ class Proxy:
             except asyncio.CancelledError:
                 end_span(span, LEFT)
                 raise
-            end_span(span, None if upstream_status < 400 else f"upstream answered {upstream_status}")
             if upstream_status >= 400:
+                end_span(span, f"upstream answered {upstream_status}")
                 status, error = upstream_status, f"upstream answered {upstream_status}"
                 reason = "http_4xx" if upstream_status < 500 else "http_5xx"
                 exchange.answer(upstream_status, raw)
@@ -215,13 +226,17 @@ class Proxy:
             except (orjson.JSONDecodeError, AttributeError):
                 status, error, reason = 502, "upstream answered with something that is not an OpenAI response", \
                     "bad_response"
+                end_span(span, error)
                 exchange.answer(502, errors.error_body(error, errors.UPSTREAM, "bad_response"))
                 return
             account.on_usage(usage)
-            if self.recorder.answers is not None and isinstance(rid := data.get("id"), str):
+            if isinstance(rid := data.get("id"), str):
                 state.response_id = rid
+            if isinstance(answered_as := data.get("model"), str):
+                state.response_model = answered_as
             account.finish_reasons = [kept for c in choices
                                       if isinstance(c, dict) and (kept := finish_reason_of(c.get("finish_reason")))]
+            end_response_span(span, account, state.response_id, state.response_model)
             if req.n == 1 and choices:
                 read_answer(account, choices[0], req.route)
             if self.settings.capture_logprobs or req.client_wants_logprobs:
@@ -278,7 +293,7 @@ class Proxy:
             return
         relay = StreamRelay(state, req, resp, span, exchange, self.settle,
                             capture_logprobs=self.settings.capture_logprobs,
-                            want_id=self.recorder.answers is not None, idle_s=idle_s)
+                            want_id=self.recorder.answers is not None or span.is_recording(), idle_s=idle_s)
         relay.start()
         try:
             await relay.finished

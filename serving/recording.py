@@ -18,6 +18,7 @@ from inferwatch.serving.adapter_metrics import AdapterSeries
 from inferwatch.serving.errors import CLIENT_CLOSED, status_class
 from inferwatch.serving.features import FeatureFanout, FeatureQueue
 from inferwatch.serving.feedback import AnswerMemory
+from inferwatch.serving.genai_metrics import GenAIMetrics
 from inferwatch.serving.goodput import Goodput
 from inferwatch.serving.metrics import ABNORMAL_KINDS, GatewayMetrics, RouteSeries, observe_many
 from inferwatch.serving.output_quality import assess
@@ -25,7 +26,7 @@ from inferwatch.serving.request import RequestState
 from inferwatch.serving.signals import RECORDED
 from inferwatch.serving.sse import StreamAccount
 from inferwatch.serving.tenant_metrics import TenantSeries
-from inferwatch.serving.tracing import end_span, exemplar, usage_attributes
+from inferwatch.serving.tracing import OPERATION, end_span, exemplar, response_attributes
 from inferwatch.serving.validation import ROUTE_PATHS, ModelInfo
 
 NOTHING_READ = {field: None for field, _ in RECORDED}  # a request that never reached vLLM
@@ -33,8 +34,9 @@ NOTHING_READ = {field: None for field, _ in RECORDED}  # a request that never re
 
 class Recorder:
     def __init__(self, metrics: GatewayMetrics, features: FeatureQueue | FeatureFanout | None,
-                 answers: AnswerMemory | None, goodput: Goodput) -> None:
+                 answers: AnswerMemory | None, goodput: Goodput, genai: GenAIMetrics | None = None) -> None:
         self.metrics, self.features, self.answers, self.goodput = metrics, features, answers, goodput
+        self.genai = genai  # OpenTelemetry's GenAI metrics, when opted in (serving/genai_metrics.py)
         self._route_series: dict[tuple[str, str, str], RouteSeries] = {}
         self._tenant_series: dict[tuple[str, str], TenantSeries] = {}
         self._adapter_series: dict[tuple[str, str], AdapterSeries] = {}
@@ -165,8 +167,26 @@ class Recorder:
             ))
         if state.response_id is not None and status < 400 and self.answers is not None and not state.forced:
             self.answers.remember(state.response_id, state.model, variant, a)
+        if self.genai is not None and state.req is not None:
+            self._genai(state, status, account, e2e, output)
         if span.is_recording():
             span.set_attribute("http.response.status_code", status)
             if account is not None:
-                span.set_attributes(usage_attributes(account))
+                span.set_attributes(response_attributes(account, state.response_id,
+                                                        state.response_model if status < 400 else None))
         end_span(span, error if status >= 500 or status == CLIENT_CLOSED else None)
+
+    def _genai(self, state: RequestState, status: int, account: StreamAccount | None, e2e: float,
+               output: int | None) -> None:
+        """The request in OpenTelemetry's GenAI metrics: what vLLM's usage says it used."""
+        assert self.genai is not None and state.req is not None
+        answered = account if account is not None and status < 400 else None
+        upstream = None
+        if state.sent is not None:
+            address, port, sent = state.sent
+            upstream = (address, port, state.started + e2e - sent)
+        self.genai.record(
+            operation=OPERATION[state.req.route], model=state.model, status=status, e2e_s=e2e, upstream=upstream,
+            response_model=state.response_model if answered else None,
+            ttft_s=answered.ttft if answered else None, tpot_s=answered.tpot() if answered else None,
+            input_tokens=answered.prompt_tokens if answered else None, output_tokens=output if answered else None)

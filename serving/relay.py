@@ -24,7 +24,7 @@ from inferwatch.serving.lazy_timer import SLACK_S, LazyTimer
 from inferwatch.serving.relay_client import UpstreamResponse
 from inferwatch.serving.request import RequestState
 from inferwatch.serving.sse import EventProcessor, SSESplitter, StreamAccount
-from inferwatch.serving.tracing import end_span
+from inferwatch.serving.tracing import end_response_span, end_span
 from inferwatch.serving.validation import ParsedRequest
 
 RELAY_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
@@ -181,7 +181,10 @@ class StreamRelay:
             self.resp.release()
         else:
             self.resp.close()  # drop the connection so vLLM aborts the request
-        end_span(self.upstream_span, self.error)
+        if self.error is None:
+            end_response_span(self.upstream_span, self.account, self.state.response_id, self.state.response_model)
+        else:
+            end_span(self.upstream_span, self.error)
         self.on_settled(self.state, self.status, self.account, self.error, self.reason)
         self.exchange.end_stream(last)
         if not self.finished.done():

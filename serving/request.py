@@ -46,6 +46,8 @@ class RequestState:
     routed: bool = False  # an experiment chose the variant: the response says which
     forced: bool = False  # the force header picked (or tried to pick) the variant: test traffic, no feature record
     endpoint: Endpoint | None = None  # the replica the request went to, until it settles
+    sent: tuple[str, int, float] | None = None  # the replica's address and port, and when the request went (perf_counter)
+    response_model: str | None = None  # the name vLLM answered under (GenAI's gen_ai.response.model)
 
     def variant_header(self) -> list[bytes] | None:
         """On answers an experiment routed: which variant gave it."""

@@ -144,8 +144,13 @@ def request_attributes(req: ParsedRequest) -> dict:
     return attrs
 
 
-def usage_attributes(account: StreamAccount) -> dict:
+def response_attributes(account: StreamAccount, response_id: str | None, response_model: str | None) -> dict:
+    """What the answer says of itself (GenAI conventions): its id and model, finish reasons and usage."""
     attrs: dict = {}
+    if response_id is not None:
+        attrs["gen_ai.response.id"] = response_id
+    if response_model is not None:
+        attrs["gen_ai.response.model"] = response_model
     if account.prompt_tokens is not None:
         attrs["gen_ai.usage.input_tokens"] = account.prompt_tokens
     if account.completion_tokens is not None:
@@ -155,6 +160,14 @@ def usage_attributes(account: StreamAccount) -> dict:
     if account.ttft is not None:
         attrs["gen_ai.server.time_to_first_token"] = account.ttft
     return attrs
+
+
+def end_response_span(span: trace.Span, account: StreamAccount, response_id: str | None,
+                      response_model: str | None) -> None:
+    """End the client span of a call vLLM answered, with what the answer says of itself."""
+    if span.is_recording():
+        span.set_attributes(response_attributes(account, response_id, response_model))
+    span.end()
 
 
 def end_span(span: trace.Span, error: str | None) -> None:

@@ -1,4 +1,5 @@
-"""A real OTLP/HTTP trace receiver on loopback, so tests see exactly what exporters send."""
+"""A real OTLP/HTTP receiver on loopback, of traces and metrics, so tests see exactly what
+exporters send."""
 
 from __future__ import annotations
 
@@ -8,6 +9,10 @@ import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -68,6 +73,7 @@ class OTLPReceiver:
     def __init__(self, host: str = "127.0.0.1") -> None:
         self.spans: list[ReceivedSpan] = []
         self.payloads: list[bytes] = []  # every export as received (un-gzipped): what reached the wire
+        self.metric_requests: list[ExportMetricsServiceRequest] = []  # every metrics export
         self._lock = threading.Lock()
         receiver = self
 
@@ -76,6 +82,13 @@ class OTLPReceiver:
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
                 if self.headers.get("content-encoding") == "gzip":
                     body = gzip.decompress(body)
+                if self.path == "/v1/metrics":
+                    metrics = ExportMetricsServiceRequest()
+                    metrics.ParseFromString(body)
+                    with receiver._lock:
+                        receiver.metric_requests.append(metrics)
+                    self._answer(ExportMetricsServiceResponse().SerializeToString())
+                    return
                 if self.path != "/v1/traces":
                     self.send_response(404)
                     self.end_headers()
@@ -85,7 +98,9 @@ class OTLPReceiver:
                 with receiver._lock:
                     receiver.payloads.append(body)
                 receiver._add(req)
-                out = ExportTraceServiceResponse().SerializeToString()
+                self._answer(ExportTraceServiceResponse().SerializeToString())
+
+            def _answer(self, out: bytes) -> None:
                 self.send_response(200)
                 self.send_header("content-type", "application/x-protobuf")
                 self.send_header("content-length", str(len(out)))
@@ -116,6 +131,20 @@ class OTLPReceiver:
                     ))
         with self._lock:
             self.spans.extend(spans)
+
+    def histograms(self) -> dict[str, list[tuple[dict, object]]]:
+        """Every histogram data point received, by metric name: (attributes, the point)."""
+        out: dict[str, list[tuple[dict, object]]] = {}
+        with self._lock:
+            requests = list(self.metric_requests)
+        for req in requests:
+            for rm in req.resource_metrics:
+                for sm in rm.scope_metrics:
+                    for metric in sm.metrics:
+                        for point in metric.histogram.data_points:
+                            out.setdefault(metric.name, []).append(
+                                ({a.key: _value(a.value) for a in point.attributes}, point))
+        return out
 
     def trace(self, trace_id: str) -> list[ReceivedSpan]:
         with self._lock:
