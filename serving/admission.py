@@ -50,8 +50,8 @@ class Limits(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    requests_per_minute: float | None = Field(None, gt=0)
-    tokens_per_minute: float | None = Field(None, gt=0)
+    requests_per_minute: float | None = Field(None, gt=0, allow_inf_nan=False)
+    tokens_per_minute: float | None = Field(None, gt=0, allow_inf_nan=False)
     max_in_flight: int | None = Field(None, ge=1)
 
 

@@ -28,8 +28,8 @@ class Price(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    input: float = Field(ge=0, description="per 1M prompt tokens")
-    output: float = Field(ge=0, description="per 1M completion tokens")
+    input: float = Field(ge=0, allow_inf_nan=False, description="per 1M prompt tokens")
+    output: float = Field(ge=0, allow_inf_nan=False, description="per 1M completion tokens")
 
     def dollars(self, prompt: int, completion: int) -> float:
         return (prompt * self.input + completion * self.output) / 1e6
@@ -40,8 +40,8 @@ class Budget(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    tokens: float | None = Field(None, gt=0, description="prompt and completion tokens")
-    dollars: float | None = Field(None, gt=0, description="at the limits file's prices")
+    tokens: float | None = Field(None, gt=0, allow_inf_nan=False, description="prompt and completion tokens")
+    dollars: float | None = Field(None, gt=0, allow_inf_nan=False, description="at the limits file's prices")
     period: Period = "day"
 
     @model_validator(mode="after")

@@ -107,6 +107,7 @@ def test_a_lowered_limit_allows_no_burst_of_the_old_allowance():
     ("keys: {k: {rpm: 3}}", "keys.k.rpm"),
     ("models: [a, b]", "models"),
     ("default_model: {max_in_flight: 0}", "max_in_flight"),
+    ("default_key: {tokens_per_minute: .inf}", "default_key.tokens_per_minute: Input should be a finite number"),
     ("{not yaml", "not valid YAML"),
 ])
 def test_a_bad_limits_file_says_where(text, fragment):

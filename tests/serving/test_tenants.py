@@ -63,6 +63,9 @@ tenants:
     ("tenants: {a: {budget: {period: week, tokens: 10}}}", "'day' or 'month'"),
     ("tenants: {a: {budget: {dollars: 5}}}", "a dollar budget needs default_price"),
     ("tenants: {a: {budget: {tokens: -1}}}", "greater than 0"),
+    ("tenants: {a: {budget: {tokens: 1e400}}}", "finite number"),  # YAML's 1e400 is inf: no budget at all
+    ("tenants: {a: {budget: {dollars: .inf}}}\ndefault_price: {input: 1, output: 1}", "finite number"),
+    ("default_price: {input: .nan, output: 1}", "finite number"),
 ])
 def test_a_declaration_that_would_make_a_tenant_ambiguous_is_refused_with_why(text, message):
     with pytest.raises(PolicyError, match=message):
