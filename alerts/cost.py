@@ -215,4 +215,4 @@ def _per_variant(per_served_model: str) -> str:
 def rule_file(prices: Cost = Cost()) -> dict[str, Any]:
     """``cost.yml``: one group, evaluated at the global interval (a few series per host)."""
     return {"groups": [{"name": "inferwatch-cost",
-                        "rules": [{"record": r.name, "expr": r.expr} for r in records(prices)]}]}
+                        "rules": [r.rule() for r in records(prices)]}]}

@@ -116,16 +116,18 @@ MAPPINGS = (
 )
 # What the GPU dashboard reads that no dcgm-exporter counter gives: per-link NVLink bytes and
 # error counters, memory per process, a GPU that fails NVML (dcgm-exporter drops it), and the
-# health of inferwatch's own sampler; and what DCGM has fields for that are off in
-# dcgm-exporter's default counters and not mapped here (PCIe link width, P-state). Those
-# panels stay empty.
+# health of inferwatch's own sampler and its NVML calls; and what DCGM has fields for that are off in
+# dcgm-exporter's default counters and not mapped here (PCIe link width and generation,
+# P-state). Those panels stay empty.
 NOT_FROM_DCGM = frozenset({
     "inferwatch_gpu_nvlink_tx_bytes_total", "inferwatch_gpu_nvlink_rx_bytes_total",
     "inferwatch_gpu_nvlink_errors_total", "inferwatch_gpu_device_failed",
     "inferwatch_gpu_pcie_link_width", "inferwatch_gpu_pcie_link_width_max", "inferwatch_gpu_performance_state",
+    "inferwatch_gpu_pcie_link_generation", "inferwatch_gpu_pcie_link_generation_max",
     "inferwatch_gpu_process_memory_used_bytes", "inferwatch_nvml_sampler_duration_seconds",
     "inferwatch_nvml_snapshot_timestamp_seconds", "inferwatch_gpu_nvlink_up", "inferwatch_gpu_retired_pages_pending",
     "inferwatch_gpu_collection_errors_total", "inferwatch_nvml_sampler_errors_total",
+    "inferwatch_gpu_nvml_duration_seconds", "inferwatch_gpu_nvml_call_seconds",
 })
 CLOCK_EVENTS = "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"
 XID = "DCGM_FI_DEV_XID_ERRORS"

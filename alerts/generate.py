@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from inferwatch.alerts import cost, spec
+from inferwatch.alerts import cost, spec, stragglers
 from inferwatch.alerts.catalog import metric as catalog_metric
 from inferwatch.alerts.meta import META_ALERTS
 from inferwatch.alerts.model import SLO, Alert, BurnTier, BurnWindow
@@ -259,13 +259,14 @@ def rule_files(the_spec: Spec = spec.DEFAULT, jobs: set[str] | None = None) -> d
     """File name -> rule file document; ``jobs`` limits the absent() guards to those scraped."""
     links = the_spec.settings.links
     slo_groups = [g for slo in the_spec.slos for g in slo_recording_groups(slo)]
-    records = [{"record": r.name, "expr": r.expr} for r in spec.RECORDS]
+    records = [r.rule() for r in spec.RECORDS]
     slo_groups.append({"name": "inferwatch-slo-alerts", "rules": [
         burn_alert(slo, tier, links) for slo in the_spec.slos for tier in the_spec.tiers]})
     by_tier: dict[str, list[dict[str, Any]]] = {}
     for alert in (*the_spec.alerts, *META_ALERTS):
         by_tier.setdefault(alert.severity, []).append(_alert_rule(alert, links))
-    groups = [{"name": "inferwatch-records", "rules": records}]
+    groups = [{"name": "inferwatch-records", "rules": records},
+              {"name": "inferwatch-gpu-peers", "rules": [r.rule() for r in stragglers.records()]}]
     groups += [{"name": f"inferwatch-{name}", "rules": by_tier[severity]}
                for name, severity in (("page", "critical"), ("ticket", "warning"), ("info", "info"), ("meta", "none"))
                if severity in by_tier]

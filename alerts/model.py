@@ -8,7 +8,7 @@ meta-alerts (the Watchdog, and alerts that only inhibit others) that have receiv
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from inferwatch.common.durations import seconds
 
@@ -118,6 +118,10 @@ class Record:
 
     name: str
     expr: str
+    labels: dict[str, str] = field(default_factory=dict)  # static: several rules of one name differ by them
+
+    def rule(self) -> dict[str, Any]:
+        return {"record": self.name, "expr": self.expr, **({"labels": self.labels} if self.labels else {})}
 
 
 @dataclass(frozen=True)

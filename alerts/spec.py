@@ -17,6 +17,7 @@ from functools import partial
 
 from prometheus_client.utils import floatToGoString
 
+from inferwatch.alerts import stragglers
 from inferwatch.alerts.catalog import metric as m
 from inferwatch.alerts.model import SLO, Alert, BurnTier, BurnWindow, Guard, Record
 from inferwatch.common.durations import seconds
@@ -25,6 +26,8 @@ from inferwatch.config.errors import ConfigError
 from inferwatch.config.settings import Settings, Thresholds
 from inferwatch.dashboards import uids
 from inferwatch.drift.ab.spec import PAGE_SHARE, PAGING
+from inferwatch.exporters.metrics import THROTTLE_REASONS as EXPORTED_REASONS
+from inferwatch.exporters.xid_catalog import ACTIONS, LOOK_UP, XID_ACTIONS, XidAction, codes_of
 
 # Scrape jobs, shared with the Prometheus configuration (deploy/), so rules and targets agree.
 JOB_GATEWAY = "inferwatch-gateway"
@@ -34,15 +37,12 @@ JOB_DRIFT = "inferwatch-drift"
 JOB_SUPERVISOR = "inferwatch-supervisor"
 JOB_ALERTMANAGER = "alertmanager"
 
-# XIDs that mean the GPU (or its memory/NVLink) is broken and needs a reset, drain or RMA,
-# after NVIDIA's XID catalogue: 48 double-bit ECC, 64 row-remap/page-retirement failure,
-# 74 NVLink error, 79 fallen off the bus, 94/95 contained/uncontained ECC, 119/120 GSP
-# timeout/error. 63 (a row remap or page retirement was *recorded*) is a ticket: the GPU
-# keeps working until its next reset. Application faults (13, 31, 43, 45) page nobody.
-FATAL_XIDS = (48, 64, 74, 79, 94, 95, 119, 120)
-# Clock-event reasons that mean the GPU is slowed by heat or power faults. sw_power_cap
-# under load is normal operation and only informs.
-THROTTLE_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown")
+# Clock-event reasons that hold a busy GPU's clocks down when they should not: heat, power
+# faults, clocks set low by hand (applications clocks), a board or reliability limit, sync
+# boost tying it to a slower GPU. gpu_idle is no fault; sw_power_cap under full load is the
+# GPU working as designed, and only informs (GPUPowerCapped).
+THROTTLE_REASONS = tuple(r for r in EXPORTED_REASONS.values() if r not in ("gpu_idle", "sw_power_cap"))
+NVLINK_ERRORS = "crc_flit|crc_data|replay|recovery"
 VLLM_DOWN_WINDOW = "1m"
 VLLM_DOWN_FAILED_SCRAPES = 2
 
@@ -101,6 +101,7 @@ def tier(declared: config.BurnTier) -> BurnTier:
 _XID = m("inferwatch_gpu_xid_errors_total")
 _VLLM_UP = f'up{{job="{JOB_VLLM}"}}'
 _ECC = m("inferwatch_gpu_ecc_errors_total")
+_NVLINK = f'{m("inferwatch_gpu_nvlink_errors_total")}{{type=~"{NVLINK_ERRORS}"}}'
 
 
 def _increased(selector: str, window: str) -> str:
@@ -170,6 +171,28 @@ GPU = "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.instance }}"
 _BUDGET_LIMIT = "inferwatch_gateway_tenant_budget_limit"
 _BUDGET_SPENT = (f'max by (tenant, unit, period) ({m("inferwatch_gateway_tenant_budget_used")})\n'
                  f'/ max by (tenant, unit, period) ({m(_BUDGET_LIMIT)})')
+
+# One XID alert per action of NVIDIA's catalog (exporters/xid_catalog.py): a page for those that
+# take the GPU or node out of service, a ticket for the rest, its action a label and the
+# description's instruction. Codes the catalog lists nowhere are a ticket of their own.
+_XID_NAMES = {"critical": "GPUFatalXID", "warning": "GPUXIDError", "info": "GPUXIDError"}
+
+
+def _xid_alert(action: XidAction, xid_matcher: str) -> Alert:
+    return Alert(_XID_NAMES[action.severity], _increased(f"{_XID}{{{xid_matcher}}}", "10m"), action.severity,
+                 dashboard=uids.GPUS, labels={"action": action.name},
+                 summary=f"XID {{{{ $labels.xid }}}} on {GPU}: {action.title}",
+                 description=f"{GPU} reported XID {{{{ $labels.xid }}}}. What to do, after NVIDIA's XID catalog: "
+                             f"{action.todo}.")
+
+
+def _xid_alerts(severity: str) -> tuple[Alert, ...]:
+    chosen = tuple(_xid_alert(a, f'xid=~"{"|".join(map(str, codes_of(a.name)))}"')
+                   for a in ACTIONS.values() if a.severity == severity)
+    if LOOK_UP.severity == severity:
+        chosen += (_xid_alert(LOOK_UP, f'xid!~"{"|".join(map(str, sorted(XID_ACTIONS)))}"'),)
+    return chosen
+
 
 def _alerts(t: Thresholds, outage_shadow: str) -> tuple[Alert, ...]:
     """Every alert that is not an SLO burn, with the thresholds of ``t``."""
@@ -246,11 +269,7 @@ def _alerts(t: Thresholds, outage_shadow: str) -> tuple[Alert, ...]:
                           "budget for this {{ $labels.period }} (UTC): the gateways answer its requests 429 "
                           "(insufficient_quota) until the period resets. Raise the budget in the limits file (it "
                           "applies within a second) or tell the team."),
-        Alert("GPUFatalXID", _increased(f'{_XID}{{xid=~"{"|".join(map(str, FATAL_XIDS))}"}}', "10m"), "critical",
-              dashboard=uids.GPUS,
-              summary=f"Fatal XID {{{{ $labels.xid }}}} on {GPU}",
-              description=f"{GPU} reported XID {{{{ $labels.xid }}}}: the GPU needs a reset or service. "
-                          "Drain the node."),
+        *_xid_alerts("critical"),
         Alert("GPUDeviceFailed", f'{m("inferwatch_gpu_device_failed")} == 1', "critical", for_="1m",
               dashboard=uids.GPUS,
               summary=f"{GPU} does not answer NVML",
@@ -325,18 +344,53 @@ def _alerts(t: Thresholds, outage_shadow: str) -> tuple[Alert, ...]:
               "warning", for_="15m", dashboard=uids.GPUS,
               summary=f"{GPU} throttled: {{{{ $labels.reason }}}}",
               description=f"{GPU} has had its clocks held down by {{{{ $labels.reason }}}} for 15m."),
+        # A link that degrades before it fails: recovery, CRC and replay counts that rise over
+        # the last hour against the last day. A steady trickle (a few CRC errors a day) is the
+        # link's normal, and never rises against itself.
+        Alert("GPUNVLinkErrorsRising",
+              f'increase({_NVLINK}[1h]) >= {t.nvlink_errors_per_hour}\n'
+              f'and rate({_NVLINK}[1h]) > {t.nvlink_error_rise!r} * rate({_NVLINK}[1d])',
+              "warning", dashboard=uids.GPUS,
+              summary=f"NVLink {{{{ $labels.link }}}} {{{{ $labels.type }}}} errors rising on {GPU}",
+              description=f"Link {{{{ $labels.link }}}} of {GPU} counted {{{{ $value | humanize }}}} "
+                          f"{{{{ $labels.type }}}} errors in the last hour, over {t.nvlink_error_rise:g}x its rate "
+                          "of the last day: the link is degrading, and may fail (XID 74) under load."),
+        # The current generation drops on an idle GPU to save power; a busy one runs at its
+        # maximum, so below it for 30m of work is a link that trained down (a bad riser or slot).
+        Alert("GPUPCIeLinkDegraded",
+              f'{m("inferwatch_gpu_pcie_link_generation")} < {m("inferwatch_gpu_pcie_link_generation_max")}\n'
+              f'and {m("inferwatch_gpu_utilization_ratio")} >= {t.pcie_busy_utilization!r}',
+              "warning", for_="30m", dashboard=uids.GPUS, labels={"link_property": "generation"},
+              summary=f"{GPU} runs its PCIe link at generation {{{{ $value }}}}, below its maximum",
+              description=f"{GPU} has run its PCIe link at generation {{{{ $value }}}}, below the highest it and its "
+                          "slot support, for 30m while busy: host-to-GPU transfers (model loads, KV cache offload) "
+                          "are slower. Reseat the GPU or its riser, or check the slot's BIOS setting."),
+        Alert("GPUPCIeLinkDegraded",
+              f'{m("inferwatch_gpu_pcie_link_width")} < {m("inferwatch_gpu_pcie_link_width_max")}',
+              "warning", for_="30m", dashboard=uids.GPUS, labels={"link_property": "width"},
+              summary=f"{GPU} runs its PCIe link on {{{{ $value }}}} lanes, below its maximum",
+              description=f"{GPU} has used {{{{ $value }}}} PCIe lanes, fewer than it and its slot support, for 30m: "
+                          "the link trained down (a bad riser, cable or slot). Reseat the GPU or its riser."),
+        stragglers.alert(t),
+        # NVML calls take microseconds; a GPU whose calls take a second is often the one failing,
+        # and a call that hangs stalls every GPU's readings (GPUExporterSnapshotStale) while the
+        # scrape-time watchdog names the GPU and the query
+        Alert("GPUNVMLSlow",
+              f'{m("inferwatch_gpu_nvml_duration_seconds")} > {t.nvml_slow_s!r}\n'
+              f'or max without (query) ({m("inferwatch_gpu_nvml_call_seconds")}) > {t.nvml_slow_s!r}',
+              "warning", for_="5m", dashboard=uids.GPUS,
+              summary=f"NVML calls on {GPU} take {{{{ $value | humanizeDuration }}}}",
+              description=f"{GPU}'s NVML queries have taken {{{{ $value | humanizeDuration }}}} (a cycle's, or one "
+                          f"call still running) for 5m, over {t.nvml_slow_s:g}s: the driver struggles to reach this GPU, "
+                          "which is often the one about to fail (XID 79, 119). A hung call also stops every GPU's "
+                          "readings on the host."),
         Alert("GPUCorrectableECCRising", f'increase({_ECC}{{type="corrected",scope="volatile"}}[1h]) > '
                                          f'{t.correctable_ecc_per_hour}',
               "warning", dashboard=uids.GPUS,
               summary=f"Correctable ECC errors rising on {GPU}",
               description=f"{GPU} corrected {{{{ $value | humanize }}}} memory errors in the last hour "
                           f"(threshold {t.correctable_ecc_per_hour}): its memory may be degrading."),
-        Alert("GPUXIDError",
-              _increased(f'{_XID}{{xid!~"{"|".join(map(str, FATAL_XIDS))}"}}', "10m"), "warning",
-              dashboard=uids.GPUS,
-              summary=f"XID {{{{ $labels.xid }}}} on {GPU}",
-              description=f"{GPU} reported XID {{{{ $labels.xid }}}} (not in the fatal list): usually an "
-                          "application fault or a recorded row remap."),
+        *_xid_alerts("warning"),
         Alert("GatewayFeatureRecordsDropped",
               f'sum by (instance) (rate({m("inferwatch_gateway_feature_records_total")}'
               '{outcome=~"dropped_.*"}[10m])) > 0',
@@ -396,6 +450,7 @@ def _alerts(t: Thresholds, outage_shadow: str) -> tuple[Alert, ...]:
                           "{{ $labels.unit }} budget for this {{ $labels.period }} (UTC); at all of it, the gateways "
                           "answer its requests 429 (insufficient_quota) until the period resets."),
         # -- info: context for the other alerts, routed to nobody -----------------------------------
+        *_xid_alerts("info"),
         Alert("GPUPowerCapped", f'{m("inferwatch_gpu_throttle_active")}{{reason="sw_power_cap"}} == 1', "info",
               for_="30m", dashboard=uids.GPUS,
               summary=f"{GPU} runs at its power cap",

@@ -6,7 +6,7 @@ from typing import Any
 
 from grafana_foundation_sdk.builders import dashboard as dash_b
 
-from inferwatch.alerts import cost
+from inferwatch.alerts import cost, stragglers
 from inferwatch.alerts.catalog import metric as m
 from inferwatch.alerts.spec import JOB_EXPORTER, Spec
 from inferwatch.dashboards import uids
@@ -139,6 +139,36 @@ def errors() -> list[Any]:
     ]
 
 
+def fleet(spec: Spec) -> list[Any]:
+    """Every GPU against its peers and its links against their own past: what fails slowly,
+    fleet-wide (the host and GPU variables do not narrow it: the peers are the fleet's)."""
+    t = spec.thresholds
+    nvlink = m("inferwatch_gpu_nvlink_errors_total")
+    return [
+        timeseries_panel("Below its peers (stragglers)", "percentunit",
+                         q(or_zero(f"{stragglers.DEFICIT} > 0", "gpu"), "{{model}} {{host}} gpu{{gpu}} {{signal}}"),
+                         thresholds=[(None, "green"), (t.straggler_deficit, "red")], width=12,
+                         description="How far each GPU's 5-minute mean (SM activity, utilization, SM clock, power) is "
+                                     "below the mean of the other GPUs of its model and kind, where it is below. "
+                                     f"GPUStraggler tickets past {t.straggler_deficit:.0%} and "
+                                     f"{t.straggler_stddevs:g} standard deviations for 10m while the model is busy."),
+        timeseries_panel("NVLink errors: last hour against the last day", "short",
+                         q(or_zero(f"sum by (instance, gpu, link, type) (rate({nvlink}[1h]))\n/ sum by (instance, "
+                                   f"gpu, link, type) (rate({nvlink}[1d])) > 0", "link"),
+                           "{{instance}} gpu{{gpu}} link{{link}} {{type}}"),
+                         thresholds=[(None, "green"), (t.nvlink_error_rise, "red")], width=6,
+                         description="The last hour's error rate of each link and type over its rate of the last day: "
+                                     "1 is a steady trickle. GPUNVLinkErrorsRising tickets past "
+                                     f"{t.nvlink_error_rise:g} with {t.nvlink_errors_per_hour} errors in the hour."),
+        timeseries_panel("PCIe link generation (of max)", "percentunit",
+                         q(f'{g("inferwatch_gpu_pcie_link_generation")} / '
+                           f'{g("inferwatch_gpu_pcie_link_generation_max")}', GPU),
+                         thresholds=[(None, "red"), (1, "green")], width=6,
+                         description="An idle GPU lowers its link's generation to save power; a busy one below 1 "
+                                     "trained down (GPUPCIeLinkDegraded)."),
+    ]
+
+
 def processes_and_health(spec: Spec) -> list[Any]:
     return [
         timeseries_panel("Memory per process", "bytes",
@@ -161,6 +191,13 @@ def processes_and_health(spec: Spec) -> list[Any]:
                            "sampler"),
                          width=12, description="NVML queries failing per second, by query: a reading that stays "
                                                "empty on the panels above says why here."),
+        timeseries_panel("NVML time per GPU", "s",
+                         q(f'max without (query) ({g("inferwatch_gpu_nvml_call_seconds")})\n'
+                           f'or {g("inferwatch_gpu_nvml_duration_seconds")}', GPU),
+                         thresholds=[(None, "green"), (spec.thresholds.nvml_slow_s, "red")], width=8,
+                         description="How long each GPU's NVML queries took in the last cycle or, while a call on it "
+                                     "has hung for over a second, how long that call has run: GPUNVMLSlow tickets "
+                                     "past the red line for 5m."),
     ]
 
 
@@ -180,8 +217,6 @@ NOT_ON_DASHBOARDS: dict[str, str] = {
     "inferwatch_gpu_power_limit_max_watts": "a setting; Power shows the limit in force",
     "inferwatch_gpu_sm_clock_max_hertz": "a setting; Clocks shows the clock in force",
     "inferwatch_gpu_memory_clock_max_hertz": "a setting; Clocks shows the clock in force",
-    "inferwatch_gpu_pcie_link_generation": "PCIe link width (of max) shows a degraded link",
-    "inferwatch_gpu_pcie_link_generation_max": "PCIe link width (of max) shows a degraded link",
     "inferwatch_gpu_ecc_enabled": "a setting (inventory)",
     "inferwatch_gpu_ecc_pending_enabled": "a setting (inventory)",
     "inferwatch_gpu_persistence_mode_enabled": "a setting (inventory)",
@@ -207,4 +242,5 @@ def build(spec: Spec) -> dash_b.Dashboard:
         [query_variable("host", "Host", f'label_values({m("inferwatch_nvml_up")}, instance)'),
          query_variable("gpu", "GPU", f'label_values({info}{{instance=~"$host"}}, gpu)')],
         [("Health", health(spec)), ("How busy (GPM)", busy()), ("Utilization and saturation", use()),
-         ("Errors and links", errors()), ("Processes and exporter health", processes_and_health(spec))])
+         ("Errors and links", errors()), ("Fleet: stragglers and degrading links", fleet(spec)),
+         ("Processes and exporter health", processes_and_health(spec))])

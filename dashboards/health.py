@@ -14,7 +14,7 @@ RED_FROM_ONE = [(None, "green"), (1, "red")]
 
 def alerts_firing(uid: str, alerts: Iterable[Alert], width: int = 6) -> object:
     """Alerts that link to dashboard ``uid`` and fire now, by severity; 0, not "No data", when none."""
-    names = "|".join(sorted(a.name for a in alerts if a.dashboard == uid))
+    names = "|".join(sorted({a.name for a in alerts if a.dashboard == uid}))
 
     def firing(severity: str) -> str:
         return f'count(ALERTS{{alertstate="firing", alertname=~"{names}", severity="{severity}"}}) or vector(0)'

@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from inferwatch.exporters.metrics import SPECS
-from inferwatch.exporters.sampler import Snapshot
+from inferwatch.exporters.sampler import InFlight, Snapshot
 from inferwatch.exporters.xid import XidWatcher
 
 
@@ -65,6 +65,30 @@ class NvmlCollector(Collector):
             yield family
 
 
+STALLED_AFTER_S = 1.0  # a call this long is no scrape's coincidence: NVML calls take microseconds
+_CALL = next(spec for spec in SPECS if spec.name == "inferwatch_gpu_nvml_call_seconds")
+
+
+def _stalled(call: InFlight | None) -> bytes:
+    """The NVML call the sampler has waited on for over ``STALLED_AFTER_S``, by GPU and query:
+    the watchdog that names a hung GPU while the snapshot it would be in ages."""
+    if call is None or (elapsed := time.monotonic() - call.since) < STALLED_AFTER_S:
+        return b""
+    family = GaugeMetricFamily(_CALL.name, _CALL.doc, labels=_CALL.label_names)
+    family.add_metric((*call.labels, call.query), elapsed)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Once(family))
+    return generate_latest(registry)
+
+
+class _Once(Collector):
+    def __init__(self, family: Metric) -> None:
+        self.family = family
+
+    def collect(self) -> Iterator[Metric]:
+        yield self.family
+
+
 class CachedExposition:
     """Text exposition, re-rendered only when the snapshot or the XID counts change.
 
@@ -73,10 +97,12 @@ class CachedExposition:
     """
 
     def __init__(self, store: SnapshotStore, xid: XidWatcher | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, in_flight: Callable[[], InFlight | None] = lambda: None,
+                 ) -> None:
         self.store = store
         self.xid = xid
         self.clock = clock
+        self.in_flight = in_flight
         self.registry = CollectorRegistry(auto_describe=False)
         self.collector = NvmlCollector(store, xid)
         self.registry.register(self.collector)
@@ -102,6 +128,7 @@ class CachedExposition:
     def render(self) -> bytes:
         snapshot, body = self.warm()
         age = max(0.0, self.clock() - snapshot.taken_at)
-        return body + (b"# HELP inferwatch_nvml_snapshot_age_seconds Seconds since the served snapshot was taken.\n"
-                       b"# TYPE inferwatch_nvml_snapshot_age_seconds gauge\n"
-                       b"inferwatch_nvml_snapshot_age_seconds %r\n" % age)
+        return body + _stalled(self.in_flight()) + (
+            b"# HELP inferwatch_nvml_snapshot_age_seconds Seconds since the served snapshot was taken.\n"
+            b"# TYPE inferwatch_nvml_snapshot_age_seconds gauge\n"
+            b"inferwatch_nvml_snapshot_age_seconds %r\n" % age)

@@ -144,6 +144,11 @@ SPECS: tuple[MetricSpec, ...] = (
     _c("xid_errors", "XID errors reported by the driver, by XID code.", "xid"),
     _g("last_xid_timestamp_seconds", "Unix time of the last XID error on this GPU."),
     _c("collection_errors", "NVML queries that failed on this GPU, by query.", "query"),
+    _g("nvml_duration_seconds", "How long this GPU's NVML queries took in the last sampling cycle: a GPU whose "
+                                "calls slow down is often the one failing."),
+    _g("nvml_call_seconds", "How long the NVML call in progress on this GPU has been running, while it has run "
+                            "for over a second (read at the scrape: the sampler waits on it, the scrape does not).",
+       "query"),
     MetricSpec("inferwatch_nvml_up", "gauge", "1 if NVML initialised and devices are being sampled.", per_gpu=False),
     MetricSpec("inferwatch_nvml_info", "gauge", "Driver and CUDA versions (value 1).",
                ("driver_version", "cuda_version"), per_gpu=False),

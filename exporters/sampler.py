@@ -63,6 +63,16 @@ class Device:
     gpm: GpmReader | None = None
 
 
+@dataclass(frozen=True)
+class InFlight:
+    """The NVML call the sampler is waiting on: a scrape reads it to name a GPU whose call
+    hangs, while the sampler itself (stuck in that call) can say nothing."""
+
+    labels: tuple[str, ...]
+    query: str
+    since: float  # time.monotonic()
+
+
 class DeviceFailed(Exception):
     def __init__(self, query: str, error: Exception) -> None:
         super().__init__(f"{query}: {error}")
@@ -96,6 +106,10 @@ def _lost_labels(index: int) -> tuple[str, str, str, str]:
     return (str(index), "", "", "")
 
 
+def _took(dev: Device, started: float) -> Samples:
+    return {"inferwatch_gpu_nvml_duration_seconds": [(dev.labels, time.perf_counter() - started)]}
+
+
 def cuda_version(raw: int) -> str:
     """NVML's 12040 -> '12.4'."""
     return f"{raw // 1000}.{(raw % 1000) // 10}"
@@ -124,6 +138,7 @@ class Sampler:
         self._seq = 0
         self._slow_at = float("-inf")
         self._slow: dict[int, Samples] = {}  # device index -> its last process list
+        self.in_flight: InFlight | None = None  # set and read across threads: one reference, swapped whole
 
     def start(self, quiet: bool = False) -> bool:
         """Initialise NVML and discover GPUs; False (and the reason) if that fails.
@@ -315,6 +330,7 @@ class Sampler:
         """Read ``dev`` into a scratch dict and merge it into ``out`` only if every query
         succeeded: a GPU that fails half-way exports none of its half-cycle."""
         readings: Samples = {}
+        started = time.perf_counter()
         try:
             self._sample_device(dev, readings)
             if slow_due:
@@ -329,12 +345,14 @@ class Sampler:
                 self._failing.add(dev.index)
             if dev.gpm is not None:
                 dev.gpm.reset()  # its next sample does not close one interval
+            _merge(out, _took(dev, started))
             return exc
         if dev.index in self._failing:
             self._failing.discard(dev.index)
             log.info("GPU %s (%s) recovered", dev.index, dev.labels[1])
         _merge(out, readings)
         _merge(out, self._slow.get(dev.index, {}))
+        _merge(out, _took(dev, started))
         return None
 
     def _count_error(self, labels: tuple[str, ...], query: str) -> None:
@@ -348,6 +366,7 @@ class Sampler:
         if key in self._unsupported:
             return None
         nv = self.nvml
+        self.in_flight = InFlight(dev.labels, query, time.monotonic())
         try:
             return getattr(nv, query)(dev.handle, *args)
         except _cannot_answer(nv):
@@ -355,6 +374,8 @@ class Sampler:
             return None
         except nv.NVMLError as exc:
             raise DeviceFailed(query, exc) from None
+        finally:
+            self.in_flight = None
 
     def _sample_device(self, dev: Device, out: Samples) -> None:
         nv, q, L = self.nvml, self._q, dev.labels

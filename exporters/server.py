@@ -97,7 +97,7 @@ class Exporter:
         if self.sampler.start():
             self._start_xid()
         self.store = SnapshotStore(self.sampler.sample())
-        self.exposition = CachedExposition(self.store, self.xid)
+        self.exposition = CachedExposition(self.store, self.xid, in_flight=lambda: self.sampler.in_flight)
         self._thread = threading.Thread(target=self._loop, name="nvml-sampler", daemon=True)
         self._thread.start()
 

@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from inferwatch.exporters.xid_catalog import action_of
+
 log = logging.getLogger(__name__)
 
 
@@ -109,12 +111,13 @@ class XidWatcher:
         except self.nvml.NVMLError:
             index = -1
         labels = self._labels.get(index, (str(index), "", "", ""))
-        key = labels + (str(int(event.eventData)),)
+        code = int(event.eventData)
+        key = labels + (str(code),)
         with self._lock:
             self._counts[key] = self._counts.get(key, 0) + 1
             self._last[labels] = self._clock()
             self.version += 1
-        log.warning("GPU %s: XID %s", index, int(event.eventData))
+        log.warning("GPU %s: XID %s (NVIDIA's action: %s)", index, code, action_of(code).title)
 
     def samples(self) -> dict[str, list[tuple[tuple[str, ...], float]]]:
         with self._lock:

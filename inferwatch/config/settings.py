@@ -162,6 +162,20 @@ class Thresholds(Section):
     drift_for: Duration = Field("15m", description="How long drift must last for DriftDetected")
     tenant_budget_ticket: float = Field(0.8, gt=0, lt=1, description="Share of a tenant's budget spent that opens "
                                         "a ticket (TenantBudgetSpent); all of it pages for a critical tenant")
+    straggler_stddevs: float = Field(2.0, gt=0, allow_inf_nan=False,
+                                     description="Standard deviations of its peers a GPU must lag by (GPUStraggler)")
+    straggler_deficit: float = Field(0.1, gt=0, lt=1, description="Share below its peers' mean a GPU must lag by "
+                                     "(GPUStraggler)")
+    straggler_min_utilization: float = Field(0.5, ge=0, le=1, description="Mean utilization of a model's GPUs "
+                                             "below which none is a straggler (GPUStraggler)")
+    nvlink_errors_per_hour: int = Field(10, ge=1, description="NVLink errors of one type in an hour that can open "
+                                        "GPUNVLinkErrorsRising")
+    nvlink_error_rise: float = Field(2.0, gt=1, allow_inf_nan=False, description="How many times its last day's "
+                                     "rate the last hour's NVLink errors must reach (GPUNVLinkErrorsRising)")
+    nvml_slow_s: float = Field(1.0, gt=0, allow_inf_nan=False, description="Seconds a GPU's NVML queries of one "
+                               "cycle, or one call in progress, may take (GPUNVMLSlow)")
+    pcie_busy_utilization: float = Field(0.5, gt=0, le=1, description="Utilization at which a GPU's PCIe link "
+                                         "must run at its maximum generation (GPUPCIeLinkDegraded)")
 
 
 class Alerts(Section):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from inferwatch.alerts import cost, dcgm
+from inferwatch.alerts import cost, dcgm, stragglers
 from inferwatch.alerts.catalog import series_of
 from inferwatch.exporters.metrics import SPECS
 from tests.alerts.promtool import RULE_FILES, Scenario, promtool_doc, run_promtool, selector
@@ -157,7 +157,7 @@ def test_inferwatch_gpu_alerts_fire_unchanged_on_dcgm_exporter_series(tmp_path):
         Scenario("XID 79 as dcgm-exporter's last-XID gauge", "GPUFatalXID",
                  {selector("DCGM_FI_DEV_XID_ERRORS", {**g0, "err_code": "79", "err_msg": "GPU has fallen off the bus"}):
                   "_ _ _ _ _ 79x20", selector("DCGM_FI_DEV_GPU_TEMP", g0): "50x25"},
-                 quiet_at=("4m",), fires_at="6m", labels=crit(xid="79"), value="1", resolved_at="17m"),
+                 quiet_at=("4m",), fires_at="6m", labels=crit(xid="79", action="reboot_node"), value="1", resolved_at="17m"),
         Scenario("row remap failure", "GPURowRemapFailure",
                  {selector("DCGM_FI_DEV_ROW_REMAP_FAILURE", g0): "0 0 1 1 1 0 0 0"},
                  quiet_at=("1m",), fires_at="3m", labels=crit(), value="1", resolved_at="7m"),
@@ -188,9 +188,11 @@ def test_the_gpu_dashboard_reads_what_the_rules_record_except_what_dcgm_exporter
     read = {n for e in exprs for n in metric_names(e) if n.startswith("inferwatch_")}
     recorded = {r["record"] for r in dcgm.rules()}
     # the cost rules' per-GPU records read only GPU series the compatibility rules record
-    cost_records = {r.name for r in cost.records()}
-    assert {n for r in cost.records() for n in metric_names(r.expr) if n.startswith("inferwatch_gpu")} <= recorded
-    assert read - recorded - cost_records == dcgm.NOT_FROM_DCGM
+    # and so do the stragglers' (alerts/stragglers.py)
+    derived = (*cost.records(), *stragglers.records())
+    derived_names = {r.name for r in derived}
+    assert {n for r in derived for n in metric_names(r.expr) if n.startswith("inferwatch_gpu_")} <= recorded
+    assert read - recorded - derived_names == dcgm.NOT_FROM_DCGM
 
 
 # Kubernetes labels a dcgm-exporter series can carry, all of which change with the pod

@@ -8,6 +8,7 @@ import yaml
 from inferwatch.alerts.meta import META_ALERTS
 from inferwatch.common.durations import seconds
 from tests.alerts.promtool import BASE, GPU, RULE_FILES, Scenario, expected, promtool_doc, run_promtool, selector
+from tests.alerts.test_gpu_fleet_promtool import FIRING as GPU_FLEET
 
 GW = {"job": "inferwatch-gateway", "instance": "gw:8080"}
 VLLM = {"job": "vllm", "instance": "vllm:8000", "model": "m1"}
@@ -105,14 +106,17 @@ SCENARIOS = [
     Scenario("fatal XID appears as a new series", "GPUFatalXID",
              {gpu("inferwatch_gpu_xid_errors_total", xid="79"): "_ _ _ _ _ 1 1x20",
               gpu("inferwatch_gpu_xid_errors_total", xid="13"): "0 0 0 0 0 5 5x20"},
-             quiet_at=("4m",), fires_at="5m", labels=crit(**GPU, xid="79"), value="1", resolved_at="16m"),
+             quiet_at=("4m",), fires_at="5m", labels=crit(**GPU, xid="79", action="reboot_node"), value="1",
+             resolved_at="16m"),
     Scenario("fatal XID counted again", "GPUFatalXID",
              {gpu("inferwatch_gpu_xid_errors_total", xid="48"): "1x30 2x20"},
-             quiet_at=("25m",), fires_at="32m", labels=crit(**GPU, xid="48"), value="1", resolved_at="45m"),
+             quiet_at=("25m",), fires_at="32m", labels=crit(**GPU, xid="48", action="reset_gpu"), value="1",
+             resolved_at="45m"),
     Scenario("application XID is a ticket", "GPUXIDError",
              {gpu("inferwatch_gpu_xid_errors_total", xid="13"): "0 0 0 0 0 5 5x20",
               gpu("inferwatch_gpu_xid_errors_total", xid="79"): "_ _ _ _ _ _ _ _ 1x20"},
-             quiet_at=("4m",), fires_at="6m", labels=warn(**GPU, xid="13"), value="5", resolved_at="17m"),
+             quiet_at=("4m",), fires_at="6m", labels=warn(**GPU, xid="13", action="check_app"), value="5",
+             resolved_at="17m"),
     Scenario("GPU stops answering NVML", "GPUDeviceFailed",
              {gpu("inferwatch_gpu_device_failed"): "0 0 1 1 1 1 0"},
              quiet_at=("1m", "2m"), fires_at="4m", labels=crit(**GPU), value="1", resolved_at="6m"),
@@ -536,8 +540,9 @@ def test_every_alert_fires_with_its_labels_and_resolves(tmp_path):
 
 def test_every_alert_has_a_scenario_that_fires_it():
     rules = [r for f in RULE_FILES for g in yaml.safe_load(f.read_text())["groups"] for r in g["rules"] if "alert" in r]
-    # the meta alerts' scenarios are tests/alerts/test_meta_promtool.py's
-    assert {r["alert"] for r in rules} == {s.alert for s in SCENARIOS + SLO_SCENARIOS} | {a.name for a in META_ALERTS}
+    # the meta alerts' scenarios are tests/alerts/test_meta_promtool.py's, the GPU fleet's test_gpu_fleet_promtool.py's
+    fired = {s.alert for s in SCENARIOS + SLO_SCENARIOS + GPU_FLEET}
+    assert {r["alert"] for r in rules} == fired | {a.name for a in META_ALERTS}
 
 
 def test_burn_factors_follow_the_sre_workbook():

@@ -108,7 +108,8 @@ CONDITIONAL = {"inferwatch_gpu_mig_memory_used_bytes", "inferwatch_gpu_mig_memor
                "inferwatch_gpu_last_xid_timestamp_seconds", "inferwatch_gpu_collection_errors",
                "inferwatch_gpu_nvlink_up", "inferwatch_gpu_nvlink_tx_bytes", "inferwatch_gpu_nvlink_rx_bytes",
                "inferwatch_gpu_nvlink_errors", "inferwatch_gpu_nvlink_ecc_data_errors",
-               "inferwatch_gpu_gpm_nvlink_tx_bytes_per_second", "inferwatch_gpu_gpm_nvlink_rx_bytes_per_second"}
+               "inferwatch_gpu_gpm_nvlink_tx_bytes_per_second", "inferwatch_gpu_gpm_nvlink_rx_bytes_per_second",
+               "inferwatch_gpu_nvml_call_seconds"}  # the watchdog's: only while a call has hung for a second
 
 
 def run(*argv: str) -> str:
@@ -286,6 +287,10 @@ def compare_presence(reading: Reading, gpus: list[str], names: dict[str, str], t
                          and not [x for x in reading.families.get(s.name, type("F", (), {"samples": []})).samples
                                   if x.labels.get("gpu") == gpu])
         table.row(gpu, "series NVML could not read (not known absent on this model)", missing, "[]", not missing)
+        took = [x.value for x in reading.families["inferwatch_gpu_nvml_duration_seconds"].samples
+                if x.labels.get("gpu") == gpu]
+        table.row(gpu, "a healthy GPU's NVML queries of one cycle take under 0.1 s (GPUNVMLSlow: 1 s)", took, "< 0.1",
+                  bool(took) and took[0] < 0.1)
 
 
 def main() -> int:

@@ -205,6 +205,9 @@ class FakeNVML:
     off the bus: NVML answers everything with the same error).
     ``library_missing=True`` makes ``nvmlInit`` raise LibraryNotFound, as on a host without
     a driver.
+    ``delay(call, index, seconds)`` makes ``call`` answer ``seconds`` late for device ``index``;
+    ``hang(call, index)`` makes it block until the returned event is set, as a call into a
+    failing GPU's driver does.
     """
 
     def __init__(self, devices: list[FakeDevice], driver: str = "550.54.15", cuda: int = 12040,
@@ -216,6 +219,7 @@ class FakeNVML:
         self.inits = 0  # nvmlInit calls not yet matched by nvmlShutdown
         self.calls = 0
         self._faults: dict[tuple[str, int | None], list[int | None]] = {}
+        self._delays: dict[tuple[str, int | None], float | threading.Event] = {}
         self._events: deque[SimpleNamespace] = deque()
         self._event_cond = threading.Condition()
         self._registered: set[int] = set()
@@ -241,6 +245,17 @@ class FakeNVML:
     def clear(self, call: str, index: int | None) -> None:
         with self._lock:
             self._faults.pop((call, index), None)
+            self._delays.pop((call, index), None)
+
+    def delay(self, call: str, index: int | None, seconds: float) -> None:
+        with self._lock:
+            self._delays[(call, index)] = seconds
+
+    def hang(self, call: str, index: int | None) -> threading.Event:
+        release = threading.Event()
+        with self._lock:
+            self._delays[(call, index)] = release
+        return release
 
     def emit_xid(self, index: int, xid: int) -> None:
         with self._event_cond:
@@ -259,6 +274,12 @@ class FakeNVML:
         self.calls += 1
         if initialized and not self.initialized:
             raise NVMLError(NVML_ERROR_UNINITIALIZED)
+        with self._lock:
+            late = self._delays.get((call, index))
+        if isinstance(late, threading.Event):
+            late.wait()
+        elif late is not None:
+            time.sleep(late)
         with self._lock:
             for key in ((call, index), (call, None), ("*", None)):
                 fault = self._faults.get(key)
