@@ -96,6 +96,18 @@ _TENANT_OUTPUT = m("inferwatch_gateway_tenant_output_tokens_total")
 # per LoRA adapter {model (its base), adapter}: its output tokens at its base model's dollars per token
 ADAPTER_DOLLARS = f"inferwatch_cost:adapter_dollars_per_second:rate{WINDOW}"
 _ADAPTER_OUTPUT = m("inferwatch_gateway_adapter_output_tokens_total")
+# per Kubernetes pod and namespace, from which pod holds which GPU (the kubelet's pod-resources
+# API, exporters/pod_resources.py): the whole GPUs a pod holds alone are its own; a GPU several
+# containers share (time-slicing, MIG) is counted apart, never split
+_POD_GPU = m("inferwatch_gpu_pod_info")
+POD_GPUS = "inferwatch_cost:pod_gpus:count"  # {namespace, pod}
+NAMESPACE_GPUS = "inferwatch_cost:namespace_gpus:count"  # {namespace}
+NAMESPACE_SHARED_GPUS = "inferwatch_cost:namespace_gpus_shared:count"  # {namespace}
+POD_DOLLARS = "inferwatch_cost:pod_gpu_hour_price:dollars"  # {namespace, pod}
+NAMESPACE_DOLLARS = "inferwatch_cost:namespace_gpu_hour_price:dollars"  # {namespace}
+POD_OUTPUT = f"inferwatch_cost:pod_output_tokens:rate{WINDOW}"  # {namespace, pod}: vLLM's, by its pod
+POD_DOLLARS_PER_1M = f"inferwatch_cost:pod_dollars_per_1m_output_tokens:rate{WINDOW}"  # {namespace, pod}
+NAMESPACE_DOLLARS_PER_1M = f"inferwatch_cost:namespace_dollars_per_1m_output_tokens:rate{WINDOW}"  # {namespace}
 
 
 def hosted(expr: Callable[[str], str]) -> str:
@@ -156,6 +168,27 @@ def _dollars_per_second(prices: Cost) -> str:
     return f"{MODEL_GPUS} * {prices.gpu_hour_price!r} / 3600"
 
 
+def _pod_records(prices: Cost) -> tuple[Record, ...]:
+    """GPUs, their price and cost per token per pod and namespace. A pod's tokens are vLLM's
+    series of that pod (the scrape's ``namespace`` and ``pod``): its dollars per token are its
+    GPUs' price over its own output, whatever models other pods of the node serve."""
+    held = f'group by (uuid, namespace, pod) ({_POD_GPU}{{shared="false"}})'
+    priced = _of("max by (uuid)", _priced_gpus(prices))
+    return (
+        Record(POD_GPUS, f"count by (namespace, pod) ({held})"),
+        Record(NAMESPACE_GPUS, f"sum by (namespace) ({POD_GPUS})"),
+        Record(NAMESPACE_SHARED_GPUS,
+               f'count by (namespace) (group by (uuid, namespace) ({_POD_GPU}{{shared="true"}}))'),
+        Record(POD_DOLLARS, _of("sum by (namespace, pod)", f"{priced}\n* on (uuid) group_left (namespace, pod) {held}")),
+        Record(NAMESPACE_DOLLARS, f"sum by (namespace) ({POD_DOLLARS})"),
+        Record(POD_OUTPUT, f'sum by (namespace, pod) (rate({_OUTPUT}{{pod!=""{_SERVED}}}[{WINDOW}]))'),
+        Record(POD_DOLLARS_PER_1M, f"1e6 * {POD_DOLLARS} / 3600 / ({POD_OUTPUT} > 0)"),
+        Record(NAMESPACE_DOLLARS_PER_1M,
+               f"1e6 * {NAMESPACE_DOLLARS} / 3600\n/ (sum by (namespace) ({POD_OUTPUT} and on (namespace, pod) "
+               f"{POD_DOLLARS}) > 0)"),
+    )
+
+
 def records(prices: Cost = Cost()) -> tuple[Record, ...]:
     """The rules, in the order one evaluation must run them (each reads those above it)."""
     price = prices.gpu_hour_price
@@ -199,6 +232,8 @@ def records(prices: Cost = Cost()) -> tuple[Record, ...]:
         # model_name is the base's), so its share of them is its share of the base's cost --
         Record(ADAPTER_DOLLARS, f"sum by (model, adapter) (rate({_ADAPTER_OUTPUT}[{WINDOW}]))\n"
                                 f"* on (model) group_left () {DOLLARS_PER_1M} / 1e6"),
+        # -- per Kubernetes pod and namespace ----------------------------------------------
+        *_pod_records(prices),
     )
 
 

@@ -17,6 +17,9 @@ What it does to each dcgm-exporter series:
   when several pods share the GPU. A counter that changed series would look new to the
   alerts that page on a new non-zero counter (XID, uncorrectable ECC);
 - MIG instances (``GPU_I_ID`` set) are left out: inferwatch's per-GPU names mean the GPU.
+- The pod labels are kept in one place: ``inferwatch_gpu_pod_info``, one series per GPU and
+  container holding it (as inferwatch's exporter reads them from the kubelet), which
+  queries join on ``uuid``.
 
 Where dcgm-exporter reports something differently:
 - ``DCGM_FI_DEV_XID_ERRORS`` is the *last* XID, not a count. It becomes
@@ -116,7 +119,7 @@ MAPPINGS = (
 )
 # What the GPU dashboard reads that no dcgm-exporter counter gives: per-link NVLink bytes and
 # error counters, memory per process, a GPU that fails NVML (dcgm-exporter drops it), and the
-# health of inferwatch's own sampler and its NVML calls; and what DCGM has fields for that are off in
+# health of inferwatch's own sampler, its NVML calls and its kubelet reading; and what DCGM has fields for that are off in
 # dcgm-exporter's default counters and not mapped here (PCIe link width and generation,
 # P-state). Those panels stay empty.
 NOT_FROM_DCGM = frozenset({
@@ -127,7 +130,8 @@ NOT_FROM_DCGM = frozenset({
     "inferwatch_gpu_process_memory_used_bytes", "inferwatch_nvml_sampler_duration_seconds",
     "inferwatch_nvml_snapshot_timestamp_seconds", "inferwatch_gpu_nvlink_up", "inferwatch_gpu_retired_pages_pending",
     "inferwatch_gpu_collection_errors_total", "inferwatch_nvml_sampler_errors_total",
-    "inferwatch_gpu_nvml_duration_seconds", "inferwatch_gpu_nvml_call_seconds",
+    "inferwatch_gpu_nvml_duration_seconds", "inferwatch_gpu_nvml_call_seconds", "inferwatch_podresources_up",
+    "inferwatch_gpu_allocatable",
 })
 CLOCK_EVENTS = "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"
 XID = "DCGM_FI_DEV_XID_ERRORS"
@@ -157,6 +161,27 @@ def mapping_rule(mp: Mapping) -> dict[str, Any]:
     return record(mp.record, scaled(aggregate("max", per_gpu(mp.source)), mp.factor), mp.labels)
 
 
+POD_LABELS = ("pod", "namespace", "container")
+
+
+def _pod_holders() -> str:
+    """Which pod uses which GPU, from the pod labels dcgm-exporter puts on a GPU's series: as
+    it writes them (a monitor with honorLabels), or as ``exported_*`` (one without, whose own
+    ``pod`` and ``namespace`` are then dcgm-exporter's: the same as its target's, which a
+    series without a pod of its own also carries). A pod on a MIG device holds its GPU.
+    One series per GPU and container, as inferwatch's exporter gives, without the device id
+    and sharing it reads from the kubelet."""
+    def named(expr: str) -> str:
+        return f'label_replace(label_replace({expr}, "uuid", "$1", "UUID", "(.+)"), "name", "$1", "modelName", "(.+)")'
+    moved = f'{PRESENCE}{{exported_pod!=""}}'
+    for label in POD_LABELS:
+        moved = f'label_replace({moved}, "{label}", "$1", "exported_{label}", "(.*)")'
+    kept = tuple(x for x in DROPPED if x not in POD_LABELS) + ("GPU_I_ID", "GPU_I_PROFILE")
+    # a series with no pod of its own carries the scrape's: dcgm-exporter's own pod, never a holder
+    own = named(PRESENCE + '{pod!="",exported_pod=""}') + " unless on (instance, pod) group by (instance, pod) (up)"
+    return f"group without ({', '.join(kept)}) (\n  {own}\n  or {named(moved)}\n)"
+
+
 def rules() -> list[dict[str, Any]]:
     out = [mapping_rule(mp) for mp in MAPPINGS]
     used, free, reserved = (scaled(aggregate("max", per_gpu(f"DCGM_FI_DEV_FB_{k}")), MIB)
@@ -169,6 +194,7 @@ def rules() -> list[dict[str, Any]]:
     out.append(record("inferwatch_gpu_xid_errors_total",
                       f'count_values without () ("xid", {aggregate("max", per_gpu(XID))} > 0)'))
     out.append(record("inferwatch_gpu_info", aggregate("group", per_gpu(PRESENCE))))
+    out.append(record("inferwatch_gpu_pod_info", _pod_holders()))
     # NVMLDown and the exporter guards read these: the GPUs each dcgm-exporter target sees, and
     # whether it answers (its `up`, for targets that saw GPUs in the last day), so a dead
     # dcgm-exporter on a GPU node opens NVMLDown as a dead inferwatch exporter would

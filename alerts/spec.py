@@ -372,6 +372,14 @@ def _alerts(t: Thresholds, outage_shadow: str) -> tuple[Alert, ...]:
               description=f"{GPU} has used {{{{ $value }}}} PCIe lanes, fewer than it and its slot support, for 30m: "
                           "the link trained down (a bad riser, cable or slot). Reseat the GPU or its riser."),
         stragglers.alert(t),
+        # The device plugin stops offering a GPU it finds unhealthy: pods that need one stay
+        # Pending while NVML may still read it, so no other alert says capacity is gone
+        Alert("GPUNotAllocatable", f'{m("inferwatch_gpu_allocatable")} == 0', "warning", for_="10m",
+              dashboard=uids.GPUS,
+              summary=f"{GPU} is not offered to pods",
+              description=f"The kubelet has not been able to allocate {GPU} to a pod for 10m: its device plugin "
+                          "reports it unhealthy. Its capacity is lost to the cluster; check the device plugin's log "
+                          "and the GPU's XIDs."),
         # NVML calls take microseconds; a GPU whose calls take a second is often the one failing,
         # and a call that hangs stalls every GPU's readings (GPUExporterSnapshotStale) while the
         # scrape-time watchdog names the GPU and the query

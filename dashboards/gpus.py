@@ -169,6 +169,41 @@ def fleet(spec: Spec) -> list[Any]:
     ]
 
 
+ALONE, SHARED = 'shared="false"', 'shared="true"'
+
+
+def pods() -> list[Any]:
+    """Which pod holds which GPU, from the kubelet (the exporter's pod-resources reading, or
+    dcgm-exporter's pod labels through the compatibility rules). A GPU several containers
+    share is theirs together: it counts for no pod's utilization."""
+    held = f'group by (uuid, namespace, pod) ({g("inferwatch_gpu_pod_info")})'
+    alone = f'group by (uuid, namespace, pod) ({g("inferwatch_gpu_pod_info", ALONE)})'
+    return [
+        timeseries_panel("GPUs per pod", "short", q(f"count by (namespace, pod) ({held})", "{{namespace}}/{{pod}}"),
+                         description="GPUs each pod holds, whole, as a MIG device or a time-sliced share."),
+        timeseries_panel("Utilization per pod", "percentunit",
+                         q(f'avg by (namespace, pod) ({g("inferwatch_gpu_utilization_ratio")}\n'
+                           f"* on (uuid) group_left (namespace, pod) {alone})", "{{namespace}}/{{pod}}"),
+                         description="Mean utilization of the GPUs each pod holds alone. A shared GPU is left out: "
+                                     "its utilization is its holders' together (docs/exporter.md)."),
+        stat_panel("Shared GPUs", "short",
+                   q(f'count(group by (uuid) ({g("inferwatch_gpu_pod_info", SHARED)})) or vector(0)',
+                     "shared"), width=4, height=8,
+                   description="GPUs several containers hold (time-slicing, MIG devices of one GPU): their "
+                               "utilization, power and cost belong to none of them alone."),
+        stat_panel("GPUs not allocatable", "short",
+                   q(f'count({g("inferwatch_gpu_allocatable")} == 0) or vector(0)', "not allocatable"),
+                   thresholds=RED_FROM_ONE, width=4, height=8,
+                   description="GPUs NVML sees that the kubelet may not hand to a pod: their device plugin reports "
+                               "them unhealthy (GPUNotAllocatable)."),
+        stat_panel("Kubelet answers", "short", q(f'min({m("inferwatch_podresources_up")}{{instance=~"$host"}})',
+                                                 "up"),
+                   thresholds=[(None, "red"), (1, "green")], width=4, height=8,
+                   description="1 while every exporter's last List of the kubelet's pod-resources API succeeded; "
+                               "at 0 the last answer's pods are shown. No value: not on Kubernetes."),
+    ]
+
+
 def processes_and_health(spec: Spec) -> list[Any]:
     return [
         timeseries_panel("Memory per process", "bytes",
@@ -231,6 +266,7 @@ NOT_ON_DASHBOARDS: dict[str, str] = {
     "inferwatch_gpu_last_xid_timestamp_seconds": "XID errors shows when; GPUFatalXID pages",
     "inferwatch_nvml_info": "the driver and NVML versions (inventory)",
     "inferwatch_nvml_devices": "GPUs per host; the GPU variable lists them",
+    "inferwatch_podresources_errors": "why the kubelet did not answer: Kubelet answers shows that it did not",
 }
 
 
@@ -243,4 +279,5 @@ def build(spec: Spec) -> dash_b.Dashboard:
          query_variable("gpu", "GPU", f'label_values({info}{{instance=~"$host"}}, gpu)')],
         [("Health", health(spec)), ("How busy (GPM)", busy()), ("Utilization and saturation", use()),
          ("Errors and links", errors()), ("Fleet: stragglers and degrading links", fleet(spec)),
+         ("Pods (Kubernetes)", pods()),
          ("Processes and exporter health", processes_and_health(spec))])

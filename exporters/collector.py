@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from inferwatch.exporters.metrics import SPECS
+from inferwatch.exporters.pod_resources import PodResources
 from inferwatch.exporters.sampler import InFlight, Snapshot
 from inferwatch.exporters.xid import XidWatcher
 
@@ -45,15 +46,20 @@ class SnapshotStore:
 
 
 class NvmlCollector(Collector):
-    def __init__(self, store: SnapshotStore, xid: XidWatcher | None = None) -> None:
+    def __init__(self, store: SnapshotStore, xid: XidWatcher | None = None, pods: PodResources | None = None) -> None:
         self.store = store
         self.xid = xid
+        self.pods = pods
 
     def collect(self) -> Iterator[Metric]:
         samples = dict(self.store.latest.samples)
         samples["inferwatch_nvml_sampler_errors"] = [((), float(self.store.failures))]
         if self.xid is not None:
             samples.update(self.xid.samples())
+        if self.pods is not None:
+            gpus = [labels for labels, _ in samples.get("inferwatch_gpu_info", [])]
+            migs = {labels[-1]: labels[:4] for labels, _ in samples.get("inferwatch_gpu_mig_memory_total_bytes", [])}
+            samples.update(self.pods.samples(gpus, migs))
         for spec in SPECS:
             rows = samples.get(spec.name)
             if rows is None:
@@ -98,15 +104,16 @@ class CachedExposition:
 
     def __init__(self, store: SnapshotStore, xid: XidWatcher | None = None,
                  clock: Callable[[], float] = time.time, in_flight: Callable[[], InFlight | None] = lambda: None,
-                 ) -> None:
+                 pods: PodResources | None = None) -> None:
         self.store = store
         self.xid = xid
         self.clock = clock
         self.in_flight = in_flight
+        self.pods = pods
         self.registry = CollectorRegistry(auto_describe=False)
-        self.collector = NvmlCollector(store, xid)
+        self.collector = NvmlCollector(store, xid, pods)
         self.registry.register(self.collector)
-        self._key: tuple[int, int, int, int] | None = None
+        self._key: tuple[int, ...] | None = None
         self._body = b""
         self._lock = threading.Lock()
 
@@ -119,7 +126,8 @@ class CachedExposition:
         so that scrapes find the cache warm."""
         snapshot = self.store.latest
         xid = self.xid
-        key = (snapshot.seq, self.store.failures, id(xid), xid.version if xid else 0)
+        key = (snapshot.seq, self.store.failures, id(xid), xid.version if xid else 0,
+               self.pods.version if self.pods else 0)
         with self._lock:
             if key != self._key:
                 self._body, self._key = generate_latest(self.registry), key

@@ -149,6 +149,17 @@ SPECS: tuple[MetricSpec, ...] = (
     _g("nvml_call_seconds", "How long the NVML call in progress on this GPU has been running, while it has run "
                             "for over a second (read at the scrape: the sampler waits on it, the scrape does not).",
        "query"),
+    _g("pod_info", "1 per GPU and container holding it, as the kubelet's pod-resources API lists them (Kubernetes "
+                   "only); shared is true when several containers hold the GPU (time-slicing, or MIG devices of it), "
+                   "whose utilization and power are then theirs together.",
+       "namespace", "pod", "container", "resource", "device", "shared"),
+    _g("allocatable", "1 if the kubelet may hand this GPU (or a MIG device of it) to a pod, 0 if its device plugin "
+                      "does not offer it (unhealthy): Kubernetes only, where the kubelet answers "
+                      "GetAllocatableResources."),
+    MetricSpec("inferwatch_podresources_up", "gauge", "1 if the kubelet's pod-resources API answered the last List "
+               "(present once it has answered): while 0, the last answer's pods are served.", per_gpu=False),
+    MetricSpec("inferwatch_podresources_errors", "counter", "pod-resources List calls that failed, by reason "
+               "(deadline_exceeded, unavailable, socket_missing, ...).", ("reason",), per_gpu=False),
     MetricSpec("inferwatch_nvml_up", "gauge", "1 if NVML initialised and devices are being sampled.", per_gpu=False),
     MetricSpec("inferwatch_nvml_info", "gauge", "Driver and CUDA versions (value 1).",
                ("driver_version", "cuda_version"), per_gpu=False),

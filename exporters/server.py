@@ -8,6 +8,7 @@ import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Annotated, Any
 
@@ -17,6 +18,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from inferwatch.exporters.collector import CachedExposition, SnapshotStore
 from inferwatch.exporters.host import HostCollector
+from inferwatch.exporters.pod_resources import DEFAULT_SOCKET, PodResources
 from inferwatch.exporters.sampler import Sampler
 from inferwatch.exporters.xid import XidWatcher
 
@@ -38,6 +40,10 @@ class ExporterSettings(BaseSettings):
     gpm: bool = Field(True, description="GPM profiling metrics (SM, tensor, DRAM activity) where the GPU has them")
     xid_events: bool = True
     retry_s: float = Field(30.0, gt=0, description="how often to retry NVML while it is unavailable")
+    pod_resources_socket: Path = Field(DEFAULT_SOCKET, description="the kubelet's pod-resources socket: which pod "
+                                       "uses which GPU (mounted read-only by the DaemonSet); absent, no pod series")
+    pod_resources_interval_s: float = Field(10.0, gt=0, le=3600, description="how often to ask the kubelet")
+    pod_resources_timeout_s: float = Field(2.0, gt=0, le=60, description="how long one answer may take")
     watch_paths: Annotated[tuple[str, ...], NoDecode] = Field(
         (), description="comma-separated absolute paths whose filesystem's free and total bytes are exported "
                         "(Prometheus' TSDB, the drift database, model caches); '~' is expanded")
@@ -88,6 +94,8 @@ class Exporter:
         self.exposition: CachedExposition | None = None
         self.host_registry = CollectorRegistry(auto_describe=False)  # not cached: read at every scrape
         self.host_registry.register(HostCollector(settings.watch_paths))
+        self.pods = PodResources(settings.pod_resources_socket, settings.pod_resources_interval_s,
+                                 settings.pod_resources_timeout_s)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_error = ""  # the last unexpected error of a cycle: logged once, counted always
@@ -97,7 +105,9 @@ class Exporter:
         if self.sampler.start():
             self._start_xid()
         self.store = SnapshotStore(self.sampler.sample())
-        self.exposition = CachedExposition(self.store, self.xid, in_flight=lambda: self.sampler.in_flight)
+        self.exposition = CachedExposition(self.store, self.xid, in_flight=lambda: self.sampler.in_flight,
+                                           pods=self.pods)
+        self.pods.start()
         self._thread = threading.Thread(target=self._loop, name="nvml-sampler", daemon=True)
         self._thread.start()
 
@@ -179,6 +189,7 @@ class Exporter:
             self._thread.join(timeout=self.settings.interval_s + 5)
         if self.xid is not None:
             self.xid.stop()
+        self.pods.stop()
         self.sampler.stop()
 
 

@@ -398,13 +398,17 @@ def exporter(
     processes: Annotated[bool | None, typer.Option("--processes/--no-processes",
                                                       help="Export GPU memory per process (pid label).")] = None,
     gpm: Annotated[bool | None, typer.Option("--gpm/--no-gpm", help="GPM metrics on Hopper+, default on.")] = None,
+    pod_resources_socket: Annotated[str | None, typer.Option(
+        help="The kubelet's pod-resources socket, for which pod uses which GPU; absent, no pod series "
+             "[INFERWATCH_EXPORTER_POD_RESOURCES_SOCKET], default /var/lib/kubelet/pod-resources/kubelet.sock.")] = None,
     log_level: str = "info",
 ) -> None:
     """Run the NVML GPU exporter (USE metrics, XID errors). Without a GPU it serves inferwatch_nvml_up 0."""
     from inferwatch.exporters.server import ExporterSettings, ListenError, serve
 
     settings = _settings(ExporterSettings, "exporter", host=host, port=port, interval_s=interval,
-                         slow_interval_s=slow_interval, processes=processes, gpm=gpm)
+                         slow_interval_s=slow_interval, processes=processes, gpm=gpm,
+                         pod_resources_socket=pod_resources_socket)
     if not isinstance(logging.getLevelName(log_level.upper()), int):
         _fail(f"Unknown --log-level {log_level!r}: use debug, info, warning, error or critical.")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -4,8 +4,9 @@
 - ``models/<model>/``: a model's vLLM Deployment and headless Service, with ``keda/``
   (its ScaledObject), ``hpa/`` (the Prometheus Adapter alternative: use one of the two) and
   ``tracing/`` (a component adding vLLM's span export);
-- ``components/``: tracing (OTel Collector and Jaeger v2), PagerDuty, vLLM's API key, and
-  the dcgm-exporter compatibility rules;
+- ``components/``: tracing (OTel Collector and Jaeger v2), PagerDuty, vLLM's API key, the
+  dcgm-exporter compatibility rules, and the exporter reading the kubelet's pod-resources
+  socket (which pod uses which GPU);
 - ``overlays/cpu-demo`` (the tiny model on CPUs) and ``overlays/gpu`` (Llama 3.1 8B):
   ``kubectl apply -k deploy/kubernetes/overlays/gpu`` is the install.
 """
@@ -109,6 +110,11 @@ def components(collector_config: str, compat_rule_texts: list[str], settings: Se
             "inferwatch-dcgm-exporter-compat", compat_rule_texts, settings)]),
         "components/dcgm-exporter-compat/kustomization.yaml": documents([{**COMPONENT,
                                                                          "resources": ["prometheus-rules.yaml"]}]),
+        "components/pod-resources/exporter-pod-resources.yaml": documents([workloads.pod_resources_patch()]),
+        "components/pod-resources/namespace.yaml": documents([
+            workloads.pod_resources_namespace_patch(settings.namespace)]),
+        "components/pod-resources/kustomization.yaml": documents([{**COMPONENT, "patches": [
+            {"path": "exporter-pod-resources.yaml"}, {"path": "namespace.yaml"}]}]),
     }
 
 

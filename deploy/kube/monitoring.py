@@ -82,11 +82,14 @@ def _label_name(label: str) -> str:
 def exporter_pod_monitor(settings: Settings) -> dict:
     """A PodMonitor: the DaemonSet has no Service to select, and ``instance`` is the pod.
     Its node is both ``node`` (as kube-prometheus-stack's node series) and ``host`` (the cost
-    rules' join with vLLM)."""
+    rules' join with vLLM). ``honorLabels``: ``inferwatch_gpu_pod_info`` names the pod, namespace
+    and container holding a GPU, which the scrape's own labels (the exporter's pod) would
+    otherwise rename ``exported_*``; no other series of the exporter carries those labels."""
     return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
             "metadata": _meta(settings.jobs[EXPORTER], settings),
             "spec": {"jobLabel": JOB_LABEL, "selector": {"matchLabels": o.selector(EXPORTER)},
                      "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics", "interval": SCRAPE_INTERVAL,
+                                              "honorLabels": True,
                                               "relabelings": [{"sourceLabels": ["__meta_kubernetes_pod_node_name"],
                                                                "targetLabel": "node", "action": "replace"},
                                                               HOST_RELABEL]}]}}

@@ -195,6 +195,33 @@ def exporter(settings: Settings) -> list[dict]:
     return [o.service_account(name(EXPORTER), EXPORTER), daemon_set]
 
 
+POD_RESOURCES_DIR = "/var/lib/kubelet/pod-resources"
+
+
+def pod_resources_patch() -> dict:
+    """The exporter reading the kubelet's pod-resources socket (which pod uses which GPU):
+    the socket's folder mounted read-only from the host, and the container run as root, since
+    the kubelet's socket is root's (its capabilities stay dropped: root owns the file, no
+    override is needed). A hostPath is beyond Pod Security `baseline`: the component says so
+    to the namespace (``pod_resources_namespace_patch``)."""
+    return {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": name(EXPORTER)},
+            "spec": {"template": {"spec": {
+                "containers": [{"name": "exporter",
+                                "volumeMounts": [{"name": "pod-resources", "mountPath": POD_RESOURCES_DIR,
+                                                  "readOnly": True}],
+                                "securityContext": {"runAsNonRoot": False, "runAsUser": 0, "runAsGroup": 0}}],
+                "volumes": [{"name": "pod-resources",
+                             "hostPath": {"path": POD_RESOURCES_DIR, "type": "Directory"}}]}}}}
+
+
+def pod_resources_namespace_patch(namespace: str) -> dict:
+    """`privileged` enforced (a hostPath volume), `baseline` still warned and audited: every
+    other pod keeps meeting it, and one that stops is reported."""
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": {
+        "pod-security.kubernetes.io/enforce": "privileged", "pod-security.kubernetes.io/warn": "baseline",
+        "pod-security.kubernetes.io/audit": "baseline"}}}
+
+
 def pager(settings: Settings) -> list[dict]:
     """The development pager (Alertmanager's webhook receiver, as in compose): pages,
     tickets and heartbeats land in its log. Point Paging's URLs at your own for production."""

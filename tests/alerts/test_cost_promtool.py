@@ -286,3 +286,32 @@ def test_the_instance_host_regex_takes_the_host_part_of_any_address(tmp_path):
         "expr": expr, "eval_time": "5m",
         "exp_samples": [{"labels": selector("probe", {"instance": a, "host": h}), "value": 1}
                         for a, h in addresses.items()]}])
+
+
+def test_pods_and_namespaces_pay_for_the_gpus_they_hold_alone(tmp_path):
+    """One node, four GPUs at $2 an hour: serving/vllm-a holds GPUs 0 and 1 and makes 500
+    tokens/s, serving/vllm-b holds GPU 2 and makes 100, batch/x and batch/y share GPU 3
+    (time-slicing). vllm-a: $4/h over 500 tokens/s = $2.222 per 1M; vllm-b: $2/h over 100 =
+    $5.556; serving: $6/h over 600 = $2.778. batch's shared GPU is counted, priced to nobody."""
+    node = {"host": "node-a"}
+    series = gpus("10.0.0.7:9400", *[(300, 0.9)] * 4, **node)
+
+    def held(index: int, namespace: str, pod: str, shared: str) -> tuple[str, str]:
+        labels = {**gpu_labels("10.0.0.7:9400", index, **node), "namespace": namespace, "pod": pod,
+                  "container": "vllm", "resource": "nvidia.com/gpu", "device": f"GPU-10.0.0.7-{index}",
+                  "shared": shared}
+        return selector("inferwatch_gpu_pod_info", labels), "1x30"
+
+    series |= dict([held(0, "serving", "vllm-a", "false"), held(1, "serving", "vllm-a", "false"),
+                    held(2, "serving", "vllm-b", "false"), held(3, "batch", "x", "true"), held(3, "batch", "y", "true")])
+    series |= serving("m1", "10.1.0.4:8000", output_per_s=500, namespace="serving", pod="vllm-a", **node)
+    series |= serving("m2", "10.1.0.5:8000", output_per_s=100, namespace="serving", pod="vllm-b", **node)
+    a, b = '{namespace="serving", pod="vllm-a"}', '{namespace="serving", pod="vllm-b"}'
+    run(tmp_path, "pods holding GPUs", series, [
+        check(cost.POD_GPUS, {a: 2, b: 1}),
+        check(cost.NAMESPACE_GPUS, {'{namespace="serving"}': 3}),
+        check(cost.NAMESPACE_SHARED_GPUS, {'{namespace="batch"}': 1}),
+        check(cost.POD_DOLLARS, {a: 4, b: 2}),
+        check(cost.POD_DOLLARS_PER_1M, {a: 2.222, b: 5.556}),
+        check(cost.NAMESPACE_DOLLARS_PER_1M, {'{namespace="serving"}': 2.778}),
+    ])

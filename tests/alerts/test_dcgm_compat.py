@@ -299,3 +299,30 @@ def test_a_dead_dcgm_exporter_on_a_gpu_node_opens_nvmldown(tmp_path):
                         quiet_at=("9m", "13m"), fires_at="17m", labels={**target, "severity": "warning"}, value="0")
     result = run_promtool(compat_doc(promtool_doc([scenario])["tests"], with_alerts=True), tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_pods_dcgm_exporter_names_become_inferwatchs_pod_series_in_either_spelling(tmp_path):
+    """A pod on GPU 0 as dcgm-exporter writes it (honorLabels), one on GPU 1 renamed
+    ``exported_*`` by a monitor without it (whose own pod is dcgm-exporter's), one on a MIG
+    device of GPU 1, and GPU 2 held by no pod: what the scrape's own pod labels say of it
+    (dcgm-exporter's pod) is no holder."""
+    scrape = {"pod": "dcgm-exporter-x", "namespace": "gpu-operator", "container": "exporter"}
+    target = {"job": "dcgm-exporter", "instance": "10.0.0.7:9400", **scrape}
+    series = {selector("DCGM_FI_DEV_GPU_TEMP", dcgm_gpu(0, **POD_A)): "40x10",
+              selector("DCGM_FI_DEV_GPU_TEMP", dcgm_gpu(1, **EXPORTED_B)): "40x10",
+              selector("DCGM_FI_DEV_GPU_TEMP", dcgm_gpu(1, GPU_I_ID="3", GPU_I_PROFILE="1g.10gb",
+                                                        exported_pod="small", exported_namespace="llm",
+                                                        exported_container="vllm", **scrape)): "40x10",
+              selector("DCGM_FI_DEV_GPU_TEMP", dcgm_gpu(2, **scrape)): "40x10",
+              selector("up", target): "1x10"}
+
+    def held(index: int, pod: str) -> dict:
+        return {"labels": selector("inferwatch_gpu_pod_info", {**ours(index), "pod": pod, "namespace": "llm",
+                                                               "container": "vllm"}), "value": 1}
+
+    test = {"name": "pod series from dcgm-exporter", "interval": "1m",
+            "input_series": [{"series": k, "values": v} for k, v in series.items()],
+            "promql_expr_test": [{"expr": "inferwatch_gpu_pod_info", "eval_time": "5m",
+                                  "exp_samples": [held(0, "vllm-a"), held(1, "vllm-b"), held(1, "small")]}]}
+    result = run_promtool(compat_doc([test]), tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -160,6 +160,10 @@ DEGRADATION = [
               # the watchdog's series appears once the call has run a second, and grows
               gpu("inferwatch_gpu_nvml_call_seconds", query="nvmlDeviceGetTemperature"): "_x5 60+60x30"},
              quiet_at=("4m", "9m"), fires_at="12m", labels={**GPU, "severity": "warning"}, value="8m 0s"),
+    Scenario("a GPU its device plugin stops offering", "GPUNotAllocatable",
+             {gpu("inferwatch_gpu_allocatable"): "1x5 0x20 1x10", gpu("inferwatch_gpu_allocatable", gpu="1"): "1x40"},
+             quiet_at=("5m", "15m"), fires_at="17m", labels={**GPU, "severity": "warning"}, value="0",
+             resolved_at="27m"),
     Scenario("clocks held down by application clocks set low", "GPUThrottled",
              {gpu("inferwatch_gpu_throttle_active", reason="applications_clocks_setting"): "0x5 1x40",
               gpu("inferwatch_gpu_throttle_active", reason="gpu_idle"): "1x60",

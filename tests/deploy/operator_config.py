@@ -75,7 +75,7 @@ def pod_monitor_job(monitor: dict, namespace: str, targets: list[dict]) -> dict:
 
 
 def _job(name: str, endpoint: dict, rules: list[dict], targets: list[dict]) -> dict:
-    job = {"job_name": name, "honor_labels": False, "static_configs": targets,
+    job = {"job_name": name, "honor_labels": endpoint.get("honorLabels", False), "static_configs": targets,
            "scrape_interval": endpoint.get("interval", "10s"), "metrics_path": endpoint.get("path", "/metrics"),
            "scheme": endpoint.get("scheme", "http"),
            "relabel_configs": rules + [_relabel(r) for r in endpoint.get("relabelings", [])]}

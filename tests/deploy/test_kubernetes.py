@@ -482,3 +482,28 @@ def test_rollout_controllers_named_in_the_settings_reach_the_drift_pair_and_no_o
     others = [p for p in network.policies(from_config(Settings(deployment=Deployment(
         drift_client_namespaces=["argo-rollouts"])))) if p["metadata"]["name"] != "inferwatch-drift"]
     assert others == [p for p in network.policies(from_config()) if p["metadata"]["name"] != "inferwatch-drift"]
+
+
+def test_the_pod_resources_component_mounts_the_kubelet_socket_read_only_for_the_exporter_alone(tmp_path):
+    from inferwatch.exporters.pod_resources import DEFAULT_SOCKET
+    from inferwatch.exporters.server import ExporterSettings
+    objects = with_everything("gpu", tmp_path)
+    [exporter] = _by_kind(objects, "DaemonSet")
+    pod = exporter["spec"]["template"]["spec"]
+    [c] = pod["containers"]
+    [mount] = [m for m in c["volumeMounts"] if m["name"] == "pod-resources"]
+    [volume] = [v for v in pod["volumes"] if v["name"] == "pod-resources"]
+    # the exporter's default socket is inside the folder mounted, read-only, from the host's same folder
+    assert ExporterSettings().pod_resources_socket == DEFAULT_SOCKET
+    assert mount == {"name": "pod-resources", "mountPath": str(DEFAULT_SOCKET.parent), "readOnly": True}
+    assert volume["hostPath"] == {"path": str(DEFAULT_SOCKET.parent), "type": "Directory"}
+    assert c["securityContext"]["runAsUser"] == 0 and c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] and not c["securityContext"].get("privileged")
+    [namespace] = _by_kind(objects, "Namespace")
+    labels = namespace["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert labels["pod-security.kubernetes.io/warn"] == "baseline"
+    # no other pod takes a host path or runs as root for it
+    for workload, template in _pod_templates(objects):
+        if workload is not exporter:
+            assert not any("hostPath" in v for v in template["spec"].get("volumes", [])), workload["metadata"]["name"]

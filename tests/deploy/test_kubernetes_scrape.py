@@ -21,6 +21,7 @@ from inferwatch.serving.settings import GatewaySettings
 from tests.conftest import TINY_MODEL_NAME
 from tests.deploy.operator_config import discovered, pod_monitor_job, service_monitor_job
 from tests.deploy.test_kubernetes import built
+from tests.support import kubelet as node
 from tests.support.fleet import fleet
 from tests.support.prometheus_server import instant_query, running_prometheus
 from tests.support.servers import AppServer, GatewayServer
@@ -46,7 +47,15 @@ def prometheus(vllm_server, tmp_path_factory):
     pod = {name: _one(objects, kind, name)["spec"]["template"] for kind, name in (
         ("Deployment", "inferwatch-gateway"), ("StatefulSet", "inferwatch-drift"), ("DaemonSet", "inferwatch-exporter"),
         ("Deployment", MODEL.service))}
-    exporter = Exporter(ExporterSettings(port=free_port(), interval_s=0.5, slow_interval_s=1), fleet(2))
+    nvml = fleet(2)
+    # the node's kubelet: a vLLM pod holds GPU 1 (its UUID read from the fake, as the device plugin does)
+    kubelet = node.Kubelet(tmp / "kubelet.sock").start()
+    nvml.nvmlInit()
+    kubelet.answer = node.listing(node.pod("serving", "vllm-0", node.container("vllm", node.devices(
+        "nvidia.com/gpu", nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(1))))))
+    nvml.nvmlShutdown()
+    exporter = Exporter(ExporterSettings(port=free_port(), interval_s=0.5, slow_interval_s=1,
+                                         pod_resources_socket=kubelet.socket, pod_resources_interval_s=0.5), nvml)
     exporter.start()
     exporter_http = make_server(exporter)
     threading.Thread(target=exporter_http.serve_forever, daemon=True).start()
@@ -75,6 +84,7 @@ def prometheus(vllm_server, tmp_path_factory):
         finally:
             exporter_http.shutdown()
             exporter.stop()
+            kubelet.stop()
 
 
 def test_each_monitor_scrapes_its_own_service_under_the_rules_job_name(prometheus):
@@ -83,6 +93,18 @@ def test_each_monitor_scrapes_its_own_service_under_the_rules_job_name(prometheu
     assert all(labels["namespace"] == NAMESPACE for labels in up.values())
     assert up[spec.JOB_VLLM]["model"] == TINY_MODEL_NAME  # VLLMDown names the model
     assert up[spec.JOB_VLLM]["service"] == MODEL.service
+
+
+def test_the_pod_holding_a_gpu_keeps_its_labels_through_the_pod_monitor(prometheus):
+    """honorLabels: the pod, namespace and container the kubelet names stay on the pod series,
+    where the scrape's own (the exporter's pod) would have renamed them exported_*."""
+    [row] = eventually(lambda: instant_query(prometheus, "inferwatch_gpu_pod_info"), timeout_s=30)
+    labels = row["metric"]
+    assert (labels["gpu"], labels["pod"], labels["namespace"], labels["container"]) == \
+           ("1", "vllm-0", "serving", "vllm")
+    assert not any(k.startswith("exported_") for k in labels)
+    [info] = instant_query(prometheus, 'inferwatch_gpu_info{gpu="1"}')
+    assert info["metric"]["pod"] != "vllm-0"  # the GPU's own series carry the scrape's pod: the exporter's
 
 
 def test_vllm_series_carry_model_and_the_keda_query_reads_one_gauge(prometheus):

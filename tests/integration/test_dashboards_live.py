@@ -30,6 +30,7 @@ from inferwatch.serving.tiny_model import ADAPTER_NAME
 from tests.conftest import TINY_MODEL_NAME
 from tests.support.feature_records import body, records
 from tests.support.fleet import FakeProcess, fleet
+from tests.support.kubelet import Kubelet, container, devices, listing, pod
 from tests.support.prometheus_server import instant_query, running_prometheus
 from tests.support.redis_server import RedisServer
 from tests.support.servers import AppServer, GatewayServer
@@ -53,7 +54,16 @@ def prometheus(vllm_server, otlp_receiver, tmp_path_factory):
     nvml = fleet(4)
     for dev in nvml.devices:
         dev.processes = [FakeProcess(pid=4242, used_memory=2 * 2**30)]
-    exporter = Exporter(ExporterSettings(port=free_port(), interval_s=0.5, slow_interval_s=1, processes=True), nvml)
+    # the node's kubelet: one pod holds GPUs 0 and 1, two share GPU 2 (time-slicing)
+    kubelet = Kubelet(tmp / "kubelet.sock").start()
+    nvml.nvmlInit()
+    uuid = [nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(3)]
+    nvml.nvmlShutdown()
+    kubelet.answer = listing(
+        pod("serving", "vllm-0", container("vllm", devices("nvidia.com/gpu", uuid[0], uuid[1]))),
+        *(pod("batch", f"small-{k}", container("vllm", devices("nvidia.com/gpu", f"{uuid[2]}::{k}"))) for k in (0, 1)))
+    exporter = Exporter(ExporterSettings(port=free_port(), interval_s=0.5, slow_interval_s=1, processes=True,
+                                         pod_resources_socket=kubelet.socket, pod_resources_interval_s=1), nvml)
     exporter.start()
     exporter_http = make_server(exporter)
     import threading
@@ -105,6 +115,7 @@ tenants:
         finally:
             exporter_http.shutdown()
             exporter.stop()
+            kubelet.stop()
 
 
 def _drive(gateway: str, drift: str, nvml) -> None:
