@@ -5,8 +5,10 @@ GPU on its own looks healthy: nothing fails, clocks are merely lower. Training s
 flag a rank more than 1σ and 10 % off the group's mean (NVIDIA/Megatron-LM#4662); this
 does the same for serving, per signal where lower is slower:
 
-- each GPU's 5-minute mean of a signal, labelled with the model its host serves alone (the
-  attribution of ``alerts/cost.py``: a host of several models has no peers to compare);
+- each GPU's 5-minute mean of a signal, labelled with the model it serves: the model its host
+  serves alone (the attribution of ``alerts/cost.py``), or on Kubernetes the model of the vLLM
+  pod that holds it alone (``inferwatch_gpu_pod_info``), on a node of any number of models. A
+  GPU of neither (a host of several models off Kubernetes, a shared GPU) has no peers;
 - the mean and standard deviation of its *peers*: the other GPUs of the same model and the
   same GPU model (an A100 is not an H100's straggler). Leaving the GPU out of its own
   reference matters: with it in, one GPU among 8 can never be more than 2.5σ off;
@@ -42,6 +44,7 @@ SIGNALS = (
 WINDOW = "5m"
 PEERS = "model, name, signal"  # a GPU's peers: same served model, same GPU model, same signal
 
+GPU_MODEL_BY_POD = "inferwatch_gpu:model_by_pod:info"  # {uuid, model}: GPUs a vLLM pod holds alone (Kubernetes)
 GPU_SIGNAL = f"inferwatch_gpu:peer_signal:avg{WINDOW}"  # {host, uuid, gpu, name, model, signal}
 PEERS_MEAN = f"inferwatch_gpu:peer_signal:peers_mean_avg{WINDOW}"  # the GPU's labels
 PEERS_STDDEV = f"inferwatch_gpu:peer_signal:peers_stddev_avg{WINDOW}"  # the GPU's labels
@@ -50,9 +53,10 @@ MODEL_UTILIZATION = f"inferwatch_model:gpu_utilization:avg{WINDOW}"  # {model}
 
 
 def _gpu_signal(signal: Signal) -> Record:
-    per_gpu = cost.hosted(lambda sel: f"avg_over_time({signal.metric}{{{sel}}}[{WINDOW}])")
-    modelled = (f"max by (host, uuid, gpu, name) (\n{per_gpu}\n)\n"
-                f"* on (host) group_left (model) group by (host, model) ({cost.ATTRIBUTED_GPUS})")
+    per_gpu = "max by (host, uuid, gpu, name) (\n" + cost.hosted(
+        lambda sel: f"avg_over_time({signal.metric}{{{sel}}}[{WINDOW}])") + "\n)"
+    modelled = (f"{per_gpu}\n* on (host) group_left (model) group by (host, model) ({cost.ATTRIBUTED_GPUS})\n"
+                f"or\n{per_gpu}\n* on (uuid) group_left (model) {GPU_MODEL_BY_POD}")
     return Record(GPU_SIGNAL, modelled, {"signal": signal.name})
 
 
@@ -65,6 +69,11 @@ def _over_peers(of_each: str) -> str:
 
 def records() -> tuple[Record, ...]:
     return (
+        # on Kubernetes, the model of each GPU a vLLM pod holds alone, whatever else its node serves
+        Record(GPU_MODEL_BY_POD,
+               f'group by (uuid, model) (\n  {m("inferwatch_gpu_pod_info")}{{shared="false"}}\n'
+               f'  * on (namespace, pod) group_left (model) group by (namespace, pod, model) '
+               f'({m("vllm:num_requests_running")}{{pod!="",model!=""}})\n)'),
         *(_gpu_signal(s) for s in SIGNALS),
         Record(PEERS_MEAN, _over_peers(GPU_SIGNAL)),
         # E[x²] - E[x]² over the peers; clamped, as rounding can take a zero spread below 0

@@ -146,10 +146,13 @@ def fleet(spec: Spec) -> list[Any]:
     nvlink = m("inferwatch_gpu_nvlink_errors_total")
     return [
         timeseries_panel("Below its peers (stragglers)", "percentunit",
-                         q(or_zero(f"{stragglers.DEFICIT} > 0", "gpu"), "{{model}} {{host}} gpu{{gpu}} {{signal}}"),
+                         q(or_zero(f"max by (model, host, gpu) ({stragglers.DEFICIT}) > {t.straggler_deficit / 2!r}",
+                                   "gpu"), "{{model}} {{host}} gpu{{gpu}}"),
                          thresholds=[(None, "green"), (t.straggler_deficit, "red")], width=12,
-                         description="How far each GPU's 5-minute mean (SM activity, utilization, SM clock, power) is "
-                                     "below the mean of the other GPUs of its model and kind, where it is below. "
+                         description="How far each GPU's 5-minute mean is below the mean of the other GPUs of its "
+                                     "model and kind, by the signal it lags most in (SM activity, utilization, SM "
+                                     "clock, power), for the GPUs more than half the ticket's share below: a "
+                                     "healthy fleet draws none. "
                                      f"GPUStraggler tickets past {t.straggler_deficit:.0%} and "
                                      f"{t.straggler_stddevs:g} standard deviations for 10m while the model is busy."),
         timeseries_panel("NVLink errors: last hour against the last day", "short",
@@ -180,10 +183,10 @@ def pods() -> list[Any]:
     alone = f'group by (uuid, namespace, pod) ({g("inferwatch_gpu_pod_info", ALONE)})'
     return [
         timeseries_panel("GPUs per pod", "short", q(f"count by (namespace, pod) ({held})", "{{namespace}}/{{pod}}"),
-                         description="GPUs each pod holds, whole, as a MIG device or a time-sliced share."),
+                         width=6, description="GPUs each pod holds, whole, as a MIG device or a time-sliced share."),
         timeseries_panel("Utilization per pod", "percentunit",
                          q(f'avg by (namespace, pod) ({g("inferwatch_gpu_utilization_ratio")}\n'
-                           f"* on (uuid) group_left (namespace, pod) {alone})", "{{namespace}}/{{pod}}"),
+                           f"* on (uuid) group_left (namespace, pod) {alone})", "{{namespace}}/{{pod}}"), width=6,
                          description="Mean utilization of the GPUs each pod holds alone. A shared GPU is left out: "
                                      "its utilization is its holders' together (docs/exporter.md)."),
         stat_panel("Shared GPUs", "short",

@@ -244,3 +244,22 @@ def test_the_xid_runbooks_list_every_code_with_its_action():
         name = XID_NAMES[ACTIONS[action].severity]
         rows = [line for line in (runbooks / f"{name}.md").read_text().splitlines() if line.startswith(f"| {code} | ")]
         assert len(rows) == 1 and f"| `{action}` |" in rows[0], (code, name, rows)
+
+
+def test_on_kubernetes_a_node_of_two_models_compares_each_pods_gpus_with_their_own(tmp_path):
+    """Off Kubernetes such a node has no peers (above); with the pods the kubelet names, the
+    GPUs of m1's pod are compared among themselves, and m2's among theirs."""
+    peers = [1980.0, 1940.0, 2000.0]
+    clocks = [*peers, float(np.mean(peers)) * 0.85, *[1970.0] * 4]
+    series = fleet([[c] * 61 for c in clocks], utilization=0.9)
+    for model, pod, instance, gpus in (("m1", "vllm-a", "node1:8000", range(4)), ("m2", "vllm-b", "node1:8001", range(4, 8))):
+        series[selector("vllm:num_requests_running", {"job": "vllm", "instance": instance, "model": model,
+                                                      "namespace": "serving", "pod": pod})] = "4x60"
+        for i in gpus:
+            series[selector("inferwatch_gpu_pod_info", {
+                **card(i), "namespace": "serving", "pod": pod, "container": "vllm", "resource": "nvidia.com/gpu",
+                "device": card(i)["uuid"], "shared": "false"})] = "1x60"
+    scenario = Scenario("GPU 3 of m1's pod 15 % slow on a node that also serves m2", "GPUStraggler", series,
+                        quiet_at=("5m",), fires_at="12m", labels=straggler_labels(3), value="15%")
+    result = run_promtool(promtool_doc([scenario]), tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
