@@ -46,6 +46,7 @@ from typing import Any
 
 import yaml
 
+from inferwatch.alerts import clusters
 from inferwatch.alerts.catalog import metric as m
 from inferwatch.exporters.metrics import THROTTLE_REASONS
 
@@ -206,7 +207,7 @@ def rules() -> list[dict[str, Any]]:
 
 
 def rule_file() -> dict[str, Any]:
-    return {"groups": [{"name": GROUP, "rules": rules()}]}
+    return clusters.keep_in_rules({"groups": [{"name": GROUP, "rules": rules()}]})
 
 
 def render(doc: dict[str, Any]) -> str:

@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from inferwatch.alerts import cost, spec, stragglers
+from inferwatch.alerts import clusters, cost, spec, stragglers
 from inferwatch.alerts.catalog import metric as catalog_metric
 from inferwatch.alerts.meta import META_ALERTS
 from inferwatch.alerts.model import SLO, Alert, BurnTier, BurnWindow
@@ -52,6 +52,11 @@ ERRORS_1H_SAMPLED = "inferwatch_slo:sli_errors:rate1h_sampled1h"
 EVENTS_1H_SAMPLED = "inferwatch_slo:sli_events:rate1h_sampled1h"
 PERIOD_RATIO = "inferwatch_slo:sli_error:ratio_period"
 BUDGET_REMAINING = "inferwatch_slo:period_error_budget_remaining:ratio"
+OBJECTIVE = "inferwatch_slo:objective:ratio"
+ERROR_BUDGET = "inferwatch_slo:error_budget:ratio"
+# records of a constant (``vector(...)``): they belong to no cluster, and a cluster filter
+# would hide them
+CONSTANT_RECORDS = frozenset({OBJECTIVE, ERROR_BUDGET, cost.GPU_HOUR_PRICE})
 
 
 def error_ratio(window: str) -> str:
@@ -143,8 +148,8 @@ def slo_recording_groups(slo: SLO) -> list[dict[str, Any]]:
     short = [
         *raw,
         *(rule(error_ratio(w), _ratio_over(w, sel)) for w in SHORT_WINDOWS),
-        rule("inferwatch_slo:objective:ratio", f"vector({slo.objective})"),
-        rule("inferwatch_slo:error_budget:ratio", f"vector({slo.budget})"),
+        rule(OBJECTIVE, f"vector({slo.objective})"),
+        rule(ERROR_BUDGET, f"vector({slo.budget})"),
         rule("inferwatch_slo:current_burn_rate:ratio", f"{error_ratio('5m')}{sel} / {slo.budget}"),
     ]
     long = [
@@ -237,7 +242,7 @@ def absent_alerts(jobs: set[str] | None, links: Links) -> list[dict[str, Any]]:
             configs = scrape_configs_of(job)
             discovered = catalog_metric("prometheus_sd_discovered_targets")
             kept = catalog_metric("prometheus_target_scrape_pool_targets")
-            expr = (f"absent({guard.selector})\nunless on () "
+            expr = (f"{clusters.absent_from(guard.selector)}\nunless on () "
                     f'sum({discovered}{{config=~"{configs}",name="scrape"}}) == 0\n'
                     f'unless on () sum({kept}{{scrape_job=~"{configs}"}}) == 0')
             if guard.expected_when:
@@ -271,8 +276,9 @@ def rule_files(the_spec: Spec = spec.DEFAULT, jobs: set[str] | None = None) -> d
                for name, severity in (("page", "critical"), ("ticket", "warning"), ("info", "info"), ("meta", "none"))
                if severity in by_tier]
     groups.append({"name": "inferwatch-absent", "rules": absent_alerts(jobs, links)})
-    return {"slos.yml": {"groups": slo_groups}, "alerts.yml": {"groups": groups},
+    docs = {"slos.yml": {"groups": slo_groups}, "alerts.yml": {"groups": groups},
             "cost.yml": cost.rule_file(the_spec.settings.cost)}
+    return {name: clusters.keep_in_rules(doc) for name, doc in docs.items()}
 
 
 def cap_for(files: dict[str, dict[str, Any]], cap: str) -> dict[str, dict[str, Any]]:

@@ -17,7 +17,7 @@ from functools import partial
 
 from prometheus_client.utils import floatToGoString
 
-from inferwatch.alerts import stragglers
+from inferwatch.alerts import clusters, stragglers
 from inferwatch.alerts.catalog import metric as m
 from inferwatch.alerts.model import SLO, Alert, BurnTier, BurnWindow, Guard, Record
 from inferwatch.common.durations import seconds
@@ -498,7 +498,7 @@ def _alerts(t: Thresholds, outage_shadow: str) -> tuple[Alert, ...]:
 # is expected once gateways deliver feature records to one; GPU metrics from anywhere
 # (inferwatch's exporter, or dcgm-exporter through alerts/compat) satisfy the exporter's.
 _RECORDS_SENT = f'sum(rate({m("inferwatch_gateway_feature_records_total")}{{outcome="sent"}}[10m])) > 0'
-_NO_GPU_METRICS = f'absent({m("inferwatch_gpu_info")})'
+_NO_GPU_METRICS = clusters.absent_from(m("inferwatch_gpu_info"))
 ABSENT_GUARDS = (
     Guard(JOB_GATEWAY, "up", f'up{{job="{JOB_GATEWAY}"}}'),
     Guard(JOB_VLLM, "up", f'up{{job="{JOB_VLLM}"}}'),

@@ -7,6 +7,7 @@ Panel ids and positions come from ``dashboard()``, so the JSON is stable.
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -21,6 +22,9 @@ from grafana_foundation_sdk.builders import (
 )
 from grafana_foundation_sdk.models import common, dashboard as dash, prometheus as prom_m
 
+from inferwatch.alerts import clusters
+from inferwatch.alerts.generate import CONSTANT_RECORDS
+
 warnings.filterwarnings("ignore", category=DeprecationWarning, module="grafana_foundation_sdk")
 
 DATASOURCE = dash.DataSourceRef(type_val="prometheus", uid="${datasource}")
@@ -32,7 +36,7 @@ def q(expr: str, legend: str = "", ref: str = "A", exemplar: bool = False, heat:
       instant: bool = False) -> prometheus.Dataquery:
     """``instant``: the value now only, for a state whose earlier values must not show (a
     stat of the current decision)."""
-    query = prometheus.Dataquery().expr(expr).ref_id(ref).legend_format(legend or "__auto")
+    query = prometheus.Dataquery().expr(in_cluster(expr)).ref_id(ref).legend_format(legend or "__auto")
     if instant:
         query = query.instant()
     if exemplar:
@@ -131,10 +135,31 @@ def or_zero(expr: str, label: str) -> str:
     return f'{expr} or on () label_replace(vector(0), "{label}", "none", "", "")'
 
 
+def in_cluster(expr: str) -> str:
+    """``expr`` over the clusters chosen in ``$cluster``, but for series of no cluster (records
+    of constants, as an SLO's objective)."""
+    return clusters.select(expr, f'{clusters.CLUSTER}=~"$cluster"', CONSTANT_RECORDS)
+
+
+def cluster_variable() -> dash_b.QueryVariable:
+    """Every dashboard's first filter: the clusters whose samples this Prometheus holds (a
+    central store holds several). With one cluster, whose series carry no ``cluster`` label,
+    it lists nothing and "All" (``.*``) matches every series."""
+    return _query_variable("cluster", "Cluster", f"label_values(up, {clusters.CLUSTER})", True, ".*")
+
+
 def query_variable(name: str, label: str, query: str, multi: bool = True,
                    all_value: str | None = ".*") -> dash_b.QueryVariable:
     """``all_value``: what "All" sends. ``.*`` also matches series without the label; None
-    sends the listed values, so a value the query leaves out (the ``unknown`` model) stays out."""
+    sends the listed values, so a value the query leaves out (the ``unknown`` model) stays out.
+    ``query`` is a ``label_values(selector, label)``; its values are those of ``$cluster``."""
+    found = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", query)
+    if found is None:
+        raise ValueError(f"not a label_values(selector, label) query: {query}")
+    return _query_variable(name, label, f"label_values({in_cluster(found[1])}, {found[2]})", multi, all_value)
+
+
+def _query_variable(name: str, label: str, query: str, multi: bool, all_value: str | None) -> dash_b.QueryVariable:
     var = (dash_b.QueryVariable(name).label(label).query(query).datasource(DATASOURCE)
            .refresh(dash.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dash.VariableSort.ALPHABETICAL_ASC))
     if multi:
@@ -158,7 +183,7 @@ def dashboard(uid: str, title: str, description: str, variables: list[Any],
              .link(dash_b.DashboardLink("inferwatch").type(dash.DashboardLinkType.DASHBOARDS).tags([TAG])
                    .as_dropdown(True).include_vars(True).keep_time(True)
                    .placement(None)))  # type: ignore[arg-type]  # the SDK types it str; None leaves it unset
-    board = board.with_variable(datasource_variable())
+    board = board.with_variable(datasource_variable()).with_variable(cluster_variable())
     for var in variables:
         board = board.with_variable(var)
     panel_id = 0

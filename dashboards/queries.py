@@ -72,13 +72,13 @@ def resolve_variables(prometheus: str, doc: dict[str, Any], tr: TimeRange, stric
     """Each query variable's value as Grafana's default would be: "All" (its allValue, or
     the values it lists) for multi-value variables, else the first value. A variable without
     values is ``.*``, as in Grafana (no GPUs yet, no drift baseline yet); ``strict`` raises
-    instead."""
+    instead, but for ``$cluster``, which has no values in a Prometheus of one cluster."""
     resolved: dict[str, str] = {}
     for var in doc["templating"]["list"]:
         if var["type"] != "query":
             continue
         values = variable_values(prometheus, var["query"], resolved, tr)
-        if not values and strict:
+        if not values and strict and var["name"] != "cluster":
             raise LookupError(f"variable {var['name']} ({var['query']}) has no values")
         if not values:
             resolved[var["name"]] = ".*"

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard as dash_b
 
-from inferwatch.alerts.generate import BUDGET_REMAINING, PERIOD_INTERVAL, error_ratio, fresh, interval_of
+from inferwatch.alerts.generate import (
+    BUDGET_REMAINING,
+    ERROR_BUDGET,
+    OBJECTIVE,
+    PERIOD_INTERVAL,
+    error_ratio,
+    fresh,
+    interval_of,
+)
 from inferwatch.alerts.spec import Spec
 from inferwatch.common.durations import seconds
 from inferwatch.dashboards import uids
@@ -12,7 +20,6 @@ from inferwatch.dashboards.panels import dashboard, or_zero, q, query_variable, 
 from inferwatch.serving.metrics import UNKNOWN_MODEL
 
 SEL = 'model=~"$model", slo=~"$slo"'
-BUDGET = "inferwatch_slo:error_budget:ratio"
 BURN_UNIT = "suffix:×"  # a multiple of the budget rate: Grafana has no unit for it, a suffix says it
 
 
@@ -32,10 +39,10 @@ def build(spec: Spec) -> dash_b.Dashboard:
     page_factors = [(w.long, w.factor(spec.slos[0].period)) for w in spec.page_tier.windows]
     windows = sorted({w for tier in spec.tiers for bw in tier.windows for w in (bw.long, bw.short)}, key=seconds)
     lowest, highest = min(f for _, f in page_factors), max(f for _, f in page_factors)
-    burn = [q(f'{_ratio(w)} / on (slo) group_left {BUDGET}{{slo=~"$slo"}}', f"{w} {{{{model}}}}")
+    burn = [q(f'{_ratio(w)} / on (slo) group_left {ERROR_BUDGET}{{slo=~"$slo"}}', f"{w} {{{{model}}}}")
             for w in windows]
     slo_panels = [
-        stat_panel("Objective", "percentunit", q('inferwatch_slo:objective:ratio{slo=~"$slo"}', "{{slo}}"),
+        stat_panel("Objective", "percentunit", q(f'{OBJECTIVE}{{slo=~"$slo"}}', "{{slo}}"),
                    width=6, height=6),
         stat_panel(f"Error budget remaining ({period})", "percentunit",
                    q(fresh(f"{BUDGET_REMAINING}{{{SEL}}}", PERIOD_INTERVAL), "{{model}} {{slo}}"),
@@ -72,5 +79,5 @@ def build(spec: Spec) -> dash_b.Dashboard:
         uids.SLOS, "inferwatch / SLOs and alerts", "Per-model SLOs with multi-window burn rates; alerts firing.",
         [query_variable("model", "Model", f'label_values({error_ratio("5m")}{{model!="{UNKNOWN_MODEL}"}}, model)',
                         all_value=None),
-         query_variable("slo", "SLO", "label_values(inferwatch_slo:objective:ratio, slo)")],
+         query_variable("slo", "SLO", f"label_values({OBJECTIVE}, slo)")],
         [("SLOs", slo_panels), ("Alerts", alert_panels)])

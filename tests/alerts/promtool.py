@@ -15,9 +15,16 @@ from pathlib import Path
 
 import yaml
 
+from inferwatch.alerts import clusters
 from inferwatch.alerts.generate import RULES_DIR
+from tests.support.promql import metric_names
 
 RULE_FILES = sorted(RULES_DIR.glob("*.yml"))
+OTHER_CLUSTER = "eu-west"
+# what belongs to no cluster: an alert of a constant expression, records of constants
+UNCLUSTERED_ALERTS = {"Watchdog"}
+CONSTANTS = frozenset({"inferwatch_slo:objective:ratio", "inferwatch_slo:error_budget:ratio",
+                       "inferwatch_cost:gpu_hour_price:dollars"})
 BASE = {"job": "test", "instance": "host:1"}
 GPU = {"job": "inferwatch-exporter", "instance": "node1:9400", "gpu": "0", "uuid": "GPU-aaaa",
        "name": "NVIDIA H100", "pci_bus_id": "00000000:01:00.0"}
@@ -74,10 +81,55 @@ def promtool_doc(scenarios: list[Scenario]) -> dict:
     return {"rule_files": [str(f) for f in RULE_FILES], "evaluation_interval": "1m", "tests": tests}
 
 
-def run_promtool(doc: dict, tmp: Path) -> subprocess.CompletedProcess:
-    path = tmp / "promtool-test.yml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False, width=200))
-    return subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=600)
+def _labelled(labels: str, matcher: str) -> str:
+    """A series or label set (``name{...}``, ``{...}``) with one more label."""
+    if labels.startswith("{"):
+        return "{" + matcher + ("" if labels == "{}" else ", ") + labels[1:]
+    return clusters.select(labels, matcher)
+
+
+def in_cluster(doc: dict, cluster: str = OTHER_CLUSTER) -> dict:
+    """The same tests with every series from ``cluster``, as a central store holds them (a
+    cluster's Prometheus sends its ``cluster`` external label with every sample): the alerts
+    and records they expect carry it too, and the expressions they query keep it (``keep``),
+    but for the series of no cluster (the Watchdog, records of constants)."""
+    matcher = f'{clusters.CLUSTER}="{cluster}"'
+    tests = []
+    for test in doc["tests"]:
+        test = {**test, "input_series": [{**s, "series": _labelled(s["series"], matcher)}
+                                         for s in test.get("input_series", [])]}
+        if "alert_rule_test" in test:
+            test["alert_rule_test"] = [
+                {**check, "exp_alerts": [{**a, "exp_labels": {**a["exp_labels"], clusters.CLUSTER: cluster}}
+                                         if check["alertname"] not in UNCLUSTERED_ALERTS else a
+                                         for a in check.get("exp_alerts", [])]}
+                for check in test["alert_rule_test"]]
+        if "promql_expr_test" in test:
+            test["promql_expr_test"] = [
+                {**check, "expr": clusters.keep(clusters.select(check["expr"], matcher, CONSTANTS)),
+                 "exp_samples": [{**e, "labels": _labelled(e["labels"], matcher)}
+                                 if not metric_names(check["expr"]) <= CONSTANTS else e
+                                 for e in check.get("exp_samples", [])]}
+                for check in test["promql_expr_test"]]
+        tests.append(test)
+    return {**doc, "tests": tests}
+
+
+def run_promtool(doc: dict, tmp: Path, clustered: bool = True) -> subprocess.CompletedProcess:
+    """The tests as written (one cluster: no ``cluster`` label) and, at the same time, as a
+    central store sees one cluster among several (``in_cluster``): both must pass.
+    ``clustered`` False runs only the first: a dashboard's query, which sums the clusters
+    ``$cluster`` chose, is not a rule."""
+    variants = [("promtool-test.yml", doc)] + [("promtool-test-in-cluster.yml", in_cluster(doc))] * clustered
+    runs = []
+    for name, variant in variants:
+        path = tmp / name
+        path.write_text(yaml.safe_dump(variant, sort_keys=False, width=200))
+        runs.append(subprocess.Popen(["promtool", "test", "rules", str(path)], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True))
+    outs = [run.communicate(timeout=600) for run in runs]
+    return subprocess.CompletedProcess(runs[0].args, max(run.returncode for run in runs),
+                                       "".join(o for o, _ in outs), "".join(e for _, e in outs))
 
 
 def selector(name: str, labels: dict[str, str]) -> str:

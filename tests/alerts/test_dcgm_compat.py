@@ -279,7 +279,7 @@ def test_a_dcgm_cluster_raises_no_exporter_guard_with_the_job_configured_empty_o
         return {"name": name, "interval": "1m",
                 "input_series": [{"series": k, "values": v} for k, v in series.items()],
                 "promql_expr_test": [{"expr": r["expr"], "eval_time": "20m",
-                                      "exp_samples": [{"labels": '{job="inferwatch-exporter"}', "value": 1}]
+                                      "exp_samples": [{"labels": "{}", "value": 1}]
                                       if r["labels"]["metric"] in fires else []} for r in guards]}
 
     tests = [case("exporter job with no targets", {**dcgm_series, no_targets: "0x30"}, set()),

@@ -339,7 +339,9 @@ OTHER_QUIET = [
            dict([_operator_discovered("serviceMonitor", "inferwatch-gateway", 0),
                  _operator_discovered("podMonitor", "vllm", 0),
                  (selector("inferwatch_gpu_info", {"job": "dcgm-exporter", "instance": "n1:9400",
-                                                    "gpu": "0"}), "1x20")]),
+                                                    "gpu": "0"}), "1x20"),
+                 # its discovery's metrics come from scraping itself
+                 (selector("up", {"job": "prometheus", "instance": "localhost:9090"}), "1x20")]),
            "15m", "InferwatchTargetAbsent"),
     # the Operator's discovery finds every pod of the namespace; relabelling keeps none
     _quiet("a monitor whose selector keeps none of the pods it discovers opens no absent() ticket",

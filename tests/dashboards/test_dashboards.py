@@ -164,7 +164,7 @@ def test_the_xid_panel_counts_the_first_xid_of_a_gpu(tmp_path):
 
     [panel] = [p for p in panels(DOCS[uids.GPUS]) if p["title"] == "XID errors"]
     expr = panel["targets"][0]["expr"].replace("$__rate_interval", "4m").replace('=~"$host"', '=~".*"') \
-        .replace('=~"$gpu"', '=~".*"')
+        .replace('=~"$gpu"', '=~".*"').replace('=~"$cluster"', '=~".*"')
     series = selector("inferwatch_gpu_xid_errors_total", {"instance": "n1:9400", "gpu": "0", "xid": "79"})
     doc = {"rule_files": [], "evaluation_interval": "1m", "tests": [{
         "interval": "1m", "input_series": [{"series": series, "values": "_x5 1x20"}],
@@ -172,7 +172,7 @@ def test_the_xid_panel_counts_the_first_xid_of_a_gpu(tmp_path):
             {"expr": expr, "eval_time": "2m", "exp_samples": [{"labels": '{xid="none"}', "value": 0}]},
             {"expr": expr, "eval_time": "6m", "exp_samples": [{"labels": '{xid="79"}', "value": 1}]},
             {"expr": expr, "eval_time": "15m", "exp_samples": [{"labels": '{xid="79"}', "value": 0}]}]}]}
-    result = run_promtool(doc, tmp_path)
+    result = run_promtool(doc, tmp_path, clustered=False)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -319,5 +319,5 @@ def test_output_quality_panels_are_shares_of_requests(tmp_path):
     doc = {"rule_files": [], "evaluation_interval": "1m", "tests": [{
         "interval": "1m", "input_series": [{"series": k, "values": v} for k, v in series.items()],
         "promql_expr_test": checks}]}
-    result = run_promtool(doc, tmp_path)
+    result = run_promtool(doc, tmp_path, clustered=False)
     assert result.returncode == 0, result.stdout + result.stderr
