@@ -38,8 +38,8 @@ class Targets:
     say it (containers of one compose project): the cost rules join a vLLM to the GPUs of its
     host by the ``host`` label, else by the host part of ``instance`` (alerts/cost.py)."""
 
-    prometheus: str
-    alertmanager: str
+    prometheus: tuple[str, ...]  # two or more: identical servers, each scraping and alerting on its own
+    alertmanager: tuple[str, ...]  # two or more: a gossip cluster that sends each notification once
     gateway: tuple[str, ...] = ()
     vllm: tuple[tuple[str, str | None], ...] = ()  # (host:port, served model name when known)
     exporter: tuple[str, ...] = ()
@@ -67,6 +67,15 @@ class Intervals:
 # For tests and demos (`inferwatch up --fast-alerting`): everything in about a second.
 FAST_INTERVALS = Intervals("1s", "1s", Timing("1s", "2s", "1h"), Timing("1s", "2s", "1h"), Timing("0s", "5s", "4s"),
                            resend_delay="2s")
+# The same for an HA pair (`inferwatch up --ha --fast-alerting`). Two Prometheus servers see
+# an incident end up to one evaluation apart. If the one still firing re-sends its alert in
+# that gap, Alertmanager takes the alert as firing again until that one resolves too; the
+# Alertmanager that waits for its peer (the second in the cluster) and flushes its group just
+# then notifies a stale "firing" after its peer has sent "resolved": a second page. At most
+# (gap / resend delay) x (gap / group interval) / 2 per resolution: 12 % at 1 s evaluations
+# with 2 s resends and group intervals, 0.5 % with 10 s ones (the shipped 10 s evaluations,
+# 1 m resends and 1 m group intervals: 1.4 %; docs/alerts.md says more).
+FAST_HA_INTERVALS = replace(FAST_INTERVALS, page=Timing("1s", "10s", "1h"), resend_delay="10s")
 
 
 def target_groups(targets: Targets) -> dict[str, list[dict]]:
@@ -95,25 +104,48 @@ def _discovered_job(job: str, targets_dir: str) -> dict:
     return sd
 
 
+# The external label that tells HA Prometheus replicas apart (the Prometheus Operator's name).
+# Dropped from the alerts they send, so Alertmanager sees one alert from both, and kept on
+# what they remote-write, where a store that deduplicates (Thanos, Mimir's HA tracker) reads it.
+REPLICA_LABEL = "prometheus_replica"
+
+
+def replica_names(targets: Targets) -> tuple[str | None, ...]:
+    """One name per Prometheus server: none for a lone server (its config as ever), a, b, ... for HA."""
+    if len(targets.prometheus) == 1:
+        return (None,)
+    return tuple(chr(ord("a") + i) for i in range(len(targets.prometheus)))
+
+
 def prometheus_config(targets: Targets, rule_files: list[str], cluster: str, targets_dir: str,
-                      intervals: Intervals = Intervals()) -> dict:
-    static = [{"job_name": job, "static_configs": [{"targets": [address]}]}
-              for job, address in (("prometheus", targets.prometheus), (spec.JOB_ALERTMANAGER, targets.alertmanager))]
+                      intervals: Intervals = Intervals(), replica: str | None = None) -> dict:
+    """One Prometheus server's config. Every server of an HA pair scrapes the same targets,
+    evaluates the same rules and sends to every Alertmanager; each also scrapes the other, so
+    the survivor tells of a lost one."""
+    static = [{"job_name": job, "static_configs": [{"targets": list(addresses)}]}
+              for job, addresses in (("prometheus", targets.prometheus), (spec.JOB_ALERTMANAGER, targets.alertmanager))]
     jobs = static + [_discovered_job(job, targets_dir) for job in target_groups(targets)]
+    external = {"cluster": cluster, **({REPLICA_LABEL: replica} if replica else {})}
+    alerting: dict = {"alertmanagers": [{"static_configs": [{"targets": list(targets.alertmanager)}]}]}
+    if replica:
+        alerting["alert_relabel_configs"] = [{"action": "labeldrop", "regex": REPLICA_LABEL}]
     return {
         "global": {"scrape_interval": intervals.scrape, "evaluation_interval": intervals.evaluation,
-                   "external_labels": {"cluster": cluster}},
+                   "external_labels": external},
         "rule_files": rule_files,
-        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [targets.alertmanager]}]}]},
+        "alerting": alerting,
         "scrape_configs": jobs,
     }
 
 
 # The compose project's machine: its vLLM and exporter containers have addresses of their own.
 COMPOSE_HOST = "compose"
-COMPOSE_TARGETS = Targets(prometheus="localhost:9090", alertmanager="alertmanager:9093", gateway=("gateway:8080",),
+COMPOSE_TARGETS = Targets(prometheus=("localhost:9090",), alertmanager=("alertmanager:9093",), gateway=("gateway:8080",),
                           vllm=(("vllm:8000", None),), exporter=("exporter:9400",),
                           drift=("drift:8090", "drift-b:8090"), host=COMPOSE_HOST)
+# `deploy/compose/ha.yml`: the same stack with a second Prometheus and Alertmanager.
+COMPOSE_HA_TARGETS = replace(COMPOSE_TARGETS, prometheus=("prometheus:9090", "prometheus-b:9090"),
+                             alertmanager=("alertmanager:9093", "alertmanager-b:9093"))
 COMPOSE_RECEIVERS = Receivers(pager_webhook="http://pager:9097/hooks/pager",
                               ticket_webhook="http://pager:9097/hooks/ticket",
                               deadman_webhook="http://pager:9097/hooks/deadman")
@@ -141,6 +173,9 @@ def compose_files(rule_names: Iterable[str], policy: Routing = Routing()) -> dic
     with_pagerduty = replace(receivers, pagerduty_routing_key_file=COMPOSE_PAGERDUTY_KEY_FILE)
     files = {
         DEPLOY_DIR / "prometheus" / "prometheus.yml": render(prometheus, HEADER),
+        **{DEPLOY_DIR / "prometheus" / f"prometheus-ha-{replica}.yml": render(
+            prometheus_config(COMPOSE_HA_TARGETS, rules, "compose", "/etc/prometheus/targets", replica=replica), HEADER)
+           for replica in replica_names(COMPOSE_HA_TARGETS) if replica},
         DEPLOY_DIR / "alertmanager" / "alertmanager.yml": render(
             alertmanager_config(receivers, "/etc/alertmanager/templates", policy), HEADER),
         DEPLOY_DIR / "alertmanager" / "alertmanager-pagerduty.yml": render(
@@ -152,26 +187,35 @@ def compose_files(rule_names: Iterable[str], policy: Routing = Routing()) -> dic
     return files
 
 
+def prometheus_dir(run_dir: Path, replica: str | None) -> Path:
+    """A server's folder in a local stack's run folder: its config and its TSDB."""
+    return run_dir / ("prometheus" if replica in (None, "a") else f"prometheus-{replica}")
+
+
 def write_local_configs(run_dir: Path, targets: Targets, receivers: Receivers,
                         intervals: Intervals = Intervals(), rules_dir: Path = RULES_DIR,
-                        policy: Routing = Routing()) -> tuple[Path, Path]:
-    """Render both configs for a local stack into ``run_dir``; return their paths."""
-    prom_dir, am_dir = run_dir / "prometheus", run_dir / "alertmanager"
-    for d in (prom_dir, am_dir):
-        d.mkdir(parents=True, exist_ok=True)
+                        policy: Routing = Routing()) -> tuple[list[Path], Path]:
+    """Render the configs of a local stack into ``run_dir``: one per Prometheus server (in
+    the order of ``targets.prometheus``) and the Alertmanagers' one; return their paths."""
+    am_dir = run_dir / "alertmanager"
+    am_dir.mkdir(parents=True, exist_ok=True)
     rules = [str(f) for f in sorted(rules_dir.glob("*.yml"))]
-    targets_dir = prom_dir / "targets"
-    targets_dir.mkdir(exist_ok=True)
+    targets_dir = run_dir / "prometheus" / "targets"
+    targets_dir.mkdir(parents=True, exist_ok=True)
     for job, groups in target_groups(targets).items():
         (targets_dir / f"{job}.yml").write_text(yaml.safe_dump(groups, sort_keys=False))
-    prom = prom_dir / "prometheus.yml"
-    prom.write_text(yaml.safe_dump(prometheus_config(targets, rules, "local", str(targets_dir), intervals),
-                                   sort_keys=False))
+    proms = []
+    for replica in replica_names(targets):
+        prom = prometheus_dir(run_dir, replica) / "prometheus.yml"
+        prom.parent.mkdir(parents=True, exist_ok=True)
+        prom.write_text(yaml.safe_dump(prometheus_config(targets, rules, "local", str(targets_dir), intervals, replica),
+                                       sort_keys=False))
+        proms.append(prom)
     am = am_dir / "alertmanager.yml"
     am.write_text(yaml.safe_dump(alertmanager_config(receivers, TEMPLATES_DIR, policy, page=intervals.page,
                                                      ticket=intervals.ticket, deadman=intervals.deadman),
                                  sort_keys=False))
-    return prom, am
+    return proms, am
 
 
 def prometheus_binary() -> str:
@@ -183,19 +227,37 @@ def alertmanager_binary() -> str:
 
 
 def prometheus_process(config: Path, data_dir: Path, host: str, port: int, log_path: Path,
-                       intervals: Intervals = Intervals(), retention: str = "35d") -> ManagedProcess:
+                       intervals: Intervals = Intervals(), retention: str = "35d",
+                       key: str = "prometheus") -> ManagedProcess:
     """``retention`` must outlast the SLO period (30d) for the error budget to be whole."""
     argv = [prometheus_binary(), f"--config.file={config}", f"--storage.tsdb.path={data_dir}",
             f"--rules.alert.resend-delay={intervals.resend_delay}",
             f"--web.listen-address={host}:{port}", "--enable-feature=exemplar-storage",
             f"--storage.tsdb.retention.time={retention}", "--web.enable-lifecycle"]
     return ManagedProcess(f"Prometheus (:{port})", argv, log_path=log_path,
-                          health_url=f"http://{host}:{port}/-/ready", key="prometheus")
+                          health_url=f"http://{host}:{port}/-/ready", key=key)
 
 
-def alertmanager_process(config: Path, data_dir: Path, host: str, port: int, log_path: Path) -> ManagedProcess:
+def gossip_address(alertmanager: str) -> str:
+    """Where an Alertmanager of a cluster gossips: its web port plus one (9093 -> 9094, the default)."""
+    host, _, port = alertmanager.rpartition(":")
+    return f"{host}:{int(port) + 1}"
+
+
+def alertmanager_process(config: Path, data_dir: Path, host: str, port: int, log_path: Path,
+                         peers: tuple[str, ...] = (), key: str = "alertmanager") -> ManagedProcess:
+    """``peers``: the web addresses of the other Alertmanagers of its cluster (none: gossip off).
+
+    In a cluster, each sends a notification only after the members before it in the cluster's
+    order have had ``--cluster.peer-timeout`` (15 s) per place to send it and gossip that they
+    did: the first sends at once, and with it gone the next sends 15 s later. Alerts reach
+    every member (every Prometheus sends to all), so each can stand in."""
+    gossip = ["--cluster.listen-address="]
+    if peers:
+        own = gossip_address(f"{host}:{port}")
+        gossip = [f"--cluster.listen-address={own}", f"--cluster.advertise-address={own}",
+                  *(f"--cluster.peer={gossip_address(p)}" for p in peers)]
     argv = [alertmanager_binary(), f"--config.file={config}", f"--storage.path={data_dir}",
-            f"--web.listen-address={host}:{port}", "--cluster.listen-address=",
-            f"--web.external-url=http://{host}:{port}"]
+            f"--web.listen-address={host}:{port}", *gossip, f"--web.external-url=http://{host}:{port}"]
     return ManagedProcess(f"Alertmanager (:{port})", argv, log_path=log_path,
-                          health_url=f"http://{host}:{port}/-/ready", key="alertmanager")
+                          health_url=f"http://{host}:{port}/-/ready", key=key)

@@ -649,12 +649,19 @@ def up(
         help="Start only Prometheus, Alertmanager and the local pager; they scrape vLLM, the gateway, exporter "
              "and drift service run apart (e.g. `inferwatch gateway`) at the ports given.")] = False,
     config: ConfigOption = None,
+    ha: Annotated[bool, typer.Option(
+        "--ha", help="Paging that survives losing a monitor: two Prometheus servers with the same rules and targets "
+                     "(the second at --prometheus-port + 100) and two Alertmanagers in a gossip cluster (the second "
+                     "at --alertmanager-port + 100; each gossips on its port + 1), so a page is sent once with "
+                     "either half gone.")] = False,
 ) -> None:
     """Run the local stack until Ctrl-C: vLLM, drift service, gateway, GPU exporter, then Prometheus,
     Alertmanager and the local pager. A child that crashes is restarted with backoff."""
 
     if monitoring_only and not prometheus_port:
         _fail("--monitoring-only with --prometheus-port 0 leaves nothing to start.")
+    if ha and not prometheus_port:
+        _fail("--ha doubles Prometheus and Alertmanager, which --prometheus-port 0 leaves out.")
     if pagerduty_routing_key_file is not None:
         try:
             key = pagerduty_routing_key_file.read_text().strip()
@@ -675,7 +682,7 @@ def up(
         drift_port, prometheus_port, alertmanager_port, pager_port, supervisor_port, canary_port, canary_delay, host,
         dtype, max_model_len, _vllm_args(vllm_args), otlp_endpoint, pagerduty_routing_key_file, heartbeat_url,
         rules_dir, fast_alerting, startup_timeout, run_dir, monitoring_only, config,
-        () if monitoring_only else _tiny_adapter(resolved))
+        () if monitoring_only else _tiny_adapter(resolved), ha)
     try:
         run(options, settings)
     except StackError as exc:

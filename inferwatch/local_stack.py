@@ -22,6 +22,10 @@ if TYPE_CHECKING:
     from inferwatch.deploy.monitoring import Targets
 
 
+# `--ha`: the second Prometheus and Alertmanager listen this far above the first's ports.
+HA_PORT_OFFSET = 100
+
+
 class StackError(Exception):
     """What keeps the stack from starting or running, said to the user as it is."""
 
@@ -56,6 +60,7 @@ class StackOptions:
     monitoring_only: bool
     config: Path | None = None  # inferwatch.yaml: the gateway judges goodput by its SLOs
     lora_modules: tuple[tuple[str, str], ...] = ()  # LoRA adapters vLLM serves beside the model: (name, folder)
+    ha: bool = False  # two Prometheus servers and two Alertmanagers in a cluster (HA_PORT_OFFSET)
 
 
 def run(o: StackOptions, settings: Settings) -> None:
@@ -125,16 +130,18 @@ def run(o: StackOptions, settings: Settings) -> None:
         def at(port: int) -> str:
             return f"{o.host}:{port}"
 
-        targets = Targets(prometheus=at(o.prometheus_port), alertmanager=at(o.alertmanager_port),
+        halves = (0, HA_PORT_OFFSET) if o.ha else (0,)
+        targets = Targets(prometheus=tuple(at(o.prometheus_port + d) for d in halves),
+                          alertmanager=tuple(at(o.alertmanager_port + d) for d in halves),
                           gateway=(at(o.gateway_port),), vllm=((at(o.vllm_port), o.served_model_name),),
                           exporter=(at(o.exporter_port),) if o.exporter_port else (),
                           drift=(at(o.drift_port),) if o.drift_port else (), supervisor=(at(o.supervisor_port),))
         pager = child("local pager", "pager", ["pager", "--host", o.host, "--port", str(o.pager_port)], o.pager_port)
         children += _monitoring_children(run_dir, targets, pager, o.pagerduty_routing_key_file, o.heartbeat_url,
                                          o.rules_dir, settings, o.fast_alerting)
-        urls["Prometheus"] = f"http://{o.host}:{o.prometheus_port}"
+        urls["Prometheus"] = " ".join(f"http://{t}" for t in targets.prometheus)
         urls["Prometheus alerts"] = lambda: _alerts_page(f"http://{o.host}:{o.prometheus_port}")
-        urls["Alertmanager"] = f"http://{o.host}:{o.alertmanager_port}"
+        urls["Alertmanager"] = " ".join(f"http://{t}" for t in targets.alertmanager)
         urls["local pager (pages as JSON)"] = f"http://{o.host}:{o.pager_port}/events"
     urls["supervisor /metrics"] = f"http://{o.host}:{o.supervisor_port}/metrics"
     urls["logs"] = str(run_dir)
@@ -233,10 +240,12 @@ def _monitoring_children(run_dir: Path, targets: Targets, pager: ManagedProcess,
     from inferwatch.alerts.routing import Receivers
     from inferwatch.alerts.spec import build
     from inferwatch.deploy.monitoring import (
+        FAST_HA_INTERVALS,
         FAST_INTERVALS,
         Intervals,
         alertmanager_process,
         prometheus_process,
+        replica_names,
         write_local_configs,
     )
 
@@ -245,20 +254,24 @@ def _monitoring_children(run_dir: Path, targets: Targets, pager: ManagedProcess,
     heartbeat_url = heartbeat_url or settings.routing.heartbeat_url
     receivers = Receivers(f"{hooks}/pager", f"{hooks}/ticket", heartbeat_url or f"{hooks}/deadman",
                           str(pagerduty_key.resolve()) if pagerduty_key else None)
-    intervals = FAST_INTERVALS if fast else Intervals()
+    intervals = (FAST_HA_INTERVALS if len(targets.prometheus) > 1 else FAST_INTERVALS) if fast else Intervals()
     if rules_dir is None:  # the shipped rules, without absent() guards for parts left out
         rules_dir = run_dir / "rules"
         write(rule_files(build(settings), jobs=targets.jobs()), rules_dir)
-    prom_cfg, am_cfg = write_local_configs(run_dir, targets, receivers, intervals, rules_dir, settings.routing)
-    host, _, am_port = targets.alertmanager.rpartition(":")
-    prom_host, _, prom_port = targets.prometheus.rpartition(":")
-    return [
-        (pager, 30.0),
-        (alertmanager_process(am_cfg, run_dir / "alertmanager" / "data", host, int(am_port),
-                              run_dir / "alertmanager.log"), 60.0),
-        (prometheus_process(prom_cfg, run_dir / "prometheus" / "data", prom_host, int(prom_port),
-                            run_dir / "prometheus.log", intervals), 60.0),
-    ]
+    prom_cfgs, am_cfg = write_local_configs(run_dir, targets, receivers, intervals, rules_dir, settings.routing)
+    children: list[Any] = [(pager, 30.0)]
+    for i, address in enumerate(targets.alertmanager):
+        host, _, port = address.rpartition(":")
+        key = "alertmanager" if i == 0 else f"alertmanager-{chr(ord('a') + i)}"
+        peers = tuple(a for a in targets.alertmanager if a != address)
+        children.append((alertmanager_process(am_cfg, run_dir / key / "data", host, int(port), run_dir / f"{key}.log",
+                                              peers, key), 60.0))
+    for replica, address, config in zip(replica_names(targets), targets.prometheus, prom_cfgs):
+        host, _, port = address.rpartition(":")
+        key = "prometheus" if replica in (None, "a") else f"prometheus-{replica}"
+        children.append((prometheus_process(config, config.parent / "data", host, int(port), run_dir / f"{key}.log",
+                                            intervals, key=key), 60.0))
+    return children
 
 
 def supervise(children: list[Any], urls: dict[str, Any], metrics_at: tuple[str, int] | None = None) -> None:

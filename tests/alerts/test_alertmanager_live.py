@@ -28,7 +28,7 @@ def alertmanager(tmp_path):
     with AppServer(create_app()) as pager:
         hooks = f"{pager.url}/hooks"
         _, am_cfg = write_local_configs(
-            tmp_path, Targets(prometheus=f"127.0.0.1:{prom_port}", alertmanager=f"127.0.0.1:{am_port}"),
+            tmp_path, Targets(prometheus=(f"127.0.0.1:{prom_port}",), alertmanager=(f"127.0.0.1:{am_port}",)),
             Receivers(f"{hooks}/pager", f"{hooks}/ticket", f"{hooks}/deadman"),
             Intervals(page=QUICK, ticket=QUICK, deadman=HEARTBEAT))
         proc = alertmanager_process(am_cfg, tmp_path / "am-data", "127.0.0.1", am_port, tmp_path / "am.log")

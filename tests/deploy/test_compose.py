@@ -25,7 +25,8 @@ from tests.support.servers import AppServer, GatewayServer
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
 PROFILES = ("monitoring", "serving", "gpu", "cpu", "nvml")
-OVERRIDES = (ROOT / "deploy/compose/ports.yml", ROOT / "deploy/compose/standins.yml")
+HA = ROOT / "deploy/compose/ha.yml"
+OVERRIDES = (ROOT / "deploy/compose/ports.yml", ROOT / "deploy/compose/standins.yml", HA)
 ENV = {k: v for k, v in os.environ.items() if not k.endswith("_FILE")}  # no .env: the defaults
 DOC = yaml.safe_load(COMPOSE.read_text())
 ONE_SHOTS = {name for name, svc in DOC["services"].items() if svc.get("restart") == "no"}
@@ -160,21 +161,44 @@ def test_vllm_health_check_path_is_served_by_vllm(vllm_server):
         assert requests.get(f"{vllm_server.url}{path}", timeout=10).status_code == 200
 
 
-def _mounts(service: str) -> dict[str, Path]:
+def _mounts(service: str, doc: dict = DOC) -> dict[str, Path]:
     """Container path → host path of a service's bind mounts, with .env.example's defaults."""
     out = {}
-    for volume in DOC["services"][service]["volumes"]:
+    for volume in doc["services"][service]["volumes"]:
         source, target = re.sub(r"\$\{\w+:-([^}]+)}", r"\1", volume).split(":")[:2]
-        if source.startswith("./"):
+        if source.startswith(("./", "/")):
             out[target] = ROOT / source
     return out
 
 
-def test_prometheus_config_passes_promtool_with_what_compose_mounts(tmp_path):
+def _with_ha() -> dict:
+    """The compose file as merged with deploy/compose/ha.yml (paths made absolute)."""
+    result = subprocess.run([bin_path("docker-compose"), "-f", str(COMPOSE), "-f", str(HA), "--profile", "monitoring",
+                             "config"], cwd=ROOT, env=ENV, capture_output=True, text=True, check=True)
+    return yaml.safe_load(result.stdout)
+
+
+def test_the_ha_override_pairs_prometheus_and_clusters_alertmanager():
+    doc = _with_ha()
+    configs = {name: _mounts(name, doc)["/etc/prometheus/prometheus.yml"].name for name in ("prometheus", "prometheus-b")}
+    assert configs == {"prometheus": "prometheus-ha-a.yml", "prometheus-b": "prometheus-ha-b.yml"}
+    peers = {name: [a for a in doc["services"][name]["command"] if a.startswith("--cluster.peer=")]
+             for name in ("alertmanager", "alertmanager-b")}
+    assert peers == {"alertmanager": ["--cluster.peer=alertmanager-b:9094"],
+                     "alertmanager-b": ["--cluster.peer=alertmanager:9094"]}
+    for name in ("prometheus-b", "alertmanager-b"):  # the second of each, as the first is run
+        first = doc["services"][name.removesuffix("-b")]
+        assert {k: v for k, v in doc["services"][name].items() if k not in ("volumes", "command")} == \
+            {k: v for k, v in first.items() if k not in ("volumes", "command")}, name
+
+
+@pytest.mark.parametrize("service", ["prometheus", "prometheus (HA)", "prometheus-b (HA)"])
+def test_prometheus_config_passes_promtool_with_what_compose_mounts(tmp_path, service):
     """The full check (rule files and file_sd target files read), on the paths the container
     sees, mapped back through the compose mounts: a config that names a file no mount
     provides fails here."""
-    mounts = _mounts("prometheus")
+    name, ha = service.split(" ")[0], service.endswith("(HA)")
+    mounts = _mounts(name, _with_ha() if ha else DOC)
     config = mounts.pop("/etc/prometheus/prometheus.yml").read_text()
     for target, source in mounts.items():
         config = config.replace(target + "/", f"{tmp_path / target.strip('/').replace('/', '_')}/")

@@ -21,11 +21,13 @@ import requests
 
 from inferwatch.alerts.generate import cap_for, rule_files, write
 from inferwatch.common.durations import seconds
-from inferwatch.deploy.monitoring import FAST_INTERVALS
+from inferwatch.deploy.monitoring import FAST_HA_INTERVALS
+from inferwatch.local_stack import HA_PORT_OFFSET
 from tests.conftest import TINY_MODEL_NAME
 from tests.exporters.driver import kernel_gpus
 from tests.support.feature_records import body, records
-from tests.support.local_stack import local_stack, port_open
+from tests.support.local_stack import local_stack, monitoring_stack, port_open
+from tests.support.prometheus_server import instant_query
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.vllm
@@ -37,16 +39,34 @@ def stack(tiny_model, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("up")
     rules = run_dir / "rules"
     write(cap_for(rule_files(), FOR_CAP), rules)
-    with local_stack(tiny_model, run_dir, "--rules-dir", str(rules)) as stack:
+    with local_stack(tiny_model, run_dir, "--rules-dir", str(rules), "--ha") as stack:
         yield stack
 
 
-def test_up_prints_every_url_and_serves_through_the_gateway(stack):
+@pytest.fixture(scope="module")
+def halves_lost(stack, tmp_path_factory):
+    """Two more HA pairs (`inferwatch up --monitoring-only --ha`) watching the same vLLM, with
+    the same rules and pagers of their own: the vLLM-killed test takes one's first
+    Alertmanager and the other's first Prometheus away before the fault."""
+    stack.reader.until("Ctrl-C stops everything", 300)
+    rules = ("--rules-dir", str(stack.run_dir / "rules"), "--ha")
+    with monitoring_stack(stack, tmp_path_factory.mktemp("am-lost"), *rules) as am_lost, \
+            monitoring_stack(stack, tmp_path_factory.mktemp("prom-lost"), *rules) as prom_lost:
+        for watcher in (am_lost, prom_lost):
+            watcher.reader.until("Ctrl-C stops everything", 60)
+        yield {"alertmanager": am_lost, "prometheus": prom_lost}
+
+
+def test_up_prints_every_url_and_serves_through_the_gateway(stack, halves_lost):
     out = stack.reader.until("Ctrl-C stops everything", 300)
     for what, path in (("gateway", "/v1"), ("gateway", "/metrics"), ("vllm", "/metrics"), ("exporter", "/metrics"),
                        ("drift", "/report"), ("prometheus", ""), ("alertmanager", ""), ("pager", "/events"),
                        ("supervisor", "/metrics")):
         assert f"{stack.url(what)}{path}" in out, what
+    # --ha: the second Prometheus and Alertmanager, the two Alertmanagers one gossip cluster
+    for what in ("prometheus", "alertmanager"):
+        assert f"http://127.0.0.1:{stack.ports[what] + HA_PORT_OFFSET}" in out, what
+    eventually(lambda: _cluster(stack.url("alertmanager")) == ("ready", 2), timeout_s=60)
     alerts_page = next(line.split()[-1] for line in out.splitlines() if "Prometheus alerts" in line)
     assert requests.get(alerts_page, timeout=5).status_code == 200
 
@@ -110,17 +130,66 @@ def test_shifted_feature_records_open_a_drift_ticket(stack):
     assert stack.events(receiver="pager") == []
 
 
-def _vllm_leader_pid(port: int) -> int:
+def _cluster(alertmanager: str) -> tuple[str, int]:
+    """An Alertmanager's gossip cluster: its status and how many members it counts."""
+    cluster = requests.get(f"{alertmanager}/api/v2/status", timeout=5).json()["cluster"]
+    return cluster["status"], len(cluster["peers"])
+
+
+def _listening_pid(port: int) -> int:
     for conn in psutil.net_connections("tcp"):
         if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port and conn.pid:
-            return os.getpgid(conn.pid)
+            return conn.pid
     raise AssertionError(f"nothing listens on {port}")
 
 
-def test_vllm_killed_pages_and_its_automatic_return_resolves(stack):
-    os.killpg(_vllm_leader_pid(stack.ports["vllm"]), signal.SIGKILL)
-    stack.reader.until("restarting in", 15)
+def _lose_first_half(watcher, what: str) -> None:
+    """SIGKILL ``watcher``'s first Prometheus or Alertmanager, its supervisor paused so that it
+    stays lost; once gone, the other Alertmanager has seen its peer leave the cluster."""
+    watcher.proc.send_signal(signal.SIGSTOP)
+    os.kill(_listening_pid(watcher.ports[what]), signal.SIGKILL)
+    eventually(lambda: not port_open(watcher.ports[what]), timeout_s=10)
+    if what == "alertmanager":
+        other = f"http://127.0.0.1:{watcher.ports[what] + HA_PORT_OFFSET}"
+        eventually(lambda: _cluster(other)[1] == 1, timeout_s=60)
 
+
+def _has_served_for_a_minute(prometheus: str) -> bool:
+    """VLLMDown counts failed scrapes only of a vLLM that Prometheus has seen serve a minute ago."""
+    return bool(instant_query(prometheus, 'max_over_time(up{job="vllm"}[15m] offset 1m) == 1'))
+
+
+def test_vllm_killed_pages_once_with_either_half_of_the_monitoring_lost_and_its_return_resolves(stack, halves_lost):
+    pairs = {"both halves": stack, **{f"{what} lost": w for what, w in halves_lost.items()}}
+    for pair in pairs.values():
+        for offset in (0, HA_PORT_OFFSET):
+            prometheus = f"http://127.0.0.1:{pair.ports['prometheus'] + offset}"
+            eventually(lambda url=prometheus: _has_served_for_a_minute(url), timeout_s=90)
+    try:
+        for what, watcher in halves_lost.items():
+            _lose_first_half(watcher, what)
+        killed_at = time.time()
+        os.killpg(os.getpgid(_listening_pid(stack.ports["vllm"])), signal.SIGKILL)
+        stack.reader.until("restarting in", 15)
+        _vllm_killed_pages_and_its_automatic_return_resolves(stack)
+        resolved = {name: eventually(lambda p=pair: p.events(receiver="pager", alertname="VLLMDown", status="resolved"),
+                                     timeout_s=120) for name, pair in pairs.items()}
+        # a second notification from the Alertmanager that waits for its peer would come its
+        # peer timeout (15 s) after the first's
+        time.sleep(max(0.0, max(r[0]["received_at"] for r in resolved.values()) + 20 - time.time()))
+        latency = {}
+        for name, pair in pairs.items():
+            pages = pair.events(receiver="pager", alertname="VLLMDown")
+            assert [p["status"] for p in pages] == ["firing", "resolved"], (name, pages)
+            assert "prometheus_replica" not in pages[0]["labels"], name
+            latency[name] = pages[0]["received_at"] - killed_at
+        print("\nVLLMDown page after the kill: " + ", ".join(f"{k} {v:.1f}s" for k, v in latency.items()))
+    finally:
+        for watcher in halves_lost.values():
+            watcher.proc.send_signal(signal.SIGCONT)
+
+
+def _vllm_killed_pages_and_its_automatic_return_resolves(stack) -> None:
     pages = eventually(lambda: stack.events(receiver="pager", alertname="VLLMDown", status="firing"), timeout_s=60)
     page = pages[0]
     assert page["labels"] == {"alertname": "VLLMDown", "severity": "critical", "job": "vllm", "model": TINY_MODEL_NAME,
@@ -150,7 +219,7 @@ def test_vllm_killed_pages_and_its_automatic_return_resolves(stack):
     assert resolved[0]["labels"]["model"] == TINY_MODEL_NAME
     # no SLO page while vLLM was down (the shadow holds them after it too, unless the model
     # keeps failing; one group_interval of slack for the order Alertmanager flushes groups in)
-    slack = seconds(FAST_INTERVALS.page.group_interval)
+    slack = seconds(FAST_HA_INTERVALS.page.group_interval)
     slo_pages = stack.events(receiver="pager", alertname="SLOErrorBudgetBurn")
     assert all(e["received_at"] >= resolved[0]["received_at"] - slack for e in slo_pages), \
         "SLO paged while vLLM was down"

@@ -9,6 +9,7 @@ import os
 import queue
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -20,10 +21,12 @@ from pathlib import Path
 
 import requests
 
+from inferwatch.local_stack import HA_PORT_OFFSET
 from tests.conftest import TINY_MODEL_NAME, VLLM_TEST_ARGS, VLLM_TEST_ENV
 from tests.support.sockets import free_ports
 
 PARTS = ("vllm", "gateway", "exporter", "drift", "prometheus", "alertmanager", "pager", "supervisor", "canary")
+MONITORING_PARTS = ("prometheus", "alertmanager", "pager", "supervisor")
 
 
 class OutputReader:
@@ -90,23 +93,64 @@ def port_open(port: int) -> bool:
         return False
 
 
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def stack_ports(parts: tuple[str, ...] = PARTS) -> dict[str, int]:
+    """A free port per part, where the second Prometheus and Alertmanager of ``--ha``
+    (HA_PORT_OFFSET above) and the Alertmanagers' gossip ports (one above) are free too."""
+    while True:
+        ports = dict(zip(parts, free_ports(len(parts))))
+        extra = [ports["prometheus"] + HA_PORT_OFFSET, ports["alertmanager"] + HA_PORT_OFFSET]
+        extra += [p + 1 for p in (ports["alertmanager"], extra[1])]
+        if len(set(extra) | set(ports.values())) == len(extra) + len(ports) and all(map(_free, extra)):
+            return ports
+
+
+def _up(argv: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "inferwatch", "up", *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **VLLM_TEST_ENV, "INFERWATCH_VLLM_ARGS": shlex.join(VLLM_TEST_ARGS)})
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:  # a failed test: still stop the stack, children included
+        proc.send_signal(signal.SIGCONT)  # a test may have paused it
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 @contextmanager
-def local_stack(tiny_model: Path, run_dir: Path, *flags: str) -> Iterator[Stack]:
-    ports = dict(zip(PARTS, free_ports(len(PARTS))))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "inferwatch", "up", "--model", str(tiny_model), "--name", TINY_MODEL_NAME,
-         "--dtype", "bfloat16", "--run-dir", str(run_dir), "--fast-alerting", *flags,
-         *(arg for name in PARTS for arg in (f"--{name}-port", str(ports[name])))],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", **VLLM_TEST_ENV, "INFERWATCH_VLLM_ARGS": shlex.join(VLLM_TEST_ARGS)},
-    )
+def monitoring_stack(of: Stack, run_dir: Path, *flags: str) -> Iterator[Stack]:
+    """`inferwatch up --monitoring-only` watching ``of``'s vLLM and gateway: Prometheus,
+    Alertmanager and a pager of its own."""
+    ports = stack_ports(MONITORING_PARTS)
+    proc = _up(["--monitoring-only", "--name", TINY_MODEL_NAME, "--run-dir", str(run_dir), "--fast-alerting",
+                "--vllm-port", str(of.ports["vllm"]), "--gateway-port", str(of.ports["gateway"]),
+                "--exporter-port", "0", "--drift-port", "0", "--canary-port", "0", *flags,
+                *(arg for name in MONITORING_PARTS for arg in (f"--{name}-port", str(ports[name])))])
     try:
         yield Stack(proc, OutputReader(proc), ports, run_dir)
     finally:
-        if proc.poll() is None:  # a failed test: still stop the stack, children included
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        _stop(proc)
+
+
+@contextmanager
+def local_stack(tiny_model: Path, run_dir: Path, *flags: str) -> Iterator[Stack]:
+    ports = stack_ports()
+    proc = _up(["--model", str(tiny_model), "--name", TINY_MODEL_NAME, "--dtype", "bfloat16", "--run-dir", str(run_dir),
+                "--fast-alerting", *flags, *(arg for name in PARTS for arg in (f"--{name}-port", str(ports[name])))])
+    try:
+        yield Stack(proc, OutputReader(proc), ports, run_dir)
+    finally:
+        _stop(proc)
