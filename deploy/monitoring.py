@@ -123,7 +123,8 @@ def prometheus_config(targets: Targets, rule_files: list[str], cluster: str, tar
     evaluates the same rules and sends to every Alertmanager; each also scrapes the other, so
     the survivor tells of a lost one."""
     static = [{"job_name": job, "static_configs": [{"targets": list(addresses)}]}
-              for job, addresses in (("prometheus", targets.prometheus), (spec.JOB_ALERTMANAGER, targets.alertmanager))]
+              for job, addresses in (("prometheus", targets.prometheus), (spec.JOB_ALERTMANAGER, targets.alertmanager))
+              if addresses]
     jobs = static + [_discovered_job(job, targets_dir) for job in target_groups(targets)]
     external = {"cluster": cluster, **({REPLICA_LABEL: replica} if replica else {})}
     alerting: dict = {"alertmanagers": [{"static_configs": [{"targets": list(targets.alertmanager)}]}]}
@@ -135,6 +136,38 @@ def prometheus_config(targets: Targets, rule_files: list[str], cluster: str, tar
         "rule_files": rule_files,
         "alerting": alerting,
         "scrape_configs": jobs,
+    }
+
+
+# A cluster's agent sends a batch at least this often: samples reach the central store within
+# about a second of their scrape, so the central rules lag the cluster's by that much.
+REMOTE_WRITE_DEADLINE = "1s"
+
+
+def agent_config(targets: Targets, cluster: str, targets_dir: str, remote_write_url: str,
+                 intervals: Intervals = Intervals()) -> dict:
+    """A cluster's Prometheus in agent mode: it scrapes what ``prometheus_config`` scrapes
+    (``targets.prometheus``: the agent itself) and remote-writes every sample, with its
+    ``cluster`` label, to the central store, which evaluates the rules over every cluster. No
+    rules, no Alertmanager: a central Prometheus receiving remote-write, Mimir or Thanos
+    Receive (docs/alerts.md says how each is set up)."""
+    config = prometheus_config(replace(targets, alertmanager=()), [], cluster, targets_dir, intervals)
+    del config["rule_files"], config["alerting"], config["global"]["evaluation_interval"]
+    config["remote_write"] = [{"url": remote_write_url,
+                               "queue_config": {"batch_send_deadline": REMOTE_WRITE_DEADLINE}}]
+    return config
+
+
+def central_config(rule_files: list[str], alertmanagers: tuple[str, ...], itself: str,
+                   intervals: Intervals = Intervals()) -> dict:
+    """The central store's Prometheus: no targets but itself, every cluster's samples by
+    remote-write (``prometheus_process(receive=True)``), the rules evaluated over all of them.
+    It has no ``cluster`` of its own: each series and alert keeps the one it came with."""
+    return {
+        "global": {"scrape_interval": intervals.scrape, "evaluation_interval": intervals.evaluation},
+        "rule_files": rule_files,
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": list(alertmanagers)}]}]},
+        "scrape_configs": [{"job_name": "prometheus", "static_configs": [{"targets": [itself]}]}],
     }
 
 
@@ -187,6 +220,14 @@ def compose_files(rule_names: Iterable[str], policy: Routing = Routing()) -> dic
     return files
 
 
+def write_targets(targets: Targets, targets_dir: Path) -> Path:
+    """The file discovery's target files of ``targets``, one per job, in ``targets_dir``."""
+    targets_dir.mkdir(parents=True, exist_ok=True)
+    for job, groups in target_groups(targets).items():
+        (targets_dir / f"{job}.yml").write_text(yaml.safe_dump(groups, sort_keys=False))
+    return targets_dir
+
+
 def prometheus_dir(run_dir: Path, replica: str | None) -> Path:
     """A server's folder in a local stack's run folder: its config and its TSDB."""
     return run_dir / ("prometheus" if replica in (None, "a") else f"prometheus-{replica}")
@@ -200,10 +241,7 @@ def write_local_configs(run_dir: Path, targets: Targets, receivers: Receivers,
     am_dir = run_dir / "alertmanager"
     am_dir.mkdir(parents=True, exist_ok=True)
     rules = [str(f) for f in sorted(rules_dir.glob("*.yml"))]
-    targets_dir = run_dir / "prometheus" / "targets"
-    targets_dir.mkdir(parents=True, exist_ok=True)
-    for job, groups in target_groups(targets).items():
-        (targets_dir / f"{job}.yml").write_text(yaml.safe_dump(groups, sort_keys=False))
+    targets_dir = write_targets(targets, run_dir / "prometheus" / "targets")
     proms = []
     for replica in replica_names(targets):
         prom = prometheus_dir(run_dir, replica) / "prometheus.yml"
@@ -228,13 +266,24 @@ def alertmanager_binary() -> str:
 
 def prometheus_process(config: Path, data_dir: Path, host: str, port: int, log_path: Path,
                        intervals: Intervals = Intervals(), retention: str = "35d",
-                       key: str = "prometheus") -> ManagedProcess:
-    """``retention`` must outlast the SLO period (30d) for the error budget to be whole."""
+                       key: str = "prometheus", receive: bool = False) -> ManagedProcess:
+    """``retention`` must outlast the SLO period (30d) for the error budget to be whole.
+    ``receive``: accept remote-write (``/api/v1/write``), as a central store."""
     argv = [prometheus_binary(), f"--config.file={config}", f"--storage.tsdb.path={data_dir}",
             f"--rules.alert.resend-delay={intervals.resend_delay}",
             f"--web.listen-address={host}:{port}", "--enable-feature=exemplar-storage",
-            f"--storage.tsdb.retention.time={retention}", "--web.enable-lifecycle"]
+            f"--storage.tsdb.retention.time={retention}", "--web.enable-lifecycle",
+            *(["--web.enable-remote-write-receiver"] if receive else [])]
     return ManagedProcess(f"Prometheus (:{port})", argv, log_path=log_path,
+                          health_url=f"http://{host}:{port}/-/ready", key=key)
+
+
+def agent_process(config: Path, wal_dir: Path, host: str, port: int, log_path: Path,
+                  key: str = "prometheus-agent") -> ManagedProcess:
+    """Prometheus in agent mode: a write-ahead log in place of a TSDB, kept until sent."""
+    argv = [prometheus_binary(), "--enable-feature=agent", f"--config.file={config}",
+            f"--storage.agent.path={wal_dir}", f"--web.listen-address={host}:{port}"]
+    return ManagedProcess(f"Prometheus agent (:{port})", argv, log_path=log_path,
                           health_url=f"http://{host}:{port}/-/ready", key=key)
 
 
