@@ -171,6 +171,8 @@ bench: install $(LITELLM_VENV)/.installed
 bench-alerts: install
 	$(PY) bench/rule_eval.py
 	$(PY) bench/alert_latency.py
+	$(PY) bench/ha_paging.py
+	$(PY) bench/remote_write.py
 
 EVIDENTLY_VENV := bench/.venv-evidently
 $(EVIDENTLY_VENV)/.installed:
