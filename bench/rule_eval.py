@@ -170,8 +170,9 @@ class SyntheticStack:
         return server
 
 
-def backfill(models: list[str], out: Path, now: float) -> float:
-    """OpenMetrics history of the SLO recording rules' output; returns seconds taken."""
+def backfill(keys: list[dict[str, str]], out: Path, now: float) -> float:
+    """OpenMetrics history of the SLO recording rules' output, one series per SLO and label
+    set of ``keys`` (a model; a cluster and a model); returns seconds taken."""
     started = time.perf_counter()
     end = int(now) - 120
     with out.open("w") as f:
@@ -182,9 +183,10 @@ def backfill(models: list[str], out: Path, now: float) -> float:
                                         (EVENTS_1H_SAMPLED, 3600, 30 * 86400, 20.0)):
             f.write(f"# TYPE {name} gauge\n")
             stamps = range(end - span, end, step)
-            for model in models:
+            for key in keys:
+                labels = ",".join(f'{k}="{v}"' for k, v in key.items())
                 for slo in spec.DEFAULT.slos:
-                    prefix = f'{name}{{model="{model}",slo="{slo.name}"}} {value} '
+                    prefix = f'{name}{{{labels},slo="{slo.name}"}} {value} '
                     f.writelines(f"{prefix}{t}\n" for t in stamps)
         f.write("# EOF\n")
     return time.perf_counter() - started
@@ -229,7 +231,7 @@ def measure(models: int, variants: int, seconds: float) -> dict[str, dict]:
         synth_port, prom_port = free_ports(2)
         server = stack.serve(synth_port)
         om = work / "history.om"
-        gen_s = backfill(stack.models, om, time.time())
+        gen_s = backfill([{"model": m} for m in stack.models], om, time.time())
         t0 = time.perf_counter()
         subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(om), str(work / "data")],
                        check=True, capture_output=True)
