@@ -146,10 +146,12 @@ def monitoring_stack(of: Stack, run_dir: Path, *flags: str) -> Iterator[Stack]:
 
 
 @contextmanager
-def local_stack(tiny_model: Path, run_dir: Path, *flags: str) -> Iterator[Stack]:
+def local_stack(tiny_model: Path, run_dir: Path, *flags: str, fast: bool = True) -> Iterator[Stack]:
+    """``fast`` False: the shipped intervals (10 s scrapes, Alertmanager's 30 s page group wait)."""
     ports = stack_ports()
     proc = _up(["--model", str(tiny_model), "--name", TINY_MODEL_NAME, "--dtype", "bfloat16", "--run-dir", str(run_dir),
-                "--fast-alerting", *flags, *(arg for name in PARTS for arg in (f"--{name}-port", str(ports[name])))])
+                *(["--fast-alerting"] if fast else []), *flags,
+                *(arg for name in PARTS for arg in (f"--{name}-port", str(ports[name])))])
     try:
         yield Stack(proc, OutputReader(proc), ports, run_dir)
     finally:
