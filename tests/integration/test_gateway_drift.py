@@ -21,10 +21,13 @@ MSG = [{"role": "user", "content": "drift"}]
 def ask(gw, n: int) -> None:
     client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
     for i in range(n):
-        # ignore_eos: the tiny random model may end early with "stop"; every answer ends at its length
+        # ignore_eos: the tiny random model may end early with "stop"; every answer ends at its length.
+        # logprobs: a token whose bytes end inside a UTF-8 character streams as an empty text,
+        # which only its logprobs tell from an empty delta (serving/sse.py); the random model's
+        # answer can be all such tokens, and then has no first token (a clean run saw it once)
         if i % 2:
             list(client.chat.completions.create(model=TINY_MODEL_NAME, messages=MSG, max_tokens=4 + i, stream=True,
-                                                extra_body={"ignore_eos": True}))
+                                                logprobs=True, extra_body={"ignore_eos": True}))
         else:
             client.completions.create(model=TINY_MODEL_NAME, prompt="x " * (i + 1), max_tokens=3,
                                       extra_body={"ignore_eos": True})
